@@ -1,4 +1,8 @@
 //! ferrolb's configuration core: the MetalLB-compatible CRD types, validation of a namespace's
 //! objects into one internal model, and the IP allocator. Pure: no I/O, no async.
 
+pub mod address;
+pub mod allocator;
 pub mod crd;
+pub mod model;
+pub mod selector;

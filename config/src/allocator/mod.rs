@@ -1,0 +1,1 @@
+//! The IP allocator (in progress).
