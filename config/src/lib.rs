@@ -4,5 +4,7 @@
 pub mod address;
 pub mod allocator;
 pub mod crd;
+pub mod manifest;
 pub mod model;
 pub mod selector;
+pub mod validate;

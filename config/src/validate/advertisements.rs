@@ -1,0 +1,290 @@
+//! L2Advertisement and BGPAdvertisement rules: references, selectors, aggregation, communities
+//! and LOCAL_PREF conflicts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::communities::parse_community;
+use super::{Kind, NodeInfo, ObjectRef, Report, by_age, compile_selectors, share_a_node};
+use crate::address::Family;
+use crate::crd::{BGPAdvertisement, BGPPeer, IPAddressPool, L2Advertisement};
+use crate::model::{self, CommunityValue, Pool, PoolSelection};
+
+fn pool_selection(
+    report: &mut Report,
+    me: &ObjectRef,
+    names: &[String],
+    selectors: &[crate::crd::LabelSelector],
+    pool_objects: &[IPAddressPool],
+) -> PoolSelection {
+    let known: BTreeSet<&str> = pool_objects
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    let mut set = BTreeSet::new();
+    for (i, name) in names.iter().enumerate() {
+        if !known.contains(name.as_str()) {
+            report.error(
+                me,
+                format!("spec.ipAddressPools[{i}]"),
+                format!("there is no IPAddressPool named {name:?}"),
+            );
+        }
+        if !set.insert(name.clone()) {
+            report.error(
+                me,
+                format!("spec.ipAddressPools[{i}]"),
+                format!("duplicate pool {name:?}"),
+            );
+        }
+    }
+    PoolSelection {
+        names: set,
+        selectors: compile_selectors(report, me, "spec.ipAddressPoolSelectors", selectors),
+    }
+}
+
+fn unique_names(
+    report: &mut Report,
+    me: &ObjectRef,
+    field: &str,
+    what: &str,
+    names: &[String],
+) -> BTreeSet<String> {
+    let mut set = BTreeSet::new();
+    for (i, name) in names.iter().enumerate() {
+        if !set.insert(name.clone()) {
+            report.error(
+                me,
+                format!("{field}[{i}]"),
+                format!("duplicate {what} {name:?}"),
+            );
+        }
+    }
+    set
+}
+
+/// Validates L2Advertisements. Pool names must name existing IPAddressPool objects.
+pub(super) fn validate_l2(
+    report: &mut Report,
+    objects: &[L2Advertisement],
+    pool_objects: &[IPAddressPool],
+) -> BTreeMap<String, model::L2Advertisement> {
+    let mut accepted = BTreeMap::new();
+    for object in by_age(objects) {
+        let me = ObjectRef::of(Kind::L2Advertisement, &object.metadata);
+        let mark = report.mark();
+        let spec = &object.spec;
+        let pools = pool_selection(
+            report,
+            &me,
+            &spec.ip_address_pools,
+            &spec.ip_address_pool_selectors,
+            pool_objects,
+        );
+        let node_selectors =
+            compile_selectors(report, &me, "spec.nodeSelectors", &spec.node_selectors);
+        let service_selectors = compile_selectors(
+            report,
+            &me,
+            "spec.serviceSelectors",
+            &spec.service_selectors,
+        );
+        unique_names(
+            report,
+            &me,
+            "spec.interfaces",
+            "interface",
+            &spec.interfaces,
+        );
+        for (i, name) in spec.interfaces.iter().enumerate() {
+            if name.is_empty() || name.len() > 15 || name.contains(['/', ' ']) {
+                report.error(
+                    &me,
+                    format!("spec.interfaces[{i}]"),
+                    format!("{name:?} is not a valid interface name"),
+                );
+            }
+        }
+        if !report.failed_since(mark) {
+            accepted.insert(
+                me.name.clone(),
+                model::L2Advertisement {
+                    name: me.name.clone(),
+                    pools,
+                    node_selectors,
+                    interfaces: spec.interfaces.clone(),
+                    service_selectors,
+                },
+            );
+        }
+    }
+    accepted
+}
+
+/// Longest prefix among the CIDRs that make up a pool's addresses of one family, if it has any.
+fn most_specific_prefix(pool: &Pool, family: Family) -> Option<u8> {
+    pool.ranges
+        .iter()
+        .filter(|r| r.family() == family)
+        .flat_map(|r| r.cidrs())
+        .map(|net| net.prefix_len())
+        .max()
+}
+
+/// Validates BGPAdvertisements against the accepted pools, the peers and the community aliases.
+pub(super) fn validate_bgp(
+    report: &mut Report,
+    objects: &[BGPAdvertisement],
+    pool_objects: &[IPAddressPool],
+    pools: &BTreeMap<String, Pool>,
+    peer_objects: &[BGPPeer],
+    aliases: &BTreeMap<String, CommunityValue>,
+    nodes: Option<&[NodeInfo]>,
+) -> BTreeMap<String, model::BgpAdvertisement> {
+    let known_peers: BTreeSet<&str> = peer_objects
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    let mut accepted: BTreeMap<String, model::BgpAdvertisement> = BTreeMap::new();
+    for object in by_age(objects) {
+        let me = ObjectRef::of(Kind::BGPAdvertisement, &object.metadata);
+        let mark = report.mark();
+        let spec = &object.spec;
+        let pool_sel = pool_selection(
+            report,
+            &me,
+            &spec.ip_address_pools,
+            &spec.ip_address_pool_selectors,
+            pool_objects,
+        );
+        let node_selectors =
+            compile_selectors(report, &me, "spec.nodeSelectors", &spec.node_selectors);
+        let service_selectors = compile_selectors(
+            report,
+            &me,
+            "spec.serviceSelectors",
+            &spec.service_selectors,
+        );
+
+        let v4 = u8::try_from(spec.aggregation_length)
+            .ok()
+            .filter(|l| *l <= 32);
+        let v6 = u8::try_from(spec.aggregation_length_v6)
+            .ok()
+            .filter(|l| *l <= 128);
+        if v4.is_none() {
+            report.error(
+                &me,
+                "spec.aggregationLength",
+                format!("{} is outside 0-32", spec.aggregation_length),
+            );
+        }
+        if v6.is_none() {
+            report.error(
+                &me,
+                "spec.aggregationLengthV6",
+                format!("{} is outside 0-128", spec.aggregation_length_v6),
+            );
+        }
+        let covered: Vec<&Pool> = pools.values().filter(|p| pool_sel.covers(p)).collect();
+        for (family, field, len) in [
+            (Family::V4, "spec.aggregationLength", v4),
+            (Family::V6, "spec.aggregationLengthV6", v6),
+        ] {
+            let Some(len) = len else { continue };
+            for pool in &covered {
+                if let Some(prefix) = most_specific_prefix(pool, family).filter(|p| len < *p) {
+                    report.error(
+                        &me,
+                        field,
+                        format!(
+                            "{len} is shorter than /{prefix}, the most specific {family} CIDR of pool {:?}: the aggregate would cover addresses outside the pool",
+                            pool.name
+                        ),
+                    );
+                }
+            }
+        }
+        if !spec.service_selectors.is_empty() && (v4 != Some(32) || v6 != Some(128)) {
+            report.error(
+                &me,
+                "spec.serviceSelectors",
+                "cannot be combined with an aggregationLength other than 32 or an aggregationLengthV6 other than 128",
+            );
+        }
+
+        let mut communities = BTreeSet::new();
+        for (i, text) in spec.communities.iter().enumerate() {
+            let value = if text.contains(':') {
+                parse_community(text)
+            } else {
+                aliases
+                    .get(text)
+                    .copied()
+                    .ok_or_else(|| format!("{text:?} is neither a community value (a:b, large:a:b:c) nor an alias defined in a Community object"))
+            };
+            match value {
+                Ok(v) => {
+                    if !communities.insert(v) {
+                        report.error(
+                            &me,
+                            format!("spec.communities[{i}]"),
+                            format!("duplicate community {text:?}"),
+                        );
+                    }
+                }
+                Err(e) => report.error(&me, format!("spec.communities[{i}]"), e),
+            }
+        }
+        let peers = unique_names(report, &me, "spec.peers", "peer", &spec.peers);
+        for (i, name) in spec.peers.iter().enumerate() {
+            if !known_peers.contains(name.as_str()) {
+                report.error(
+                    &me,
+                    format!("spec.peers[{i}]"),
+                    format!("there is no BGPPeer named {name:?}"),
+                );
+            }
+        }
+
+        let candidate = model::BgpAdvertisement {
+            name: me.name.clone(),
+            aggregation_length: v4.unwrap_or(32),
+            aggregation_length_v6: v6.unwrap_or(128),
+            local_pref: spec.local_pref,
+            communities,
+            pools: pool_sel,
+            node_selectors,
+            peers,
+            service_selectors,
+        };
+        if let Some(mine) = candidate.local_pref {
+            for other in accepted.values() {
+                let Some(theirs) = other.local_pref.filter(|t| *t != mine) else {
+                    continue;
+                };
+                let pools_overlap = covered.iter().any(|p| other.pools.covers(p));
+                let peers_overlap = candidate.peers.is_empty()
+                    || other.peers.is_empty()
+                    || !candidate.peers.is_disjoint(&other.peers);
+                if pools_overlap
+                    && peers_overlap
+                    && share_a_node(nodes, &candidate.node_selectors, &other.node_selectors)
+                {
+                    report.error(
+                        &me,
+                        "spec.localPref",
+                        format!(
+                            "{mine} conflicts with localPref {theirs} of the older BGPAdvertisement {:?}, which advertises the same pool to the same peers from the same nodes",
+                            other.name
+                        ),
+                    );
+                }
+            }
+        }
+        if !report.failed_since(mark) {
+            accepted.insert(me.name.clone(), candidate);
+        }
+    }
+    accepted
+}

@@ -1,0 +1,364 @@
+//! Validation of a namespace's ferrolb objects into one [`Config`].
+//!
+//! One bad object never discards the good ones: each rejected object is left out of the model and
+//! the result says which and why. Where two objects conflict, the older one (by creation time,
+//! then name) is kept, so adding a conflicting object never disturbs what already serves.
+
+mod advertisements;
+mod communities;
+mod duration;
+mod peers;
+mod pools;
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use crate::crd::{
+    BFDProfile, BGPAdvertisement, BGPPeer, Community, IPAddressPool, L2Advertisement, LabelSelector,
+};
+use crate::model::Config;
+use crate::selector::{Labels, Selector};
+
+pub use duration::parse_go_duration;
+
+/// The kinds of configuration objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// IPAddressPool.
+    IPAddressPool,
+    /// L2Advertisement.
+    L2Advertisement,
+    /// BGPAdvertisement.
+    BGPAdvertisement,
+    /// BGPPeer.
+    BGPPeer,
+    /// Community.
+    Community,
+    /// BFDProfile.
+    BFDProfile,
+}
+
+impl Kind {
+    /// The kind's name as in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::IPAddressPool => "IPAddressPool",
+            Kind::L2Advertisement => "L2Advertisement",
+            Kind::BGPAdvertisement => "BGPAdvertisement",
+            Kind::BGPPeer => "BGPPeer",
+            Kind::Community => "Community",
+            Kind::BFDProfile => "BFDProfile",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of one object: kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    /// Kind of the object.
+    pub kind: Kind,
+    /// Namespace of the object.
+    pub namespace: String,
+    /// Name of the object.
+    pub name: String,
+}
+
+impl ObjectRef {
+    fn of(kind: Kind, meta: &ObjectMeta) -> Self {
+        Self {
+            kind,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// One finding about one object: `Kind namespace/name: field: message`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ConfigError {
+    /// The object at fault.
+    pub object: ObjectRef,
+    /// Path of the field at fault, e.g. `spec.addresses[1]`.
+    pub field: String,
+    /// What is wrong, in words an operator understands.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.object, self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A node as far as validation needs it (peers and advertisements select nodes by label).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Node labels.
+    pub labels: Labels,
+}
+
+/// Everything validation reads: the ferrolb objects and, when known, the cluster's nodes.
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    /// The namespace ferrolb reads its configuration from.
+    pub namespace: String,
+    /// IPAddressPools.
+    pub pools: Vec<IPAddressPool>,
+    /// L2Advertisements.
+    pub l2_advertisements: Vec<L2Advertisement>,
+    /// BGPAdvertisements.
+    pub bgp_advertisements: Vec<BGPAdvertisement>,
+    /// BGPPeers (v1beta1 objects are converted to v1beta2 first).
+    pub peers: Vec<BGPPeer>,
+    /// Communities.
+    pub communities: Vec<Community>,
+    /// BFDProfiles.
+    pub bfd_profiles: Vec<BFDProfile>,
+    /// The cluster's nodes; `None` when unknown (offline checks), in which case two selector lists
+    /// are taken to share a node unless they clearly cannot be compared.
+    pub nodes: Option<Vec<NodeInfo>>,
+}
+
+/// The outcome of validation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Validated {
+    /// The model built from every accepted object.
+    pub config: Config,
+    /// Why objects were left out (one or more findings per left-out object).
+    pub errors: Vec<ConfigError>,
+    /// Findings that leave the object in (e.g. a Secret an offline check cannot see).
+    pub warnings: Vec<ConfigError>,
+    /// The objects left out of the model.
+    pub left_out: BTreeSet<ObjectRef>,
+}
+
+impl Validated {
+    /// Whether every object was accepted.
+    pub fn is_valid(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Collects findings while validating; objects with errors are left out.
+#[derive(Default)]
+pub(crate) struct Report {
+    errors: Vec<ConfigError>,
+    warnings: Vec<ConfigError>,
+}
+
+impl Report {
+    pub(crate) fn error(
+        &mut self,
+        object: &ObjectRef,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        self.errors.push(ConfigError {
+            object: object.clone(),
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    pub(crate) fn warn(
+        &mut self,
+        object: &ObjectRef,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        self.warnings.push(ConfigError {
+            object: object.clone(),
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Number of errors so far; compare before and after checking an object to know if it failed.
+    pub(crate) fn mark(&self) -> usize {
+        self.errors.len()
+    }
+
+    pub(crate) fn failed_since(&self, mark: usize) -> bool {
+        self.errors.len() > mark
+    }
+}
+
+/// Age order of objects: older first, then by name. Conflicts keep the older object.
+pub(crate) fn by_age<'a, T: kube::Resource>(objects: &'a [T]) -> Vec<&'a T> {
+    let mut sorted: Vec<&T> = objects.iter().collect();
+    sorted.sort_by(|a, b| {
+        let key = |o: &T| -> (Option<Time>, String) {
+            (
+                o.meta().creation_timestamp.clone(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    sorted
+}
+
+/// Compiles a list of selectors, reporting each bad one under `field[i]`.
+pub(crate) fn compile_selectors(
+    report: &mut Report,
+    object: &ObjectRef,
+    field: &str,
+    selectors: &[LabelSelector],
+) -> Vec<Selector> {
+    let mut compiled = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, selector) in selectors.iter().enumerate() {
+        match Selector::compile(selector) {
+            Ok(s) => {
+                if !seen.insert(s.clone()) {
+                    report.error(
+                        object,
+                        format!("{field}[{i}]"),
+                        "duplicate selector: the same selector appears twice",
+                    );
+                }
+                compiled.push(s);
+            }
+            Err(e) => report.error(object, format!("{field}[{i}].{}", e.field), e.message),
+        }
+    }
+    compiled
+}
+
+/// Whether two node selector lists select a common node. With a node list this is exact;
+/// without one, empty lists (all nodes) or identical lists are taken to overlap.
+pub(crate) fn share_a_node(nodes: Option<&[NodeInfo]>, a: &[Selector], b: &[Selector]) -> bool {
+    match nodes {
+        Some(nodes) => nodes.iter().any(|n| {
+            crate::selector::any_matches(a, &n.labels) && crate::selector::any_matches(b, &n.labels)
+        }),
+        None => a.is_empty() || b.is_empty() || a == b,
+    }
+}
+
+/// Validates every object of `objects` into one model.
+pub fn validate(objects: &Objects) -> Validated {
+    let mut report = Report::default();
+    let mut left_out = BTreeSet::new();
+    let ns = objects.namespace.as_str();
+
+    // Objects outside our namespace are ignored, as MetalLB ignores them.
+    let mut in_namespace = |kind: Kind, meta: &ObjectMeta| -> bool {
+        let object = ObjectRef::of(kind, meta);
+        if object.namespace == ns {
+            return true;
+        }
+        report.warn(
+            &object,
+            "metadata.namespace",
+            format!("ignored: ferrolb reads its configuration only from namespace {ns:?}"),
+        );
+        false
+    };
+    let pools: Vec<IPAddressPool> = objects
+        .pools
+        .iter()
+        .filter(|o| in_namespace(Kind::IPAddressPool, &o.metadata))
+        .cloned()
+        .collect();
+    let l2: Vec<L2Advertisement> = objects
+        .l2_advertisements
+        .iter()
+        .filter(|o| in_namespace(Kind::L2Advertisement, &o.metadata))
+        .cloned()
+        .collect();
+    let bgp: Vec<BGPAdvertisement> = objects
+        .bgp_advertisements
+        .iter()
+        .filter(|o| in_namespace(Kind::BGPAdvertisement, &o.metadata))
+        .cloned()
+        .collect();
+    let peers: Vec<BGPPeer> = objects
+        .peers
+        .iter()
+        .filter(|o| in_namespace(Kind::BGPPeer, &o.metadata))
+        .cloned()
+        .collect();
+    let communities: Vec<Community> = objects
+        .communities
+        .iter()
+        .filter(|o| in_namespace(Kind::Community, &o.metadata))
+        .cloned()
+        .collect();
+    let bfd: Vec<BFDProfile> = objects
+        .bfd_profiles
+        .iter()
+        .filter(|o| in_namespace(Kind::BFDProfile, &o.metadata))
+        .cloned()
+        .collect();
+
+    let mut config = Config {
+        communities: communities::validate(&mut report, &communities),
+        bfd_profiles: peers::validate_bfd_profiles(&mut report, &bfd),
+        pools: pools::validate(&mut report, &pools),
+        ..Config::default()
+    };
+    let nodes = objects.nodes.as_deref();
+    config.l2_advertisements = advertisements::validate_l2(&mut report, &l2, &pools);
+    config.peers = peers::validate(&mut report, &peers, &bfd, &config.bfd_profiles, ns, nodes);
+    config.bgp_advertisements = advertisements::validate_bgp(
+        &mut report,
+        &bgp,
+        &pools,
+        &config.pools,
+        &peers,
+        &config.communities,
+        nodes,
+    );
+
+    for e in &report.errors {
+        left_out.insert(e.object.clone());
+    }
+    let mut errors = report.errors;
+    errors.sort();
+    errors.dedup();
+    Validated {
+        config,
+        errors,
+        warnings: report.warnings,
+        left_out,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Builders for objects in tests.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    /// Metadata in the test namespace with a creation time `age_rank` seconds after the epoch.
+    pub(crate) fn meta(name: &str, age_rank: i64) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("metallb-system".into()),
+            creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + age_rank).unwrap(),
+            )),
+            ..Default::default()
+        }
+    }
+}
