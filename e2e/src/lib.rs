@@ -1,1 +1,19 @@
-//! The ferrolb lab: a real Kubernetes control plane, nodes, pods and routers in network namespaces.
+//! The ferrolb lab: a real Kubernetes control plane (etcd, kube-apiserver,
+//! kube-controller-manager), nodes running a real kube-proxy, pods, clients and an FRR router,
+//! each host a network namespace on this machine. See `docs/lab.md`.
+//!
+//! Traffic stays inside namespaces the lab made; the host namespace holds an `unreachable` route
+//! for the whole lab range and only talks to the lab over its own bridge.
+
+pub mod cluster;
+pub mod cmd;
+pub mod echo;
+pub mod lab;
+pub mod pki;
+pub mod process;
+pub mod router;
+pub mod scope;
+pub mod topology;
+
+pub use lab::{Lab, LabPod, down, is_root, lab_dir};
+pub use topology::{Families, Options, ProxyMode, Topology};

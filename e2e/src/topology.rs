@@ -1,0 +1,433 @@
+//! The lab's topology as data: hosts, segments, addresses and roles. `Topology::standard` builds
+//! it from the `up` options; everything else (creating namespaces, links, processes) only reads
+//! it. The same data can later be written out as a containerlab file.
+//!
+//! Address plan (all inside the lab ranges 198.18.0.0/15 and fd00::/8):
+//!
+//! | what | IPv4 | IPv6 |
+//! |---|---|---|
+//! | lab segment (bridge `flb-br0`) | 198.18.0.0/16 | fd00:18::/64 |
+//! | host namespace on the bridge | 198.18.0.1 | fd00:18::1 |
+//! | control plane | 198.18.0.2 | fd00:18::2 |
+//! | node N | 198.18.0.(10+N) | fd00:18::(10+N) (hex) |
+//! | client | 198.18.0.100 | fd00:18::64 |
+//! | router (lab side) | 198.18.0.254 | fd00:18::fe |
+//! | LoadBalancer pools for layer 2 (on-link) | 198.18.200.0/24 | fd00:18::c8:0/112 |
+//! | pod CIDR of node N | 198.19.N.0/24 | fd00:19:N::/64 |
+//! | Service ClusterIPs | 198.19.128.0/20 | fd00:1b::/112 |
+//! | external segment behind the router | 198.19.254.0/24 | fd00:1a::/64 |
+//! | external client | 198.19.254.10 | fd00:1a::a |
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+/// Whole IPv4 range of the lab; the host holds an `unreachable` route for it.
+pub const LAB_RANGE_V4: &str = "198.18.0.0/15";
+/// Whole IPv6 range of the lab; the host holds an `unreachable` route for it.
+pub const LAB_RANGE_V6: &str = "fd00:18::/29";
+
+/// Which IP families the cluster uses (Services, pods, node addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Families {
+    /// IPv4 only.
+    V4,
+    /// IPv6 only.
+    V6,
+    /// Both, IPv4 primary.
+    Dual,
+}
+
+impl Families {
+    /// Whether IPv4 is used.
+    pub fn v4(self) -> bool {
+        self != Families::V6
+    }
+    /// Whether IPv6 is used.
+    pub fn v6(self) -> bool {
+        self != Families::V4
+    }
+}
+
+/// kube-proxy's data path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// iptables rules (KUBE-SERVICES, KUBE-SVC-*, KUBE-SEP-*).
+    Iptables,
+    /// nftables rules (table ip/ip6 kube-proxy).
+    Nftables,
+}
+
+impl ProxyMode {
+    /// The value of kube-proxy's `mode` setting.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Nftables => "nftables",
+        }
+    }
+}
+
+/// Options of `lab up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Options {
+    /// Number of node hosts.
+    pub nodes: u8,
+    /// kube-proxy mode.
+    pub proxy_mode: ProxyMode,
+    /// Cluster IP families.
+    pub families: Families,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            proxy_mode: ProxyMode::Iptables,
+            families: Families::Dual,
+        }
+    }
+}
+
+/// What a host is for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// etcd, kube-apiserver, kube-controller-manager.
+    ControlPlane,
+    /// A Kubernetes node: kube-proxy, pods.
+    Node {
+        /// 1-based node number.
+        index: u8,
+        /// Pod CIDR (IPv4).
+        pod_cidr_v4: String,
+        /// Pod CIDR (IPv6).
+        pod_cidr_v6: String,
+    },
+    /// A client on the lab segment.
+    Client,
+    /// FRR router between the lab segment and the external segment.
+    Router {
+        /// The router's AS number.
+        asn: u32,
+    },
+    /// A client behind the router.
+    ExternalClient,
+}
+
+/// An interface of a host on a segment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interface {
+    /// Name inside the host.
+    pub name: String,
+    /// Segment it is attached to.
+    pub segment: String,
+    /// IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// IPv6 address.
+    pub ipv6: Ipv6Addr,
+}
+
+/// A static route of a host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// Destination prefix.
+    pub to: String,
+    /// Next hop.
+    pub via: IpAddr,
+}
+
+/// A host: one network namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// Short name (`cp`, `node1`, `client`, `router`, `ext`).
+    pub name: String,
+    /// Network namespace name (`flb-<name>`).
+    pub netns: String,
+    /// What runs there.
+    pub role: Role,
+    /// Interfaces.
+    pub interfaces: Vec<Interface>,
+    /// Static routes.
+    pub routes: Vec<Route>,
+    /// Whether the host forwards packets.
+    pub forwarding: bool,
+}
+
+/// An L2 segment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Segment name.
+    pub name: String,
+    /// IPv4 prefix.
+    pub ipv4: String,
+    /// IPv6 prefix.
+    pub ipv6: String,
+    /// The bridge in the host namespace, if the host namespace joins this segment.
+    pub host_bridge: Option<HostBridge>,
+}
+
+/// The lab bridge in the host namespace and the host's addresses on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostBridge {
+    /// Bridge name.
+    pub name: String,
+    /// Host IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// Host IPv6 address.
+    pub ipv6: Ipv6Addr,
+}
+
+/// The whole lab.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Options it was built from.
+    pub options: Options,
+    /// Segments.
+    pub segments: Vec<Segment>,
+    /// Hosts.
+    pub hosts: Vec<Host>,
+    /// Service ClusterIP ranges, primary family first.
+    pub service_cidrs: Vec<String>,
+    /// Cluster (pod) CIDRs, primary family first.
+    pub cluster_cidrs: Vec<String>,
+}
+
+/// Name of the lab segment.
+pub const LAB_SEGMENT: &str = "lab";
+/// Name of the external segment.
+pub const EXTERNAL_SEGMENT: &str = "external";
+/// AS number of the lab router.
+pub const ROUTER_ASN: u32 = 64500;
+
+fn v6(segments: [u16; 8]) -> Ipv6Addr {
+    Ipv6Addr::from(segments)
+}
+
+impl Topology {
+    /// The standard lab: control plane, N nodes, a client and a router with an external client.
+    pub fn standard(options: Options) -> Self {
+        let lab_if = |name: &str, last: u8| Interface {
+            name: name.into(),
+            segment: LAB_SEGMENT.into(),
+            ipv4: Ipv4Addr::new(198, 18, 0, last),
+            ipv6: v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(last)]),
+        };
+        let router_v4 = Ipv4Addr::new(198, 18, 0, 254);
+        let router_v6 = v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 0xfe]);
+        let mut hosts = vec![Host {
+            name: "cp".into(),
+            netns: "flb-cp".into(),
+            role: Role::ControlPlane,
+            interfaces: vec![lab_if("eth0", 2)],
+            routes: vec![],
+            forwarding: false,
+        }];
+        let node_count = options.nodes.max(1);
+        for index in 1..=node_count {
+            let mut routes = Vec::new();
+            for other in (1..=node_count).filter(|o| *o != index) {
+                routes.push(Route {
+                    to: format!("198.19.{other}.0/24"),
+                    via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10 + other)),
+                });
+                routes.push(Route {
+                    to: format!("fd00:19:{other:x}::/64"),
+                    via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(10 + other)])),
+                });
+            }
+            // Routes towards the external segment go through the router.
+            routes.push(Route {
+                to: "198.19.254.0/24".into(),
+                via: IpAddr::V4(router_v4),
+            });
+            routes.push(Route {
+                to: "fd00:1a::/64".into(),
+                via: IpAddr::V6(router_v6),
+            });
+            hosts.push(Host {
+                name: format!("node{index}"),
+                netns: format!("flb-node{index}"),
+                role: Role::Node {
+                    index,
+                    pod_cidr_v4: format!("198.19.{index}.0/24"),
+                    pod_cidr_v6: format!("fd00:19:{index:x}::/64"),
+                },
+                interfaces: vec![lab_if("eth0", 10 + index)],
+                routes,
+                forwarding: true,
+            });
+        }
+        hosts.push(Host {
+            name: "client".into(),
+            netns: "flb-client".into(),
+            role: Role::Client,
+            interfaces: vec![lab_if("eth0", 100)],
+            routes: vec![
+                Route {
+                    to: "198.19.254.0/24".into(),
+                    via: IpAddr::V4(router_v4),
+                },
+                Route {
+                    to: "fd00:1a::/64".into(),
+                    via: IpAddr::V6(router_v6),
+                },
+            ],
+            forwarding: false,
+        });
+        hosts.push(Host {
+            name: "router".into(),
+            netns: "flb-router".into(),
+            role: Role::Router { asn: ROUTER_ASN },
+            interfaces: vec![
+                lab_if("eth0", 254),
+                Interface {
+                    name: "eth1".into(),
+                    segment: EXTERNAL_SEGMENT.into(),
+                    ipv4: Ipv4Addr::new(198, 19, 254, 1),
+                    ipv6: v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 1]),
+                },
+            ],
+            routes: vec![],
+            forwarding: true,
+        });
+        hosts.push(Host {
+            name: "ext".into(),
+            netns: "flb-ext".into(),
+            role: Role::ExternalClient,
+            interfaces: vec![Interface {
+                name: "eth0".into(),
+                segment: EXTERNAL_SEGMENT.into(),
+                ipv4: Ipv4Addr::new(198, 19, 254, 10),
+                ipv6: v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 0xa]),
+            }],
+            routes: vec![
+                Route {
+                    to: "198.18.0.0/16".into(),
+                    via: IpAddr::V4(Ipv4Addr::new(198, 19, 254, 1)),
+                },
+                Route {
+                    to: "fd00:18::/64".into(),
+                    via: IpAddr::V6(v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 1])),
+                },
+            ],
+            forwarding: false,
+        });
+        let (mut service_cidrs, mut cluster_cidrs) = (Vec::new(), Vec::new());
+        if options.families.v4() {
+            service_cidrs.push("198.19.128.0/20".to_string());
+            cluster_cidrs.push("198.19.0.0/16".to_string());
+        }
+        if options.families.v6() {
+            service_cidrs.push("fd00:1b::/112".to_string());
+            cluster_cidrs.push("fd00:19::/48".to_string());
+        }
+        Topology {
+            options: Options {
+                nodes: node_count,
+                ..options
+            },
+            segments: vec![
+                Segment {
+                    name: LAB_SEGMENT.into(),
+                    ipv4: "198.18.0.0/16".into(),
+                    ipv6: "fd00:18::/64".into(),
+                    host_bridge: Some(HostBridge {
+                        name: "flb-br0".into(),
+                        ipv4: Ipv4Addr::new(198, 18, 0, 1),
+                        ipv6: v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 1]),
+                    }),
+                },
+                Segment {
+                    name: EXTERNAL_SEGMENT.into(),
+                    ipv4: "198.19.254.0/24".into(),
+                    ipv6: "fd00:1a::/64".into(),
+                    host_bridge: None,
+                },
+            ],
+            hosts,
+            service_cidrs,
+            cluster_cidrs,
+        }
+    }
+
+    /// A host by short name.
+    pub fn host(&self, name: &str) -> Option<&Host> {
+        self.hosts.iter().find(|h| h.name == name)
+    }
+
+    /// The node hosts in order.
+    pub fn nodes(&self) -> impl Iterator<Item = &Host> {
+        self.hosts
+            .iter()
+            .filter(|h| matches!(h.role, Role::Node { .. }))
+    }
+
+    /// The control plane's address on the lab segment.
+    pub fn apiserver_address(&self) -> Ipv4Addr {
+        self.host("cp")
+            .map(|h| h.interfaces[0].ipv4)
+            .unwrap_or(Ipv4Addr::new(198, 18, 0, 2))
+    }
+
+    /// The first ClusterIP of each Service range (the `kubernetes` Service), for the serving cert.
+    pub fn kubernetes_service_ips(&self) -> Vec<IpAddr> {
+        let mut ips = Vec::new();
+        if self.options.families.v4() {
+            ips.push(IpAddr::V4(Ipv4Addr::new(198, 19, 128, 1)));
+        }
+        if self.options.families.v6() {
+            ips.push(IpAddr::V6(v6([0xfd00, 0x1b, 0, 0, 0, 0, 0, 1])));
+        }
+        ips
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_topology_has_every_role_and_unique_addresses() {
+        let t = Topology::standard(Options::default());
+        assert_eq!(t.nodes().count(), 3);
+        let mut v4: Vec<Ipv4Addr> = t
+            .hosts
+            .iter()
+            .flat_map(|h| h.interfaces.iter().map(|i| i.ipv4))
+            .collect();
+        let n = v4.len();
+        v4.sort();
+        v4.dedup();
+        assert_eq!(v4.len(), n, "duplicate IPv4 addresses");
+        assert!(t.host("router").is_some_and(|r| r.interfaces.len() == 2));
+        assert_eq!(t.service_cidrs, ["198.19.128.0/20", "fd00:1b::/112"]);
+    }
+
+    #[test]
+    fn every_address_is_inside_the_lab_ranges() {
+        let t = Topology::standard(Options {
+            nodes: 5,
+            ..Options::default()
+        });
+        for h in &t.hosts {
+            for i in &h.interfaces {
+                assert_eq!(i.ipv4.octets()[0..1], [198]);
+                assert!(matches!(i.ipv4.octets()[1], 18 | 19), "{}", i.ipv4);
+                assert_eq!(i.ipv6.segments()[0], 0xfd00, "{}", i.ipv6);
+            }
+        }
+    }
+
+    #[test]
+    fn v6_only_cluster_uses_only_v6_ranges() {
+        let t = Topology::standard(Options {
+            families: Families::V6,
+            ..Options::default()
+        });
+        assert_eq!(t.service_cidrs, ["fd00:1b::/112"]);
+        assert_eq!(t.cluster_cidrs, ["fd00:19::/48"]);
+    }
+}

@@ -1,0 +1,451 @@
+//! Proof tests of the lab: the paths ferrolb relies on work with the real components.
+//!
+//! Runs each test in iptables mode, then again in nftables mode. Needs root; without it every
+//! test is reported as ignored with the reason. The lab is brought up once per mode and taken
+//! down at the end (set FERROLB_KEEP_LAB=1 to keep it). On failure, every lab log is copied to
+//! target/lab-logs and its tail printed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::{Lab, Options, ProxyMode};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+fn lab_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"))
+}
+
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> Result<(), Failed> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failed::from(e.to_string()))?;
+    rt.block_on(f).map_err(|e| Failed::from(format!("{e:#}")))
+}
+
+fn service(name: &str, type_: &str) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "type": type_,
+            "selector": {"app": name},
+            "ipFamilyPolicy": "PreferDualStack",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+        }
+    }))
+    .unwrap()
+}
+
+/// Asks `url` from `host` until every name in `want` has answered (bounded attempts).
+fn collect_answers(
+    lab: &Lab,
+    host: &str,
+    url: &str,
+    want: &BTreeSet<String>,
+) -> anyhow::Result<BTreeSet<String>> {
+    let mut seen = BTreeSet::new();
+    let mut last_error = String::new();
+    for _ in 0..60 {
+        let out = lab.exec_output(host, "curl", &["-sS", "--max-time", "2", "-g", url])?;
+        if out.status.success() {
+            let body = String::from_utf8_lossy(&out.stdout);
+            if let Some(name) = body.split_whitespace().next() {
+                seen.insert(name.to_string());
+            }
+        } else {
+            last_error = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        }
+        if want.is_subset(&seen) {
+            return Ok(seen);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("from {host}, {url} answered by {seen:?}, expected {want:?}; last error: {last_error}")
+}
+
+fn node_rules(lab: &Lab, node: &str) -> anyhow::Result<String> {
+    match lab.topology.options.proxy_mode {
+        ProxyMode::Iptables => {
+            let mut rules = lab.exec(node, "iptables-save", &["-t", "nat"])?;
+            if let Ok(v6) = lab.exec(node, "ip6tables-save", &["-t", "nat"]) {
+                rules.push_str(&v6);
+            }
+            Ok(rules)
+        }
+        ProxyMode::Nftables => {
+            let mut rules = lab
+                .exec(node, "nft", &["list", "table", "ip", "kube-proxy"])
+                .unwrap_or_default();
+            if let Ok(v6) = lab.exec(node, "nft", &["list", "table", "ip6", "kube-proxy"]) {
+                rules.push_str(&v6);
+            }
+            Ok(rules)
+        }
+    }
+}
+
+/// (a) NodePort and ClusterIP reach both pods; kube-proxy's chains split between them.
+async fn nodeport_and_clusterip(lab: &Lab) -> anyhow::Result<()> {
+    let mut scope = TestScope::new(lab, "proof-nodeport").await?;
+    let pods = scope.deploy("web", &["node1", "node2"]).await?;
+    // A pod that is not a backend, to ask from inside the cluster.
+    let labels = [("app".to_string(), "asker".to_string())].into();
+    let asker = lab
+        .add_pod(&scope.namespace, "asker", "node1", &labels)
+        .await?;
+    let client = lab.client().await?;
+    let services: Api<Service> = Api::namespaced(client, &scope.namespace);
+    let svc = services
+        .create(&PostParams::default(), &service("web", "NodePort"))
+        .await?;
+    scope.wait_ready_endpoints("web", 2).await?;
+    let spec = svc.spec.context("service spec")?;
+    let node_port = spec
+        .ports
+        .as_ref()
+        .and_then(|p| p[0].node_port)
+        .context("nodePort")?;
+    let want: BTreeSet<String> = pods.iter().map(|p| p.name.clone()).collect();
+
+    for node in lab.topology.nodes() {
+        let iface = &node.interfaces[0];
+        if lab.topology.options.families.v4() {
+            collect_answers(
+                lab,
+                "client",
+                &format!("http://{}:{node_port}/", iface.ipv4),
+                &want,
+            )?;
+        }
+        if lab.topology.options.families.v6() {
+            collect_answers(
+                lab,
+                "client",
+                &format!("http://[{}]:{node_port}/", iface.ipv6),
+                &want,
+            )?;
+        }
+    }
+    for ip in spec.cluster_ips.unwrap_or_default() {
+        let url = if ip.contains(':') {
+            format!("http://[{ip}]/")
+        } else {
+            format!("http://{ip}/")
+        };
+        collect_answers(lab, &asker.netns, &url, &want)?;
+    }
+    lab.remove_pod(&asker).await?;
+
+    let rules = node_rules(lab, "node1")?;
+    match lab.topology.options.proxy_mode {
+        ProxyMode::Iptables => {
+            for chain in [
+                ":KUBE-SERVICES",
+                ":KUBE-NODEPORTS",
+                ":KUBE-SVC-",
+                ":KUBE-SEP-",
+            ] {
+                ensure!(
+                    rules.contains(chain),
+                    "node1's nat table has no {chain} chain:\n{rules}"
+                );
+            }
+            ensure!(
+                rules.contains("-m statistic --mode random --probability 0.50000000000"),
+                "node1's KUBE-SVC chain does not split between the two endpoints:\n{rules}"
+            );
+        }
+        ProxyMode::Nftables => {
+            // kube-proxy's nftables mode (1.37) puts the endpoints straight into the service chain.
+            ensure!(
+                rules.contains("chain service-") && rules.contains("proof-nodeport/web/tcp/http"),
+                "no service chain for web:\n{rules}"
+            );
+            ensure!(
+                rules.contains("numgen random mod 2"),
+                "no random split between two endpoints:\n{rules}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn mac_of(lab: &Lab, host: &str) -> anyhow::Result<String> {
+    let out = lab.exec(host, "cat", &["/sys/class/net/eth0/address"])?;
+    Ok(out.trim().to_string())
+}
+
+/// (b) A LoadBalancer IP set by hand gets kube-proxy's external rules on every node, and a client
+/// whose neighbour entry points the IP at one node reaches a pod: the speaker's path.
+async fn loadbalancer_ip_by_hand(lab: &Lab) -> anyhow::Result<()> {
+    let mut scope = TestScope::new(lab, "proof-lb").await?;
+    let pods = scope.deploy("lb", &["node1", "node2"]).await?;
+    let client = lab.client().await?;
+    let services: Api<Service> = Api::namespaced(client, &scope.namespace);
+    services
+        .create(&PostParams::default(), &service("lb", "LoadBalancer"))
+        .await?;
+    scope.wait_ready_endpoints("lb", 2).await?;
+    let fam = lab.topology.options.families;
+    let mut ips = Vec::new();
+    if fam.v4() {
+        ips.push("198.18.200.10".to_string());
+    }
+    if fam.v6() {
+        ips.push("fd00:18::c8:a".to_string());
+    }
+    let ingress: Vec<serde_json::Value> = ips
+        .iter()
+        .map(|ip| serde_json::json!({"ip": ip, "ipMode": "VIP"}))
+        .collect();
+    services
+        .patch_status(
+            "lb",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}})),
+        )
+        .await?;
+
+    for node in lab.topology.nodes() {
+        for ip in &ips {
+            let name = node.name.clone();
+            wait_for(
+                &format!("kube-proxy on {name} to program {ip}"),
+                Duration::from_secs(30),
+                || {
+                    let found = node_rules(lab, &name).map(|r| {
+                        let has_ip = r.contains(ip.as_str());
+                        let has_ext = match lab.topology.options.proxy_mode {
+                            ProxyMode::Iptables => r.contains("KUBE-EXT-"),
+                            ProxyMode::Nftables => r.contains("external-"),
+                        };
+                        has_ip && has_ext
+                    });
+                    async move {
+                        match found {
+                            Ok(true) => Ok(Some(())),
+                            Ok(false) => Err("no external rule for the IP yet".to_string()),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                },
+            )
+            .await?;
+        }
+    }
+    let owner_mac = mac_of(lab, "node1")?;
+    let want: BTreeSet<String> = pods.iter().map(|p| p.name.clone()).collect();
+    for ip in &ips {
+        let family = if ip.contains(':') { "-6" } else { "-4" };
+        lab.exec(
+            "client",
+            "ip",
+            &[
+                family,
+                "neigh",
+                "replace",
+                ip,
+                "lladdr",
+                &owner_mac,
+                "dev",
+                "eth0",
+                "nud",
+                "permanent",
+            ],
+        )?;
+        let url = if ip.contains(':') {
+            format!("http://[{ip}]/")
+        } else {
+            format!("http://{ip}/")
+        };
+        let answered = collect_answers(lab, "client", &url, &want);
+        let _ = lab.exec("client", "ip", &[family, "neigh", "del", ip, "dev", "eth0"]);
+        answered?;
+    }
+    drop(scope);
+    Ok(())
+}
+
+/// (c) FRR on the router takes an eBGP session from GoBGP on a node and installs an advertised
+/// /32 in its kernel table.
+async fn frr_learns_route_from_gobgp(lab: &Lab) -> anyhow::Result<()> {
+    let mut scope = TestScope::new(lab, "proof-bgp").await?;
+    let node = lab.topology.host("node1").context("node1")?;
+    let addr = node.interfaces[0].ipv4;
+    let config = lab.dir.join("gobgp-node1.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[global.config]\n  as = 64512\n  router-id = \"{addr}\"\n  port = -1\n[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"198.18.0.254\"\n    peer-as = 64500\n  [neighbors.timers.config]\n    connect-retry = 1\n    hold-time = 9\n    keepalive-interval = 3\n"
+        ),
+    )?;
+    let gobgpd = Path::new("/usr/bin/gobgpd");
+    scope.spawn(
+        "gobgpd",
+        "node1",
+        gobgpd,
+        &[
+            "-f".into(),
+            config.display().to_string(),
+            "--api-hosts".into(),
+            "127.0.0.1:50051".into(),
+            "--log-level".into(),
+            "info".into(),
+        ],
+    )?;
+    let prefix = "198.18.201.1/32";
+    wait_for("GoBGP to accept the route", Duration::from_secs(20), || {
+        let out = lab.exec_output(
+            "node1",
+            "gobgp",
+            &[
+                "-u",
+                "127.0.0.1",
+                "-p",
+                "50051",
+                "global",
+                "rib",
+                "add",
+                prefix,
+                "-a",
+                "ipv4",
+            ],
+        );
+        async move {
+            match out {
+                Ok(o) if o.status.success() => Ok(Some(())),
+                Ok(o) => Err(String::from_utf8_lossy(&o.stderr).to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    wait_for(
+        "the router to install 198.18.201.1/32 from BGP",
+        Duration::from_secs(60),
+        || {
+            let out = lab.exec("router", "ip", &["route", "show", "198.18.201.1/32"]);
+            async move {
+                match out {
+                    Ok(o) if o.contains("proto bgp") && o.contains("198.18.0.11") => Ok(Some(())),
+                    Ok(o) => Err(format!("router route: {o:?}")),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+type TestFn = fn(&Lab) -> Result<(), Failed>;
+
+fn tests() -> Vec<(&'static str, TestFn)> {
+    vec![
+        ("nodeport_and_clusterip_reach_both_pods", |lab| {
+            block_on(nodeport_and_clusterip(lab))
+        }),
+        (
+            "loadbalancer_ip_set_by_hand_reaches_a_pod_through_kube_proxy",
+            |lab| block_on(loadbalancer_ip_by_hand(lab)),
+        ),
+        ("frr_installs_a_route_advertised_by_gobgp", |lab| {
+            block_on(frr_learns_route_from_gobgp(lab))
+        }),
+    ]
+}
+
+fn save_logs(lab_dir: &Path) {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lab-logs");
+    let _ = std::fs::create_dir_all(&target);
+    let Ok(entries) = std::fs::read_dir(lab_dir.join("logs")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let _ = std::fs::copy(&path, target.join(entry.file_name()));
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            eprintln!("---- {} (last lines) ----", path.display());
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+    eprintln!("lab logs copied to {}", target.display());
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let mut failed = false;
+    for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
+        let label = mode.as_str();
+        if !ferrolb_e2e::is_root() {
+            eprintln!("lab tests skipped: they need root (network namespaces)");
+            let trials = tests()
+                .into_iter()
+                .map(|(name, _)| {
+                    Trial::test(format!("{label}::{name}"), || Ok(())).with_ignored_flag(true)
+                })
+                .collect();
+            let _ = libtest_mimic::run(&args, trials);
+            continue;
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let lab = match rt.block_on(Lab::up(
+            Options {
+                proxy_mode: mode,
+                ..Options::default()
+            },
+            &lab_exe(),
+        )) {
+            Ok(lab) => lab,
+            Err(e) => {
+                eprintln!("lab up ({label}) failed: {e:#}");
+                save_logs(&ferrolb_e2e::lab_dir());
+                let trials = tests()
+                    .into_iter()
+                    .map(|(name, _)| {
+                        let msg = format!("lab up failed: {e:#}");
+                        Trial::test(format!("{label}::{name}"), move || Err(Failed::from(msg)))
+                    })
+                    .collect();
+                let _ = libtest_mimic::run(&args, trials);
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        let trials = tests()
+            .into_iter()
+            .map(|(name, f)| {
+                let lab = lab.clone();
+                Trial::test(format!("{label}::{name}"), move || f(&lab))
+            })
+            .collect();
+        let conclusion = libtest_mimic::run(&args, trials);
+        if conclusion.has_failed() {
+            failed = true;
+            save_logs(&lab.dir);
+        }
+        let keep = std::env::var_os("FERROLB_KEEP_LAB").is_some() && mode == ProxyMode::Nftables;
+        if !keep && let Err(e) = ferrolb_e2e::down() {
+            eprintln!("lab down failed: {e:#}");
+            failed = true;
+        }
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
