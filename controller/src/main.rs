@@ -1,11 +1,18 @@
 //! ferrolb-controller: allocates external IPs from IPAddressPools to LoadBalancer Services.
 //!
-//! This binary currently offers the offline configuration check; the reconciler follows.
+//! `run` is the controller (several replicas, one Lease-elected leader writes); `check-config`
+//! validates manifests offline.
 
 mod check_config;
+mod core;
+mod leader;
+mod run;
+mod telemetry;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +26,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the controller: allocate IPs to LoadBalancer Services.
+    ///
+    /// Every replica watches Services, Namespaces, Nodes and the metallb.io objects of its
+    /// namespace and keeps them cached; only the replica holding the Lease writes. Every option
+    /// can also be set through the environment variable shown.
+    Run(RunArgs),
     /// Validate metallb.io manifests offline, as the controller would.
     ///
     /// Reads multi-document YAML files (other API groups are skipped), prints `valid` or one
@@ -40,9 +53,160 @@ enum Command {
     },
 }
 
+/// Options of `run`.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Namespace of the metallb.io configuration objects.
+    #[arg(
+        long,
+        short = 'n',
+        env = "FERROLB_NAMESPACE",
+        default_value = "metallb-system"
+    )]
+    namespace: String,
+    /// Serve only Services with this spec.loadBalancerClass (default: Services without a class).
+    #[arg(long, env = "FERROLB_LB_CLASS")]
+    lb_class: Option<String>,
+    /// Kubeconfig file (default: in-cluster config, or $KUBECONFIG / ~/.kube/config).
+    #[arg(long, env = "FERROLB_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Elect a leader through a Lease; turn off only for a single replica.
+    #[arg(long, env = "FERROLB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader Lease (in --namespace).
+    #[arg(long, env = "FERROLB_LEASE_NAME", default_value = "ferrolb-controller")]
+    lease_name: String,
+    /// How long the Lease holds without renewal (Go duration).
+    #[arg(long, env = "FERROLB_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    lease_duration: Duration,
+    /// How long the leader keeps writing after its last successful renewal began; shorter than
+    /// the lease duration, so a cut-off leader stops before anyone else can lead.
+    #[arg(long, env = "FERROLB_RENEW_DEADLINE", default_value = "10s", value_parser = duration)]
+    renew_deadline: Duration,
+    /// How often to renew or try to acquire the Lease.
+    #[arg(long, env = "FERROLB_RETRY_PERIOD", default_value = "2s", value_parser = duration)]
+    retry_period: Duration,
+    /// This replica's identity in the Lease and in Events (default: hostname and PID).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
+    listen: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log level (or a tracing filter); RUST_LOG overrides it.
+    #[arg(long, env = "FERROLB_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    ferrolb_config::validate::parse_go_duration(text)
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding the cluster (in-cluster config or kubeconfig)")?,
+    };
+    let client = kube::Client::try_from(config)?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let metrics = std::sync::Arc::new(telemetry::Metrics::new());
+    let ready = telemetry::Ready::default();
+    let server = tokio::spawn(telemetry::serve(
+        args.listen,
+        metrics.clone(),
+        ready.clone(),
+    ));
+    let (leadership, lease_task) = if args.leader_elect {
+        let timing = leader::Timing {
+            lease_duration: args.lease_duration,
+            renew_deadline: args.renew_deadline,
+            retry_period: args.retry_period,
+        };
+        timing.validate().map_err(anyhow::Error::msg)?;
+        let api = kube::Api::namespaced(client.clone(), &args.namespace);
+        let (l, task) = leader::spawn(
+            api,
+            args.lease_name.clone(),
+            identity.clone(),
+            timing,
+            shutdown_rx.clone(),
+        );
+        (l, Some(task))
+    } else {
+        (leader::Leadership::always(), None)
+    };
+    tracing::info!(%identity, namespace = %args.namespace, lb_class = ?args.lb_class, "ferrolb-controller starting");
+    let settings = run::Settings {
+        namespace: args.namespace.clone(),
+        lb_class: args.lb_class.clone(),
+        identity,
+    };
+    let controller = tokio::spawn(run::run(
+        client,
+        settings,
+        metrics,
+        ready,
+        leadership,
+        shutdown_rx,
+    ));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+        r = server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+    }
+    // Stop writing first, then release the Lease so a standby takes over at once.
+    let _ = shutdown_tx.send(true);
+    let _ = controller.await;
+    if let Some(task) = lease_task {
+        let _ = task.await;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => {
+            telemetry::init_logs(matches!(args.log_format, LogFormat::Json), &args.log_level);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match runtime.block_on(run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::CheckConfig { namespace, files } => {
             let stdout = std::io::stdout();
             let stderr = std::io::stderr();

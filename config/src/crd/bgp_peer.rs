@@ -58,7 +58,7 @@ pub struct BGPPeerSpec {
     pub source_address: Option<String>,
     /// The peer's TCP port. Default 179.
     #[serde(default = "default_port")]
-    #[schemars(range(min = 1, max = 16384))]
+    #[schemars(schema_with = "port_schema")]
     pub peer_port: u16,
     /// Proposed hold time (Go duration); 0 or at least 3s. Default 90s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,6 +117,12 @@ fn default_port() -> u16 {
     179
 }
 
+/// `peerPort`: an integer 1–16384 (MetalLB's range), default 179. Written by hand because the
+/// derived schema says `format: uint16`, which the API server does not know.
+fn port_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int32", "minimum": 1, "maximum": 16384, "default": 179})
+}
+
 fn optional_ip(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schema::ip_address(generator)
 }
@@ -157,7 +163,7 @@ pub mod v1beta1 {
     use serde::{Deserialize, Serialize};
 
     use super::super::LabelSelector;
-    use super::{default_port, optional_duration, optional_ip, optional_router_id};
+    use super::{default_port, optional_duration, optional_ip, optional_router_id, port_schema};
 
     /// A BGP session (v1beta1: a subset of v1beta2's fields, same names and shapes).
     #[derive(
@@ -192,7 +198,7 @@ pub mod v1beta1 {
         pub source_address: Option<String>,
         /// The peer's TCP port. Default 179.
         #[serde(default = "default_port")]
-        #[schemars(range(min = 1, max = 16384))]
+        #[schemars(schema_with = "port_schema")]
         pub peer_port: u16,
         /// Proposed hold time (Go duration).
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,11 +13,21 @@ use super::schema;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CommunitySpec {
-    /// The aliases.
+    /// The aliases. A list map keyed by `name`: the API server itself refuses a name twice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(validation = kube::core::Rule::new("self.all(c, self.exists_one(d, d.name == c.name))").message("each alias name may appear only once"))]
-    #[schemars(length(max = 1024))]
+    #[schemars(schema_with = "alias_list")]
     pub communities: Vec<CommunityAlias>,
+}
+
+fn alias_list(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<CommunityAlias>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["name"]),
+    );
+    schema.insert("maxItems".into(), 256.into());
+    schema
 }
 
 /// One alias: a name and the community value it stands for.

@@ -202,7 +202,7 @@ impl Report {
 }
 
 /// Age order of objects: older first, then by name. Conflicts keep the older object.
-pub(crate) fn by_age<'a, T: kube::Resource>(objects: &'a [T]) -> Vec<&'a T> {
+pub(crate) fn by_age<T: kube::Resource>(objects: &[T]) -> Vec<&T> {
     let mut sorted: Vec<&T> = objects.iter().collect();
     sorted.sort_by(|a, b| {
         let key = |o: &T| -> (Option<Time>, String) {

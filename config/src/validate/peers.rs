@@ -248,22 +248,22 @@ fn validate_one(
         }
         (None, None) => None,
     };
-    if let Some(profile) = &s.bfd_profile {
-        if !bfd_profiles.contains_key(profile) {
-            let exists = bfd_objects
-                .iter()
-                .any(|b| b.metadata.name.as_deref() == Some(profile));
-            let why = if exists {
-                "is itself invalid"
-            } else {
-                "does not exist"
-            };
-            report.error(
-                me,
-                "spec.bfdProfile",
-                format!("BFDProfile {profile:?} {why}"),
-            );
-        }
+    if let Some(profile) = &s.bfd_profile
+        && !bfd_profiles.contains_key(profile)
+    {
+        let exists = bfd_objects
+            .iter()
+            .any(|b| b.metadata.name.as_deref() == Some(profile));
+        let why = if exists {
+            "is itself invalid"
+        } else {
+            "does not exist"
+        };
+        report.error(
+            me,
+            "spec.bfdProfile",
+            format!("BFDProfile {profile:?} {why}"),
+        );
     }
     let node_selectors = compile_selectors(report, me, "spec.nodeSelectors", &s.node_selectors);
     let peer = Peer {
@@ -324,16 +324,14 @@ pub(super) fn validate(
                 "the older BGPPeer {:?}, which runs on the same nodes",
                 other.name
             );
-            if let (Some(a), Some(b)) = (peer.router_id, other.router_id) {
-                if a != b {
-                    report.error(
-                        &me,
-                        "spec.routerID",
-                        format!(
-                            "{a} differs from routerID {b} of {with}; a node has one router ID"
-                        ),
-                    );
-                }
+            if let (Some(a), Some(b)) = (peer.router_id, other.router_id)
+                && a != b
+            {
+                report.error(
+                    &me,
+                    "spec.routerID",
+                    format!("{a} differs from routerID {b} of {with}; a node has one router ID"),
+                );
             }
             if peer.my_asn != other.my_asn {
                 report.error(

@@ -1,0 +1,467 @@
+//! Leader election through a `coordination.k8s.io/v1` Lease.
+//!
+//! Safety does not depend on synchronised clocks: a contender measures the holder's silence on
+//! its own monotonic clock, from the moment it *observed* the last renewal, and only takes over
+//! after a whole lease duration of silence. The holder considers itself leader only until
+//! `start of its last successful renewal + renew deadline`, and the renew deadline is shorter
+//! than the lease duration, so a leader that cannot renew stops writing before anyone else can
+//! win the Lease. See docs/decisions/0007-leader-election.md.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+
+/// Lease timings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a Lease holds without renewal, as contenders measure it.
+    pub lease_duration: Duration,
+    /// How long the holder keeps acting after its last successful renewal began.
+    pub renew_deadline: Duration,
+    /// How often to try to renew or acquire.
+    pub retry_period: Duration,
+}
+
+impl Timing {
+    /// Checks the timings can give the no-two-writers guarantee.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.renew_deadline >= self.lease_duration {
+            return Err(format!(
+                "the renew deadline ({:?}) must be shorter than the lease duration ({:?})",
+                self.renew_deadline, self.lease_duration
+            ));
+        }
+        if self.retry_period.saturating_mul(2) > self.renew_deadline {
+            return Err(format!(
+                "the retry period ({:?}) must be at most half the renew deadline ({:?}), so one failed renewal does not cost the lease",
+                self.retry_period, self.renew_deadline
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a Lease says, as far as election goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseView {
+    /// Holder identity; `None` or empty when released.
+    pub holder: Option<String>,
+    /// The renew time as written (opaque: only compared for change, never against our clock).
+    pub renew_marker: Option<String>,
+    /// The holder's lease duration.
+    pub duration: Option<Duration>,
+}
+
+impl LeaseView {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Self {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            renew_marker: spec.renew_time.map(|t| t.0.to_string()),
+            duration: spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs),
+        }
+    }
+}
+
+/// The next thing to do with the Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// No Lease exists: create it with us as holder.
+    Create,
+    /// We hold it: renew.
+    Renew,
+    /// It is free or its holder has been silent a whole lease duration: take it.
+    Takeover,
+    /// Someone else holds it.
+    Wait,
+}
+
+/// The election's pure state: what we last observed and until when we may lead.
+#[derive(Debug)]
+pub struct Elector {
+    identity: String,
+    timing: Timing,
+    observed: Option<(LeaseView, Instant)>,
+    leading_until: Option<Instant>,
+}
+
+impl Elector {
+    /// A new elector for this identity.
+    pub fn new(identity: impl Into<String>, timing: Timing) -> Self {
+        Self {
+            identity: identity.into(),
+            timing,
+            observed: None,
+            leading_until: None,
+        }
+    }
+
+    /// Decides the next step from what the Lease says now.
+    pub fn decide(&mut self, lease: Option<&LeaseView>, now: Instant) -> Step {
+        let Some(view) = lease else {
+            return Step::Create;
+        };
+        if view.holder.as_deref() == Some(self.identity.as_str()) {
+            return Step::Renew;
+        }
+        if self.observed.as_ref().is_none_or(|(seen, _)| seen != view) {
+            self.observed = Some((view.clone(), now));
+        }
+        let Some(_holder) = &view.holder else {
+            return Step::Takeover;
+        };
+        let since = self
+            .observed
+            .as_ref()
+            .map(|(_, at)| now.saturating_duration_since(*at))
+            .unwrap_or_default();
+        let duration = view
+            .duration
+            .unwrap_or(self.timing.lease_duration)
+            .max(self.timing.lease_duration);
+        if since >= duration {
+            Step::Takeover
+        } else {
+            Step::Wait
+        }
+    }
+
+    /// Records a successful create, renew or takeover whose request started at `started`.
+    pub fn succeeded(&mut self, started: Instant) -> Instant {
+        let until = started + self.timing.renew_deadline;
+        self.leading_until = Some(until);
+        until
+    }
+
+    /// Gives up leadership at once (lost a race, or shutting down).
+    pub fn resign(&mut self) {
+        self.leading_until = None;
+    }
+
+    /// Whether we may act as leader at `now`.
+    pub fn is_leading(&self, now: Instant) -> bool {
+        self.leading_until.is_some_and(|until| now < until)
+    }
+}
+
+/// Leadership as the rest of the controller sees it: a deadline, checked before every write.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    rx: watch::Receiver<Option<Instant>>,
+}
+
+impl Leadership {
+    /// Whether this replica may write now.
+    pub fn is_leading(&self) -> bool {
+        self.rx.borrow().is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Waits until leadership may have changed (a renewal, a loss, or the deadline passing).
+    pub async fn changed(&mut self) {
+        let deadline = *self.rx.borrow();
+        match deadline {
+            Some(until) if Instant::now() < until => {
+                tokio::select! {
+                    _ = self.rx.changed() => {}
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
+            }
+            _ => {
+                let _ = self.rx.changed().await;
+            }
+        }
+    }
+
+    /// A leadership that always leads (for a single replica started with election off).
+    pub fn always() -> Self {
+        let (tx, rx) = watch::channel(Some(
+            Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600),
+        ));
+        std::mem::forget(tx);
+        Self { rx }
+    }
+}
+
+/// Runs the election until `shutdown` resolves, then releases the Lease if we hold it.
+pub fn spawn(
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timing: Timing,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> (Leadership, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(None);
+    let handle = tokio::spawn(run(api, name, identity, timing, tx, shutdown));
+    (Leadership { rx }, handle)
+}
+
+fn lease_object(
+    name: &str,
+    identity: Option<&str>,
+    timing: &Timing,
+    transitions: i32,
+    resource_version: Option<String>,
+) -> Lease {
+    let now = MicroTime(Timestamp::now());
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            resource_version,
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: identity.map(str::to_string),
+            lease_duration_seconds: Some(
+                i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX),
+            ),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn run(
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timing: Timing,
+    tx: watch::Sender<Option<Instant>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut elector = Elector::new(identity.clone(), timing);
+    let mut ticker = tokio::time::interval(timing.retry_period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => break,
+        }
+        let current = match api.get_opt(&name).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                tracing::warn!(error = %e, lease = %name, "reading the leader Lease failed");
+                continue;
+            }
+        };
+        let view = current.as_ref().map(LeaseView::of);
+        let started = Instant::now();
+        let step = elector.decide(view.as_ref(), started);
+        let result = match (step, &current) {
+            (Step::Wait, _) => {
+                if elector.is_leading(started) {
+                    tracing::warn!(lease = %name, holder = ?view.and_then(|v| v.holder), "another replica holds the Lease: stepping down");
+                }
+                elector.resign();
+                let _ = tx.send(None);
+                continue;
+            }
+            (Step::Create, _) => api
+                .create(
+                    &PostParams::default(),
+                    &lease_object(&name, Some(&identity), &timing, 0, None),
+                )
+                .await
+                .map(|_| ()),
+            (Step::Renew, Some(lease)) => {
+                let mut renewed = lease.clone();
+                if let Some(spec) = renewed.spec.as_mut() {
+                    spec.renew_time = Some(MicroTime(Timestamp::now()));
+                    spec.lease_duration_seconds = Some(
+                        i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX),
+                    );
+                }
+                api.replace(&name, &PostParams::default(), &renewed)
+                    .await
+                    .map(|_| ())
+            }
+            (Step::Takeover, Some(lease)) => {
+                let transitions = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.lease_transitions)
+                    .unwrap_or(0)
+                    + 1;
+                let object = lease_object(
+                    &name,
+                    Some(&identity),
+                    &timing,
+                    transitions,
+                    lease.metadata.resource_version.clone(),
+                );
+                api.replace(&name, &PostParams::default(), &object)
+                    .await
+                    .map(|_| ())
+            }
+            (Step::Renew | Step::Takeover, None) => continue,
+        };
+        match result {
+            Ok(()) => {
+                let was_leading = elector.is_leading(Instant::now());
+                let until = elector.succeeded(started);
+                if !was_leading {
+                    tracing::info!(lease = %name, identity = %identity, "became leader");
+                }
+                let _ = tx.send(Some(until));
+            }
+            // A conflict means someone else wrote the Lease first; the deadline of our last
+            // success still bounds how long we act.
+            Err(e) => tracing::warn!(error = %e, lease = %name, ?step, "Lease update failed"),
+        }
+    }
+    // Release: stop acting first, then hand the Lease over so a standby takes it at once.
+    let held = elector.is_leading(Instant::now());
+    elector.resign();
+    let _ = tx.send(None);
+    if held
+        && let Ok(Some(lease)) = api.get_opt(&name).await
+        && lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(identity.as_str())
+    {
+        let transitions = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_transitions)
+            .unwrap_or(0);
+        let mut released = lease_object(
+            &name,
+            None,
+            &timing,
+            transitions,
+            lease.metadata.resource_version.clone(),
+        );
+        if let Some(spec) = released.spec.as_mut() {
+            spec.lease_duration_seconds = Some(1);
+        }
+        match api.replace(&name, &PostParams::default(), &released).await {
+            Ok(_) => tracing::info!(lease = %name, "released the Lease"),
+            Err(e) => tracing::warn!(error = %e, lease = %name, "releasing the Lease failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timing = Timing {
+        lease_duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(2),
+    };
+
+    fn held_by(holder: &str, marker: &str) -> LeaseView {
+        LeaseView {
+            holder: Some(holder.into()),
+            renew_marker: Some(marker.into()),
+            duration: Some(Duration::from_secs(15)),
+        }
+    }
+
+    #[test]
+    fn no_lease_means_create() {
+        assert_eq!(
+            Elector::new("a", T).decide(None, Instant::now()),
+            Step::Create
+        );
+    }
+
+    #[test]
+    fn our_own_lease_is_renewed() {
+        assert_eq!(
+            Elector::new("a", T).decide(Some(&held_by("a", "1")), Instant::now()),
+            Step::Renew
+        );
+    }
+
+    #[test]
+    fn a_renewing_holder_is_never_taken_over() {
+        let mut e = Elector::new("b", T);
+        let t0 = Instant::now();
+        for i in 0..20u64 {
+            let step = e.decide(
+                Some(&held_by("a", &i.to_string())),
+                t0 + Duration::from_secs(i * 5),
+            );
+            assert_eq!(step, Step::Wait, "at {}s", i * 5);
+        }
+    }
+
+    #[test]
+    fn a_silent_holder_is_taken_over_after_a_whole_duration_of_our_own_clock() {
+        let mut e = Elector::new("b", T);
+        let t0 = Instant::now();
+        let lease = held_by("a", "renewed-long-ago-by-a-skewed-clock");
+        assert_eq!(
+            e.decide(Some(&lease), t0),
+            Step::Wait,
+            "first sight starts our own timer"
+        );
+        assert_eq!(
+            e.decide(Some(&lease), t0 + Duration::from_secs(14)),
+            Step::Wait
+        );
+        assert_eq!(
+            e.decide(Some(&lease), t0 + Duration::from_secs(15)),
+            Step::Takeover
+        );
+    }
+
+    #[test]
+    fn a_released_lease_is_taken_at_once() {
+        let mut e = Elector::new("b", T);
+        let released = LeaseView {
+            holder: None,
+            renew_marker: Some("x".into()),
+            duration: Some(Duration::from_secs(1)),
+        };
+        assert_eq!(e.decide(Some(&released), Instant::now()), Step::Takeover);
+    }
+
+    #[test]
+    fn the_old_leader_stops_before_anyone_can_take_over() {
+        // Leader renews successfully at t0 (request started at t0), then is cut off.
+        let t0 = Instant::now();
+        let mut leader = Elector::new("a", T);
+        let until = leader.succeeded(t0);
+        // The contender sees that renewal no earlier than t0.
+        let mut contender = Elector::new("b", T);
+        let lease = held_by("a", "t0");
+        contender.decide(Some(&lease), t0);
+        let mut t = t0;
+        while contender.decide(Some(&lease), t) != Step::Takeover {
+            t += Duration::from_millis(100);
+        }
+        assert!(
+            !leader.is_leading(t),
+            "leader still leading when the contender takes over"
+        );
+        assert!(until < t);
+    }
+
+    #[test]
+    fn timings_that_allow_two_writers_are_refused() {
+        let bad = Timing {
+            renew_deadline: Duration::from_secs(15),
+            ..T
+        };
+        assert!(bad.validate().is_err());
+        let slow_retry = Timing {
+            retry_period: Duration::from_secs(6),
+            ..T
+        };
+        assert!(slow_retry.validate().is_err());
+        assert!(T.validate().is_ok());
+    }
+}

@@ -1,0 +1,649 @@
+//! The controller's I/O driver: watches, the work loop, and the writes. Decisions are made by
+//! [`crate::core::Core`]; this module only feeds it and writes what differs, and only while this
+//! replica leads.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ferrolb_config::allocator::{IP_ALLOCATED_FROM_POOL, ServiceKey, is_ours};
+use ferrolb_config::crd::{
+    BFDProfile, BGPAdvertisement, BGPPeer, Community, ConfigurationResult, ConfigurationState,
+    ConfigurationStateSpec, IPAddressPool, IPAddressPoolStatus, L2Advertisement,
+};
+use ferrolb_config::model::Pool;
+use ferrolb_config::selector::Labels;
+use ferrolb_config::validate::{NodeInfo, Objects, validate};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use crate::core::{Core, Desired, Note, key_of, matches};
+use crate::leader::Leadership;
+use crate::telemetry::{Metrics, Ready};
+
+/// What the driver needs to know.
+pub struct Settings {
+    /// Namespace of the configuration objects.
+    pub namespace: String,
+    /// `--lb-class`.
+    pub lb_class: Option<String>,
+    /// This replica's identity (events, lease).
+    pub identity: String,
+}
+
+/// Work items the watches produce.
+#[derive(Debug)]
+enum Work {
+    Service(ServiceKey),
+    Config,
+    Namespace(String),
+    Synced(&'static str),
+}
+
+/// The watches' caches.
+struct Stores {
+    services: Store<Service>,
+    namespaces: Store<Namespace>,
+    nodes: Store<kube::core::PartialObjectMeta<Node>>,
+    pools: Store<IPAddressPool>,
+    l2: Store<L2Advertisement>,
+    bgp: Store<BGPAdvertisement>,
+    peers: Store<BGPPeer>,
+    communities: Store<Community>,
+    bfd: Store<BFDProfile>,
+}
+
+/// Number of watches that must list before the controller acts.
+const WATCHES: usize = 9;
+
+fn spawn_watch<K, S, F>(
+    stream: S,
+    writer: reflector::store::Writer<K>,
+    tx: mpsc::UnboundedSender<Work>,
+    kind: &'static str,
+    map: F,
+) where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    F: Fn(&K) -> Work + Send + 'static,
+{
+    tokio::spawn(async move {
+        let stream = reflector::reflector(writer, stream).default_backoff();
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            let work = match event {
+                Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => map(&o),
+                Ok(Event::InitDone) => Work::Synced(kind),
+                Ok(Event::Init) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, watch = kind, "watch failed; retrying");
+                    continue;
+                }
+            };
+            if tx.send(work).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn config_watch<K>(
+    client: &Client,
+    namespace: &str,
+    tx: &mpsc::UnboundedSender<Work>,
+    kind: &'static str,
+) -> Store<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let (reader, writer) = reflector::store();
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    spawn_watch(
+        watcher(api, watcher::Config::default()),
+        writer,
+        tx.clone(),
+        kind,
+        |_| Work::Config,
+    );
+    reader
+}
+
+fn start_watches(client: &Client, namespace: &str, tx: &mpsc::UnboundedSender<Work>) -> Stores {
+    let (services, writer) = reflector::store();
+    spawn_watch(
+        watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        writer,
+        tx.clone(),
+        "services",
+        |s: &Service| Work::Service(key_of(s)),
+    );
+    let (namespaces, writer) = reflector::store();
+    spawn_watch(
+        watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        writer,
+        tx.clone(),
+        "namespaces",
+        |n: &Namespace| Work::Namespace(n.metadata.name.clone().unwrap_or_default()),
+    );
+    let (nodes, writer) = reflector::store();
+    spawn_watch(
+        watcher(
+            Api::<kube::core::PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        writer,
+        tx.clone(),
+        "nodes",
+        |_| Work::Config,
+    );
+    Stores {
+        services,
+        namespaces,
+        nodes,
+        pools: config_watch(client, namespace, tx, "ipaddresspools"),
+        l2: config_watch(client, namespace, tx, "l2advertisements"),
+        bgp: config_watch(client, namespace, tx, "bgpadvertisements"),
+        peers: config_watch(client, namespace, tx, "bgppeers"),
+        communities: config_watch(client, namespace, tx, "communities"),
+        bfd: config_watch(client, namespace, tx, "bfdprofiles"),
+    }
+}
+
+fn cloned<K>(store: &Store<K>) -> Vec<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store.state().iter().map(|o| (**o).clone()).collect()
+}
+
+/// The work loop's state.
+struct Driver {
+    client: Client,
+    settings: Settings,
+    stores: Stores,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    leadership: Leadership,
+    core: Core,
+    applied_pools: Option<Vec<Pool>>,
+    written_state: Option<(ConfigurationResult, String)>,
+    written_pool_status: HashMap<String, IPAddressPoolStatus>,
+    reported_errors: BTreeSet<String>,
+}
+
+/// Runs the controller until `shutdown` turns true.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    ready: Ready,
+    mut leadership: Leadership,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let stores = start_watches(&client, &settings.namespace, &tx);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "ferrolb-controller".into(),
+            instance: Some(settings.identity.clone()),
+        },
+    );
+    let mut driver = Driver {
+        core: Core::new(settings.lb_class.clone()),
+        client,
+        settings,
+        stores,
+        metrics,
+        recorder,
+        leadership: leadership.clone(),
+        applied_pools: None,
+        written_state: None,
+        written_pool_status: HashMap::new(),
+        reported_errors: BTreeSet::new(),
+    };
+    let mut synced: BTreeSet<&'static str> = BTreeSet::new();
+    let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
+    let mut retry: BTreeSet<ServiceKey> = BTreeSet::new();
+    let mut config_dirty = true;
+    let mut leading = false;
+    loop {
+        let retry_wait = async {
+            if retry.is_empty() {
+                futures::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(Duration::from_secs(1)).await
+            }
+        };
+        tokio::select! {
+            work = rx.recv() => {
+                let Some(work) = work else { break };
+                let mut handle = |w: Work| match w {
+                    Work::Service(key) => { dirty.insert(key); }
+                    Work::Config => config_dirty = true,
+                    Work::Namespace(ns) => {
+                        // Namespace labels feed pool admission: look at that namespace's Services again.
+                        for s in driver.stores.services.state() {
+                            if s.metadata.namespace.as_deref() == Some(ns.as_str()) { dirty.insert(key_of(&s)); }
+                        }
+                    }
+                    Work::Synced(kind) => { synced.insert(kind); }
+                };
+                handle(work);
+                while let Ok(w) = rx.try_recv() { handle(w); }
+            }
+            _ = leadership.changed() => {}
+            _ = retry_wait => { dirty.append(&mut retry); }
+            _ = shutdown.changed() => break,
+        }
+        if synced.len() < WATCHES {
+            continue;
+        }
+        ready.set();
+        let now_leading = driver.leadership.is_leading();
+        driver.metrics.leader.set(i64::from(now_leading));
+        if !now_leading {
+            leading = false;
+            continue;
+        }
+        if !leading {
+            // A new leader starts from the caches: configuration, then every Service holding
+            // IPs re-claims them, then everything else.
+            tracing::info!("leading: rebuilding allocations from the Services' status");
+            leading = true;
+            driver.core = Core::new(driver.settings.lb_class.clone());
+            driver.applied_pools = None;
+            driver.written_state = None;
+            driver.written_pool_status.clear();
+            driver.apply_config().await;
+            let started = Instant::now();
+            let services = driver.stores.services.state();
+            let mut reclaimed = 0usize;
+            let mut sorted: Vec<&Arc<Service>> = services.iter().collect();
+            sorted.sort_by_key(|s| key_of(s));
+            for svc in &sorted {
+                if driver.core.reclaim(svc, &driver.namespace_labels(svc)) {
+                    reclaimed += 1;
+                }
+            }
+            tracing::info!(reclaimed, services = services.len(), elapsed = ?started.elapsed(), "re-claimed existing IPs");
+            dirty.extend(sorted.iter().map(|s| key_of(s)));
+            config_dirty = false;
+        }
+        if config_dirty {
+            config_dirty = false;
+            dirty.extend(driver.apply_config().await);
+        }
+        // Releasing IPs can make room for Services that wait: look at those again, until a pass
+        // releases nothing.
+        while !dirty.is_empty() {
+            let held_before = driver.core.allocator().len();
+            let mut released = false;
+            for key in std::mem::take(&mut dirty) {
+                if !driver.leadership.is_leading() {
+                    break;
+                }
+                match driver.reconcile(&key).await {
+                    Ok(freed) => released |= freed,
+                    Err(e) => {
+                        tracing::warn!(service = %format!("{}/{}", key.namespace(), key.name()), error = %format!("{e:#}"), "writing Service failed; retrying");
+                        retry.insert(key);
+                    }
+                }
+            }
+            if released || driver.core.allocator().len() < held_before {
+                dirty.extend(driver.pending());
+            }
+        }
+        driver.write_pool_status().await;
+    }
+    Ok(())
+}
+
+impl Driver {
+    fn namespace_labels(&self, service: &Service) -> Labels {
+        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+        self.stores
+            .namespaces
+            .get(&ObjectRef::new(ns))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+
+    /// Validates the configuration from the caches, applies changed pools, reports. Returns the
+    /// Services to reconcile again: those that lost their IPs and those still waiting for one.
+    async fn apply_config(&mut self) -> Vec<ServiceKey> {
+        let s = &self.stores;
+        let objects = Objects {
+            namespace: self.settings.namespace.clone(),
+            pools: cloned(&s.pools),
+            l2_advertisements: cloned(&s.l2),
+            bgp_advertisements: cloned(&s.bgp),
+            peers: cloned(&s.peers),
+            communities: cloned(&s.communities),
+            bfd_profiles: cloned(&s.bfd),
+            nodes: Some(
+                s.nodes
+                    .state()
+                    .iter()
+                    .map(|n| NodeInfo {
+                        name: n.metadata.name.clone().unwrap_or_default(),
+                        labels: n.metadata.labels.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+            ),
+        };
+        let validated = validate(&objects);
+        self.metrics.config_loaded.set(1);
+        self.metrics
+            .config_stale
+            .set(i64::from(!validated.is_valid()));
+        for e in &validated.errors {
+            tracing::warn!(object = %e.object, field = %e.field, "configuration error: {}", e.message);
+        }
+        self.report_config(&validated).await;
+        let pools: Vec<Pool> = validated.config.pools.values().cloned().collect();
+        let mut requeue = Vec::new();
+        if self.applied_pools.as_ref() != Some(&pools) {
+            tracing::info!(pools = pools.len(), "applying pools");
+            requeue = self.core.set_pools(pools.clone());
+            for (name, pool) in &validated.config.pools {
+                let (v4, v6) =
+                    pool.ranges
+                        .iter()
+                        .fold((0u128, 0u128), |(a, b), r| match r.family() {
+                            ferrolb_config::address::Family::V4 => (a + r.size(), b),
+                            ferrolb_config::address::Family::V6 => (a, b.saturating_add(r.size())),
+                        });
+                let label = vec![("pool", name.clone())];
+                let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
+                self.metrics
+                    .addresses_total
+                    .get_or_create(&label)
+                    .set(clamp(v4.saturating_add(v6)));
+                self.metrics.ipv4_total.get_or_create(&label).set(clamp(v4));
+                self.metrics.ipv6_total.get_or_create(&label).set(clamp(v6));
+            }
+            self.applied_pools = Some(pools);
+            // Services waiting for an IP may fit now.
+            for svc in self.stores.services.state() {
+                let key = key_of(&svc);
+                if is_ours(&svc, self.settings.lb_class.as_deref())
+                    && self.core.allocator().assignment(&key).is_none()
+                {
+                    requeue.push(key);
+                }
+            }
+        }
+        requeue
+    }
+
+    /// Writes ConfigurationState `controller` and Events on left-out objects, when they change.
+    async fn report_config(&mut self, validated: &ferrolb_config::validate::Validated) {
+        if !self.leadership.is_leading() {
+            return;
+        }
+        let result = if validated.is_valid() {
+            ConfigurationResult::Valid
+        } else {
+            ConfigurationResult::Invalid
+        };
+        let summary = validated
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        if self.written_state.as_ref() != Some(&(result, summary.clone())) {
+            let api: Api<ConfigurationState> =
+                Api::namespaced(self.client.clone(), &self.settings.namespace);
+            let object = ConfigurationState {
+                metadata: ObjectMeta {
+                    name: Some("controller".into()),
+                    ..Default::default()
+                },
+                spec: ConfigurationStateSpec {},
+                status: None,
+            };
+            let created = match api.create(&PostParams::default(), &object).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) => Err(e),
+            };
+            let patch = serde_json::json!({"status": {"result": result, "errorSummary": summary}});
+            match created.and(
+                api.patch_status("controller", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ()),
+            ) {
+                Ok(()) => self.written_state = Some((result, summary)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "writing ConfigurationState controller failed")
+                }
+            }
+        }
+        for e in &validated.errors {
+            let line = e.to_string();
+            if self.reported_errors.contains(&line) {
+                continue;
+            }
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some(
+                    if e.object.kind == ferrolb_config::validate::Kind::BGPPeer {
+                        "metallb.io/v1beta2"
+                    } else {
+                        "metallb.io/v1beta1"
+                    }
+                    .into(),
+                ),
+                kind: Some(e.object.kind.as_str().into()),
+                name: Some(e.object.name.clone()),
+                namespace: Some(e.object.namespace.clone()),
+                ..Default::default()
+            };
+            let event = KubeEvent {
+                type_: EventType::Warning,
+                reason: "InvalidConfiguration".into(),
+                note: Some(format!(
+                    "{}: {} (left out of the running configuration)",
+                    e.field, e.message
+                )),
+                action: "Validate".into(),
+                secondary: None,
+            };
+            if self.recorder.publish(&event, &reference).await.is_ok() {
+                self.reported_errors.insert(line);
+            }
+        }
+        let current: BTreeSet<String> = validated.errors.iter().map(ToString::to_string).collect();
+        self.reported_errors.retain(|l| current.contains(l));
+    }
+
+    /// Services of ours still waiting for an IP.
+    fn pending(&self) -> Vec<ServiceKey> {
+        self.stores
+            .services
+            .state()
+            .iter()
+            .filter(|s| is_ours(s, self.settings.lb_class.as_deref()))
+            .map(|s| key_of(s))
+            .filter(|k| self.core.allocator().assignment(k).is_none())
+            .collect()
+    }
+
+    /// Reconciles one Service; returns whether IPs were freed (a deleted Service's).
+    async fn reconcile(&mut self, key: &ServiceKey) -> anyhow::Result<bool> {
+        let started = Instant::now();
+        let Some(service) = self
+            .stores
+            .services
+            .get(&ObjectRef::new(key.name()).within(key.namespace()))
+        else {
+            return Ok(self.core.forget(key));
+        };
+        let outcome = self
+            .core
+            .reconcile(&service, &self.namespace_labels(&service));
+        if !matches(&service, &outcome.desired) {
+            if !self.leadership.is_leading() {
+                return Ok(false);
+            }
+            self.write(&service, &outcome.desired).await?;
+            self.metrics
+                .allocation_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        for note in &outcome.notes {
+            self.publish(&service, note).await;
+        }
+        self.metrics
+            .services_assigned
+            .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
+        Ok(false)
+    }
+
+    async fn write(&self, service: &Service, desired: &Desired) -> anyhow::Result<()> {
+        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+        let name = service.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let (ingress, pool) = match desired {
+            Desired::Untouched => return Ok(()),
+            Desired::Assigned { ips, pool } => (
+                serde_json::Value::Array(
+                    ips.iter()
+                        .map(|ip| serde_json::json!({"ip": ip.to_string(), "ipMode": "VIP"}))
+                        .collect(),
+                ),
+                serde_json::Value::String(pool.clone()),
+            ),
+            Desired::Cleared => (serde_json::Value::Null, serde_json::Value::Null),
+        };
+        // The IP first: the annotation only records where it came from.
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}})),
+        )
+        .await
+        .with_context(|| format!("writing status of Service {ns}/{name}"))?;
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(IP_ALLOCATED_FROM_POOL.into(), pool);
+        if service
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("metallb.universe.tf/ip-allocated-from-pool"))
+        {
+            annotations.insert(
+                "metallb.universe.tf/ip-allocated-from-pool".into(),
+                serde_json::Value::Null,
+            );
+        }
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"annotations": annotations}})),
+        )
+        .await
+        .with_context(|| format!("annotating Service {ns}/{name}"))?;
+        tracing::info!(service = %format!("{ns}/{name}"), ?desired, "wrote Service");
+        Ok(())
+    }
+
+    async fn publish(&self, service: &Service, note: &Note) {
+        let event = KubeEvent {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.into(),
+            note: Some(note.message.clone()),
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .recorder
+            .publish(&event, &service.object_ref(&()))
+            .await
+        {
+            tracing::debug!(error = %e, "recording an Event failed");
+        }
+    }
+
+    /// Writes pool counters to IPAddressPool status (and metrics) when they changed.
+    async fn write_pool_status(&mut self) {
+        let Some(pools) = &self.applied_pools else {
+            return;
+        };
+        let names: Vec<String> = pools.iter().map(|p| p.name.clone()).collect();
+        let api: Api<IPAddressPool> =
+            Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let mut written: BTreeMap<String, IPAddressPoolStatus> = BTreeMap::new();
+        for name in names {
+            let Some(stats) = self.core.allocator().pool_stats(&name) else {
+                continue;
+            };
+            let status = IPAddressPoolStatus {
+                assigned_ipv4: stats.assigned_ipv4,
+                assigned_ipv6: stats.assigned_ipv6,
+                available_ipv4: stats.available_ipv4,
+                available_ipv6: stats.available_ipv6,
+            };
+            let label = vec![("pool", name.clone())];
+            self.metrics
+                .addresses_in_use
+                .get_or_create(&label)
+                .set(stats.assigned_ipv4.saturating_add(stats.assigned_ipv6));
+            self.metrics
+                .ipv4_in_use
+                .get_or_create(&label)
+                .set(stats.assigned_ipv4);
+            self.metrics
+                .ipv6_in_use
+                .get_or_create(&label)
+                .set(stats.assigned_ipv6);
+            if self.written_pool_status.get(&name) == Some(&status) || !self.leadership.is_leading()
+            {
+                continue;
+            }
+            let patch = serde_json::json!({"status": status});
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    written.insert(name, status);
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %name, error = %e, "writing IPAddressPool status failed")
+                }
+            }
+        }
+        self.written_pool_status.extend(written);
+    }
+}

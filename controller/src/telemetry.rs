@@ -1,0 +1,196 @@
+//! Logs, Prometheus metrics and the health endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels with one `pool` label.
+type PoolLabel = Vec<(&'static str, String)>;
+
+/// The controller's metrics: MetalLB's names (users' dashboards expect them) plus `ferrolb_*`.
+pub struct Metrics {
+    registry: Registry,
+    /// `metallb_allocator_addresses_total{pool}`.
+    pub addresses_total: Family<PoolLabel, Gauge>,
+    /// `metallb_allocator_addresses_in_use_total{pool}`.
+    pub addresses_in_use: Family<PoolLabel, Gauge>,
+    /// IPv4 addresses of each pool.
+    pub ipv4_total: Family<PoolLabel, Gauge>,
+    /// IPv4 addresses in use.
+    pub ipv4_in_use: Family<PoolLabel, Gauge>,
+    /// IPv6 addresses of each pool (saturating).
+    pub ipv6_total: Family<PoolLabel, Gauge>,
+    /// IPv6 addresses in use.
+    pub ipv6_in_use: Family<PoolLabel, Gauge>,
+    /// 1 when the last configuration loaded, 0 when it could not be read.
+    pub config_loaded: Gauge,
+    /// 1 when some objects were left out of the running configuration.
+    pub config_stale: Gauge,
+    /// 1 on the leader.
+    pub leader: Gauge,
+    /// Seconds from picking up a Service to its status written.
+    pub allocation_seconds: Histogram,
+    /// Services holding IPs.
+    pub services_assigned: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            addresses_total: Family::default(),
+            addresses_in_use: Family::default(),
+            ipv4_total: Family::default(),
+            ipv4_in_use: Family::default(),
+            ipv6_total: Family::default(),
+            ipv6_in_use: Family::default(),
+            config_loaded: Gauge::default(),
+            config_stale: Gauge::default(),
+            leader: Gauge::default(),
+            allocation_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            services_assigned: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "metallb_allocator_addresses_total",
+            "Number of usable addresses, per pool",
+            m.addresses_total.clone(),
+        );
+        registry.register(
+            "metallb_allocator_addresses_in_use_total",
+            "Number of addresses allocated, per pool",
+            m.addresses_in_use.clone(),
+        );
+        registry.register(
+            "metallb_allocator_ipv4_addresses_total",
+            "Number of usable IPv4 addresses, per pool",
+            m.ipv4_total.clone(),
+        );
+        registry.register(
+            "metallb_allocator_ipv4_addresses_in_use_total",
+            "Number of IPv4 addresses allocated, per pool",
+            m.ipv4_in_use.clone(),
+        );
+        registry.register(
+            "metallb_allocator_ipv6_addresses_total",
+            "Number of usable IPv6 addresses, per pool (saturating)",
+            m.ipv6_total.clone(),
+        );
+        registry.register(
+            "metallb_allocator_ipv6_addresses_in_use_total",
+            "Number of IPv6 addresses allocated, per pool",
+            m.ipv6_in_use.clone(),
+        );
+        registry.register(
+            "metallb_k8s_client_config_loaded_bool",
+            "1 if the configuration was loaded",
+            m.config_loaded.clone(),
+        );
+        registry.register(
+            "metallb_k8s_client_config_stale_bool",
+            "1 if some configuration objects are left out",
+            m.config_stale.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_leader",
+            "1 if this replica holds the leader Lease",
+            m.leader.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_allocation_duration_seconds",
+            "Time from picking up a Service to its status written",
+            m.allocation_seconds.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_services_assigned",
+            "Services holding IPs",
+            m.services_assigned.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Readiness: set once every watch has its initial list.
+#[derive(Clone, Default)]
+pub struct Ready(Arc<AtomicBool>);
+
+impl Ready {
+    /// Marks ready.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+async fn metrics_page(State((metrics, _)): State<(Arc<Metrics>, Ready)>) -> impl IntoResponse {
+    match metrics.render() {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn readyz(State((_, ready)): State<(Arc<Metrics>, Ready)>) -> impl IntoResponse {
+    if ready.get() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n")
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until the task is dropped.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, ready: Ready) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state((metrics, ready));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// Sets up logging: text by default, JSON with `json`. `RUST_LOG` overrides `level`.
+pub fn init_logs(json: bool, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,739 @@
+//! ferrolb-controller end to end: two replicas with their own ServiceAccount and least-privilege
+//! RBAC, against the lab's real API server. Tests run one at a time (they share the
+//! controller); each works in its own namespace with its own pool, removed afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::process::{self, LabProcess};
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::{Lab, Options};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const NS: &str = "metallb-system";
+
+fn controller_exe() -> anyhow::Result<PathBuf> {
+    // Cargo builds every binary of the workspace for `cargo test --workspace`; the test binary
+    // lives in target/<profile>/deps.
+    let exe = std::env::current_exe()?;
+    let path = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .context("target dir")?
+        .join("ferrolb-controller");
+    ensure!(
+        path.exists(),
+        "{} is missing: run `cargo build -p ferrolb-controller` first",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The controller replicas of the test run.
+struct Replicas {
+    lab: Lab,
+    kubeconfig: PathBuf,
+    running: std::sync::Mutex<Vec<(String, LabProcess)>>,
+}
+
+impl Replicas {
+    fn start(&self, identity: &str, port: u16) -> anyhow::Result<()> {
+        let log = self
+            .lab
+            .dir
+            .join("logs")
+            .join(format!("controller-{identity}.log"));
+        let args: Vec<String> = vec![
+            "run".into(),
+            "--kubeconfig".into(),
+            self.kubeconfig.display().to_string(),
+            "--identity".into(),
+            identity.into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--lease-duration".into(),
+            "4s".into(),
+            "--renew-deadline".into(),
+            "3s".into(),
+            "--retry-period".into(),
+            "500ms".into(),
+        ];
+        let p = process::spawn(
+            &format!("controller-{identity}"),
+            Some("flb-cp"),
+            &controller_exe()?.display().to_string(),
+            &args,
+            &log,
+        )?;
+        self.running.lock().unwrap().push((identity.to_string(), p));
+        Ok(())
+    }
+
+    fn kill(&self, identity: &str) {
+        let mut running = self.running.lock().unwrap();
+        running.retain(|(id, p)| {
+            if id == identity {
+                process::kill_now(p);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn stop_all(&self) {
+        for (_, p) in self.running.lock().unwrap().drain(..) {
+            process::stop(&p, Duration::from_secs(5));
+        }
+    }
+}
+
+fn lb_service(name: &str, extra: serde_json::Value) -> Service {
+    let mut base = serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    });
+    merge(&mut base, extra);
+    serde_json::from_value(base).unwrap()
+}
+
+fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+fn ingress_ips(s: &Service) -> Vec<String> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
+async fn wait_ips(api: &Api<Service>, name: &str, want: usize) -> anyhow::Result<Service> {
+    wait_for(
+        &format!("Service {name} to get {want} IP(s)"),
+        Duration::from_secs(30),
+        || async {
+            let s = api.get(name).await.map_err(|e| e.to_string())?;
+            let ips = ingress_ips(&s);
+            if ips.len() == want {
+                Ok(Some(s))
+            } else {
+                Err(format!("ingress {ips:?}"))
+            }
+        },
+    )
+    .await
+}
+
+async fn wait_event(
+    lab: &Lab,
+    namespace: &str,
+    object: &str,
+    reason: &str,
+) -> anyhow::Result<String> {
+    let events: Api<Event> = Api::namespaced(lab.client().await?, namespace);
+    wait_for(
+        &format!("a {reason} Event on {namespace}/{object}"),
+        Duration::from_secs(30),
+        || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let found = list.items.iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object)
+            });
+            match found {
+                Some(e) => Ok(Some(e.note.clone().unwrap_or_default())),
+                None => Err(format!(
+                    "{} events, none {reason} on {object}",
+                    list.items.len()
+                )),
+            }
+        },
+    )
+    .await
+}
+
+fn pool_yaml(name: &str, namespace: &str, addresses: &[&str], extra: &str) -> String {
+    format!(
+        "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  addresses: [{}]\n  serviceAllocation: {{priority: 10, namespaces: [{namespace}]}}\n{extra}",
+        addresses
+            .iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// A test namespace plus its pools, all removed on drop.
+struct Case {
+    scope: TestScope,
+    pools: Vec<String>,
+}
+
+impl Case {
+    async fn new(lab: &Lab, namespace: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            scope: TestScope::new(lab, namespace).await?,
+            pools: Vec::new(),
+        })
+    }
+    fn pool(&mut self, name: &str, addresses: &[&str], extra: &str) -> anyhow::Result<()> {
+        self.scope
+            .lab
+            .apply(&pool_yaml(name, &self.scope.namespace, addresses, extra))?;
+        self.pools.push(name.into());
+        Ok(())
+    }
+    async fn services(&self) -> anyhow::Result<Api<Service>> {
+        Ok(Api::namespaced(
+            self.scope.lab.client().await?,
+            &self.scope.namespace,
+        ))
+    }
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        for pool in &self.pools {
+            let _ = self.scope.lab.kubectl(&[
+                "delete",
+                "ipaddresspool",
+                "-n",
+                NS,
+                pool,
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
+    }
+}
+
+async fn allocation_from_a_pool(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-alloc").await?;
+    case.pool("ctl-alloc", &["198.18.210.0/29", "fd00:18::d2:0/125"], "")?;
+    let api = case.services().await?;
+    api.create(&PostParams::default(), &lb_service("web", serde_json::json!({"spec": {"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv4", "IPv6"]}}))).await?;
+    let s = wait_ips(&api, "web", 2).await?;
+    let ips = ingress_ips(&s);
+    ensure!(ips == ["198.18.210.0", "fd00:18::d2:0"], "IPs {ips:?}");
+    let annotations = s.metadata.annotations.unwrap_or_default();
+    ensure!(
+        annotations
+            .get("metallb.io/ip-allocated-from-pool")
+            .map(String::as_str)
+            == Some("ctl-alloc"),
+        "annotations {annotations:?}"
+    );
+    let mode = s
+        .status
+        .and_then(|st| st.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .and_then(|i| i[0].ip_mode.clone());
+    ensure!(mode.as_deref() == Some("VIP"), "ipMode {mode:?}");
+    let note = wait_event(lab, "ctl-alloc", "web", "IPAllocated").await?;
+    ensure!(note.contains("198.18.210.0"), "event note {note:?}");
+    // The pool's status counts it.
+    wait_for("pool status to count 1 IPv4 and 1 IPv6", Duration::from_secs(20), || async {
+        let out = lab.kubectl(&["get", "ipaddresspool", "-n", NS, "ctl-alloc", "-o", "jsonpath={.status.assignedIPv4} {.status.assignedIPv6} {.status.availableIPv4}"]).map_err(|e| e.to_string())?;
+        if out.trim() == "1 1 7" { Ok(Some(())) } else { Err(out) }
+    })
+    .await
+}
+
+async fn requested_ips(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-request").await?;
+    case.pool("ctl-request", &["198.18.211.0/28"], "")?;
+    let api = case.services().await?;
+    api.create(&PostParams::default(), &lb_service("by-annotation", serde_json::json!({"metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.211.7"}}}))).await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service(
+            "by-spec",
+            serde_json::json!({"spec": {"loadBalancerIP": "198.18.211.9"}}),
+        ),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("both", serde_json::json!({"metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.211.3"}}, "spec": {"loadBalancerIP": "198.18.211.3"}})),
+    )
+    .await?;
+    ensure!(ingress_ips(&wait_ips(&api, "by-annotation", 1).await?) == ["198.18.211.7"]);
+    ensure!(ingress_ips(&wait_ips(&api, "by-spec", 1).await?) == ["198.18.211.9"]);
+    let note = wait_event(lab, "ctl-request", "both", "AllocationFailed").await?;
+    ensure!(note.contains("loadBalancerIP"), "note {note:?}");
+    ensure!(
+        ingress_ips(&api.get("both").await?).is_empty(),
+        "both got an IP"
+    );
+    Ok(())
+}
+
+async fn exhaustion_then_release(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-full").await?;
+    case.pool("ctl-full", &["198.18.212.0/31"], "")?;
+    let api = case.services().await?;
+    for name in ["a", "b", "c"] {
+        api.create(
+            &PostParams::default(),
+            &lb_service(name, serde_json::json!({})),
+        )
+        .await?;
+        if name != "c" {
+            wait_ips(&api, name, 1).await?;
+        }
+    }
+    let note = wait_event(lab, "ctl-full", "c", "AllocationFailed").await?;
+    ensure!(note.contains("ctl-full"), "note {note:?}");
+    let freed = ingress_ips(&api.get("a").await?);
+    api.delete("a", &DeleteParams::default()).await?;
+    let c = wait_ips(&api, "c", 1).await?;
+    ensure!(
+        ingress_ips(&c) == freed,
+        "c got {:?}, freed {freed:?}",
+        ingress_ips(&c)
+    );
+    Ok(())
+}
+
+async fn type_change_and_foreign_class(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-type").await?;
+    case.pool("ctl-type", &["198.18.213.0/30"], "")?;
+    let api = case.services().await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("lb", serde_json::json!({})),
+    )
+    .await?;
+    wait_ips(&api, "lb", 1).await?;
+    api.patch(
+        "lb",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({"spec": {"type": "ClusterIP"}})),
+    )
+    .await?;
+    wait_for(
+        "the controller to clear a Service that became ClusterIP",
+        Duration::from_secs(30),
+        || async {
+            let s = api.get("lb").await.map_err(|e| e.to_string())?;
+            let annotated = s
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("metallb.io/ip-allocated-from-pool"));
+            if ingress_ips(&s).is_empty() && !annotated {
+                Ok(Some(()))
+            } else {
+                Err(format!("ips {:?}, annotated {annotated}", ingress_ips(&s)))
+            }
+        },
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service(
+            "foreign",
+            serde_json::json!({"spec": {"loadBalancerClass": "example.com/other"}}),
+        ),
+    )
+    .await?;
+    // Give the controller time to (wrongly) act, then check nothing was written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = api.get("foreign").await?;
+    ensure!(
+        ingress_ips(&s).is_empty() && s.metadata.annotations.unwrap_or_default().is_empty(),
+        "foreign Service was touched"
+    );
+    Ok(())
+}
+
+async fn invalid_and_overlapping_pools_are_reported(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-config").await?;
+    case.pool("ctl-config", &["198.18.214.0/29"], "")?;
+    let api = case.services().await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("keeps", serde_json::json!({})),
+    )
+    .await?;
+    let before = ingress_ips(&wait_ips(&api, "keeps", 1).await?);
+    // Overlaps ctl-config: accepted by the API server, left out by the controller.
+    case.pool("ctl-config-overlap", &["198.18.214.4/30"], "")?;
+    let summary = wait_for(
+        "ConfigurationState controller to report the overlap",
+        Duration::from_secs(30),
+        || async {
+            let out = lab
+                .kubectl(&[
+                    "get",
+                    "configurationstate",
+                    "-n",
+                    NS,
+                    "controller",
+                    "-o",
+                    "jsonpath={.status.result}|{.status.errorSummary}",
+                ])
+                .map_err(|e| e.to_string())?;
+            if out.starts_with("Invalid|") && out.contains("ctl-config-overlap") {
+                Ok(Some(out))
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        summary.contains("IPAddressPool metallb-system/ctl-config-overlap: spec.addresses[0]"),
+        "{summary}"
+    );
+    // An invalid pool is refused at admission (CEL), with the field named.
+    let refused = case.scope.lab.apply(&pool_yaml(
+        "ctl-config-bad",
+        "ctl-config",
+        &["198.18.214.300/32"],
+        "",
+    ));
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("spec.addresses[0]")),
+        "{refused:?}"
+    );
+    api.create(
+        &PostParams::default(),
+        &lb_service("new", serde_json::json!({})),
+    )
+    .await?;
+    wait_ips(&api, "new", 1).await?;
+    ensure!(
+        ingress_ips(&api.get("keeps").await?) == before,
+        "existing IP changed"
+    );
+    case.scope
+        .lab
+        .kubectl(&["delete", "ipaddresspool", "-n", NS, "ctl-config-overlap"])?;
+    wait_for(
+        "ConfigurationState back to Valid",
+        Duration::from_secs(30),
+        || async {
+            let out = lab
+                .kubectl(&[
+                    "get",
+                    "configurationstate",
+                    "-n",
+                    NS,
+                    "controller",
+                    "-o",
+                    "jsonpath={.status.result}",
+                ])
+                .map_err(|e| e.to_string())?;
+            if out == "Valid" {
+                Ok(Some(()))
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await
+}
+
+async fn leader(lab: &Lab) -> anyhow::Result<String> {
+    let leases: Api<Lease> = Api::namespaced(lab.client().await?, NS);
+    wait_for("a leader", Duration::from_secs(30), || async {
+        let l = leases
+            .get_opt("ferrolb-controller")
+            .await
+            .map_err(|e| e.to_string())?;
+        match l.and_then(|l| l.spec).and_then(|s| s.holder_identity) {
+            Some(h) if !h.is_empty() => Ok(Some(h)),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await
+}
+
+async fn snapshot(api: &Api<Service>) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|s| (s.metadata.name.clone().unwrap_or_default(), ingress_ips(s)))
+        .collect())
+}
+
+async fn restart_and_failover_change_no_ip(
+    lab: &Lab,
+    replicas: &Replicas,
+    count: usize,
+) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-restart").await?;
+    case.pool("ctl-restart", &["198.18.216.0/21"], "")?;
+    let api = case.services().await?;
+    // Create in an order unrelated to name order, so a restart that allocated in name order
+    // would give different IPs.
+    let names: Vec<String> = (0..count).rev().map(|i| format!("svc-{i:05}")).collect();
+    let created = futures::stream::iter(names.iter().cloned())
+        .map(|n| {
+            let api = api.clone();
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &lb_service(&n, serde_json::json!({})),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for r in created {
+        r?;
+    }
+    let before = wait_for(
+        &format!("all {count} Services to get an IP"),
+        Duration::from_secs(300),
+        || async {
+            let snap = snapshot(&api).await.map_err(|e| e.to_string())?;
+            let done = snap.values().filter(|ips| ips.len() == 1).count();
+            if done == count {
+                Ok(Some(snap))
+            } else {
+                Err(format!("{done}/{count} have an IP"))
+            }
+        },
+    )
+    .await?;
+
+    // SIGKILL every replica, start them again: the new leader re-claims before it serves.
+    let old = leader(lab).await?;
+    replicas.kill("a");
+    replicas.kill("b");
+    replicas.start("a", 7472)?;
+    replicas.start("b", 7473)?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("after-restart", serde_json::json!({})),
+    )
+    .await?;
+    wait_ips(&api, "after-restart", 1).await?;
+    let mut after = snapshot(&api).await?;
+    after.remove("after-restart");
+    let changed: Vec<&String> = before
+        .keys()
+        .filter(|k| before.get(*k) != after.get(*k))
+        .collect();
+    ensure!(
+        changed.is_empty(),
+        "{} of {count} IPs changed across the restart (old leader {old}), e.g. {:?}",
+        changed.len(),
+        changed.iter().take(5).collect::<Vec<_>>()
+    );
+
+    // Kill the leader: the other replica takes over, serves a new Service, and changes no IP.
+    let current = leader(lab).await?;
+    replicas.kill(&current);
+    api.create(
+        &PostParams::default(),
+        &lb_service("after-failover", serde_json::json!({})),
+    )
+    .await?;
+    wait_ips(&api, "after-failover", 1).await?;
+    let new_leader = leader(lab).await?;
+    ensure!(new_leader != current, "leader still {current}");
+    let mut after = snapshot(&api).await?;
+    after.remove("after-restart");
+    after.remove("after-failover");
+    let changed = before
+        .keys()
+        .filter(|k| before.get(*k) != after.get(*k))
+        .count();
+    ensure!(changed == 0, "{changed} IPs changed across the failover");
+    replicas.start(&current, if current == "a" { 7472 } else { 7473 })?;
+    Ok(())
+}
+
+/// A test body: an async function of the lab.
+type TestBody = fn(Lab) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
+
+fn main() -> std::process::ExitCode {
+    let mut args = Arguments::from_args();
+    // The tests share the controller replicas and the configuration namespace.
+    args.test_threads = Some(1);
+    let names = [
+        "allocation_from_a_pool_writes_ip_annotation_event_and_pool_status",
+        "requested_ips_by_annotation_and_spec_and_the_error_when_both",
+        "pool_exhaustion_then_release",
+        "type_change_clears_and_foreign_class_is_left_alone",
+        "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
+        "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services",
+    ];
+    if !ferrolb_e2e::is_root() {
+        eprintln!("controller tests skipped: the lab needs root (network namespaces)");
+        let trials = names
+            .iter()
+            .map(|n| Trial::test(*n, || Ok(())).with_ignored_flag(true))
+            .collect();
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
+    let setup = rt.block_on(async {
+        let lab = Lab::up(Options::default(), &lab_exe).await?;
+        lab.install_crds()?;
+        let _ = lab.kubectl(&["create", "namespace", NS]);
+        lab.kubectl(&[
+            "apply",
+            "-f",
+            &ferrolb_e2e::lab::repo_root()
+                .join("charts/ferrolb/rbac/controller.yaml")
+                .display()
+                .to_string(),
+        ])?;
+        let kubeconfig = lab.service_account_kubeconfig(NS, "ferrolb-controller")?;
+        let replicas = Replicas {
+            lab: lab.clone(),
+            kubeconfig,
+            running: std::sync::Mutex::new(Vec::new()),
+        };
+        replicas.start("a", 7472)?;
+        replicas.start("b", 7473)?;
+        leader(&lab).await?;
+        anyhow::Ok((lab, replicas))
+    });
+    let (lab, replicas) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("setup failed: {e:#}");
+            let _ = ferrolb_e2e::down();
+            let msg = format!("setup failed: {e:#}");
+            let trials = names
+                .iter()
+                .map(|n| {
+                    let msg = msg.clone();
+                    Trial::test(*n, move || Err(Failed::from(msg)))
+                })
+                .collect();
+            let _ = libtest_mimic::run(&args, trials);
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let lab = std::sync::Arc::new(lab);
+    let replicas = std::sync::Arc::new(replicas);
+    let count: usize = std::env::var("FERROLB_RESTART_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let run = |f: TestBody, lab: &std::sync::Arc<Lab>| {
+        let lab = (**lab).clone();
+        move || -> Result<(), Failed> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Failed::from(e.to_string()))?;
+            rt.block_on(f(lab))
+                .map_err(|e| Failed::from(format!("{e:#}")))
+        }
+    };
+    let mut trials = vec![
+        Trial::test(
+            names[0],
+            run(
+                |l| Box::pin(async move { allocation_from_a_pool(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[1],
+            run(|l| Box::pin(async move { requested_ips(&l).await }), &lab),
+        ),
+        Trial::test(
+            names[2],
+            run(
+                |l| Box::pin(async move { exhaustion_then_release(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[3],
+            run(
+                |l| Box::pin(async move { type_change_and_foreign_class(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[4],
+            run(
+                |l| Box::pin(async move { invalid_and_overlapping_pools_are_reported(&l).await }),
+                &lab,
+            ),
+        ),
+    ];
+    {
+        let lab = (*lab).clone();
+        let replicas = replicas.clone();
+        trials.push(Trial::test(names[5], move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Failed::from(e.to_string()))?;
+            rt.block_on(restart_and_failover_change_no_ip(&lab, &replicas, count))
+                .map_err(|e| Failed::from(format!("{e:#}")))
+        }));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    replicas.stop_all();
+    if conclusion.has_failed() {
+        eprintln!("controller logs: {}", lab.dir.join("logs").display());
+        for id in ["a", "b"] {
+            if let Ok(text) =
+                std::fs::read_to_string(lab.dir.join("logs").join(format!("controller-{id}.log")))
+            {
+                eprintln!("---- controller-{id} (last lines) ----");
+                for line in text
+                    .lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+    if std::env::var_os("FERROLB_KEEP_LAB").is_none()
+        && let Err(e) = ferrolb_e2e::down()
+    {
+        eprintln!("lab down failed: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    conclusion.exit_code()
+}
