@@ -202,7 +202,7 @@ impl Core {
             Ok(assignment) => {
                 self.last_failure.remove(&key);
                 let desired = Desired::Assigned {
-                    ips: assignment.ips.clone(),
+                    ips: assignment.ips.to_vec(),
                     pool: assignment.pool.to_string(),
                 };
                 if !matches(service, &desired) {

@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod cmd;
 pub mod echo;
+pub mod ferrolb;
 pub mod lab;
 pub mod pki;
 pub mod process;

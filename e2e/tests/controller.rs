@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, ensure};
+use anyhow::ensure;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
@@ -21,23 +21,6 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 const NS: &str = "metallb-system";
 
-fn controller_exe() -> anyhow::Result<PathBuf> {
-    // Cargo builds every binary of the workspace for `cargo test --workspace`; the test binary
-    // lives in target/<profile>/deps.
-    let exe = std::env::current_exe()?;
-    let path = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .context("target dir")?
-        .join("ferrolb-controller");
-    ensure!(
-        path.exists(),
-        "{} is missing: run `cargo build -p ferrolb-controller` first",
-        path.display()
-    );
-    Ok(path)
-}
-
 /// The controller replicas of the test run.
 struct Replicas {
     lab: Lab,
@@ -47,33 +30,8 @@ struct Replicas {
 
 impl Replicas {
     fn start(&self, identity: &str, port: u16) -> anyhow::Result<()> {
-        let log = self
-            .lab
-            .dir
-            .join("logs")
-            .join(format!("controller-{identity}.log"));
-        let args: Vec<String> = vec![
-            "run".into(),
-            "--kubeconfig".into(),
-            self.kubeconfig.display().to_string(),
-            "--identity".into(),
-            identity.into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--lease-duration".into(),
-            "4s".into(),
-            "--renew-deadline".into(),
-            "3s".into(),
-            "--retry-period".into(),
-            "500ms".into(),
-        ];
-        let p = process::spawn(
-            &format!("controller-{identity}"),
-            Some("flb-cp"),
-            &controller_exe()?.display().to_string(),
-            &args,
-            &log,
-        )?;
+        let p =
+            ferrolb_e2e::ferrolb::start_controller(&self.lab, &self.kubeconfig, identity, port)?;
         self.running.lock().unwrap().push((identity.to_string(), p));
         Ok(())
     }
@@ -606,17 +564,7 @@ fn main() -> std::process::ExitCode {
     let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
     let setup = rt.block_on(async {
         let lab = Lab::up(Options::default(), &lab_exe).await?;
-        lab.install_crds()?;
-        let _ = lab.kubectl(&["create", "namespace", NS]);
-        lab.kubectl(&[
-            "apply",
-            "-f",
-            &ferrolb_e2e::lab::repo_root()
-                .join("charts/ferrolb/rbac/controller.yaml")
-                .display()
-                .to_string(),
-        ])?;
-        let kubeconfig = lab.service_account_kubeconfig(NS, "ferrolb-controller")?;
+        let kubeconfig = ferrolb_e2e::ferrolb::install(&lab)?;
         let replicas = Replicas {
             lab: lab.clone(),
             kubeconfig,

@@ -1,0 +1,93 @@
+//! Running ferrolb's own components in the lab: CRDs, RBAC, ServiceAccount credentials, and
+//! controller processes.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, ensure};
+
+use crate::lab::{Lab, repo_root};
+use crate::process::{self, LabProcess};
+
+/// Namespace of ferrolb's configuration objects in the lab.
+pub const NAMESPACE: &str = "metallb-system";
+
+/// A binary of the workspace, next to the running test or bench binary (cargo builds every
+/// binary of the workspace for `cargo test --workspace` and `cargo bench`).
+pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("target directory")?;
+    let path = dir.join(name);
+    ensure!(
+        path.exists(),
+        "{} is missing: run `cargo build -p {name}` first",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Installs the CRDs, the namespace and the controller's RBAC; returns a kubeconfig with the
+/// controller ServiceAccount's token.
+pub fn install(lab: &Lab) -> anyhow::Result<PathBuf> {
+    lab.install_crds()?;
+    if lab.kubectl(&["get", "namespace", NAMESPACE]).is_err() {
+        lab.kubectl(&["create", "namespace", NAMESPACE])?;
+    }
+    let rbac = repo_root().join("charts/ferrolb/rbac/controller.yaml");
+    lab.kubectl(&["apply", "-f", &rbac.display().to_string()])?;
+    lab.service_account_kubeconfig(NAMESPACE, "ferrolb-controller")
+}
+
+/// Starts a controller replica in the control-plane host, with fast lease timings.
+pub fn start_controller(
+    lab: &Lab,
+    kubeconfig: &Path,
+    identity: &str,
+    port: u16,
+) -> anyhow::Result<LabProcess> {
+    let log = lab
+        .dir
+        .join("logs")
+        .join(format!("controller-{identity}.log"));
+    let args: Vec<String> = [
+        "run",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--identity",
+        identity,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--lease-duration",
+        "4s",
+        "--renew-deadline",
+        "3s",
+        "--retry-period",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let exe = workspace_binary("ferrolb-controller")?;
+    process::spawn(
+        &format!("controller-{identity}"),
+        Some("flb-cp"),
+        &exe.display().to_string(),
+        &args,
+        &log,
+    )
+}
+
+/// Resident memory of a process, in bytes.
+pub fn rss_bytes(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
