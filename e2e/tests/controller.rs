@@ -163,6 +163,12 @@ impl Case {
         self.pools.push(name.into());
         Ok(())
     }
+    /// A pool with a spec written out in YAML flow style.
+    fn pool_spec(&mut self, name: &str, spec: &str) -> anyhow::Result<()> {
+        self.scope.lab.apply(&format!("apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: {name}, namespace: {NS}}}\nspec: {spec}\n"))?;
+        self.pools.push(name.into());
+        Ok(())
+    }
     async fn services(&self) -> anyhow::Result<Api<Service>> {
         Ok(Api::namespaced(
             self.scope.lab.client().await?,
@@ -417,6 +423,182 @@ async fn invalid_and_overlapping_pools_are_reported(lab: &Lab) -> anyhow::Result
     .await
 }
 
+async fn pool_annotation_and_auto_assign_false(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-pool").await?;
+    case.pool_spec("ctl-pool-auto", "{addresses: ['198.18.217.0/30'], serviceAllocation: {priority: 10, namespaces: [ctl-pool]}}")?;
+    case.pool_spec("ctl-pool-manual", "{addresses: ['198.18.217.8/30'], autoAssign: false, serviceAllocation: {namespaces: [ctl-pool]}}")?;
+    let api = case.services().await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("auto", serde_json::json!({})),
+    )
+    .await?;
+    api.create(&PostParams::default(), &lb_service("manual", serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "ctl-pool-manual"}}}))).await?;
+    api.create(&PostParams::default(), &lb_service("old-prefix", serde_json::json!({"metadata": {"annotations": {"metallb.universe.tf/address-pool": "ctl-pool-manual"}}}))).await?;
+    ensure!(ingress_ips(&wait_ips(&api, "auto", 1).await?) == ["198.18.217.0"]);
+    ensure!(ingress_ips(&wait_ips(&api, "manual", 1).await?) == ["198.18.217.8"]);
+    ensure!(ingress_ips(&wait_ips(&api, "old-prefix", 1).await?) == ["198.18.217.9"]);
+    let note = wait_event(lab, "ctl-pool", "old-prefix", "deprecatedAnnotation").await?;
+    ensure!(note.contains("metallb.io/address-pool"), "{note}");
+    Ok(())
+}
+
+async fn service_allocation_by_namespace_labels_and_priority(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-sa").await?;
+    lab.kubectl(&["label", "namespace", "ctl-sa", "team=red", "--overwrite"])?;
+    case.pool_spec(
+        "ctl-sa-web",
+        "{addresses: ['198.18.218.0/30'], serviceAllocation: {priority: 5, namespaceSelectors: [{matchLabels: {team: red}}], serviceSelectors: [{matchLabels: {tier: web}}]}}",
+    )?;
+    case.pool_spec(
+        "ctl-sa-ns",
+        "{addresses: ['198.18.218.8/30'], serviceAllocation: {priority: 20, namespaces: [ctl-sa]}}",
+    )?;
+    case.pool_spec("ctl-sa-blue", "{addresses: ['198.18.218.16/30'], serviceAllocation: {priority: 1, namespaceSelectors: [{matchLabels: {team: blue}}]}}")?;
+    let api = case.services().await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service(
+            "web",
+            serde_json::json!({"metadata": {"labels": {"tier": "web"}}}),
+        ),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("db", serde_json::json!({})),
+    )
+    .await?;
+    ensure!(
+        ingress_ips(&wait_ips(&api, "web", 1).await?) == ["198.18.218.0"],
+        "priority 5 pool with matching labels first"
+    );
+    ensure!(
+        ingress_ips(&wait_ips(&api, "db", 1).await?) == ["198.18.218.8"],
+        "namespace pool for unlabelled Service"
+    );
+    Ok(())
+}
+
+async fn sharing_allowed_and_refused(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-share").await?;
+    case.pool("ctl-share", &["198.18.219.0/29"], "")?;
+    let api = case.services().await?;
+    let shared = |name: &str, port: u16, extra: serde_json::Value| {
+        let mut svc = lb_service(
+            name,
+            serde_json::json!({"metadata": {"annotations": {"metallb.io/allow-shared-ip": "k", "metallb.io/loadBalancerIPs": "198.18.219.5"}}, "spec": {"ports": [{"name": "p", "port": port, "protocol": "TCP"}]}}),
+        );
+        let mut value = serde_json::to_value(&svc).unwrap();
+        merge(&mut value, extra);
+        svc = serde_json::from_value(value).unwrap();
+        svc
+    };
+    api.create(
+        &PostParams::default(),
+        &shared("http", 80, serde_json::json!({})),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &shared("https", 443, serde_json::json!({})),
+    )
+    .await?;
+    ensure!(ingress_ips(&wait_ips(&api, "http", 1).await?) == ["198.18.219.5"]);
+    ensure!(
+        ingress_ips(&wait_ips(&api, "https", 1).await?) == ["198.18.219.5"],
+        "sharing with the same key and other ports"
+    );
+    api.create(
+        &PostParams::default(),
+        &shared("overlap", 80, serde_json::json!({})),
+    )
+    .await?;
+    let note = wait_event(lab, "ctl-share", "overlap", "AllocationFailed").await?;
+    ensure!(note.contains("80"), "port overlap named: {note}");
+    api.create(
+        &PostParams::default(),
+        &shared(
+            "local",
+            8443,
+            serde_json::json!({"spec": {"externalTrafficPolicy": "Local"}}),
+        ),
+    )
+    .await?;
+    let note = wait_event(lab, "ctl-share", "local", "AllocationFailed").await?;
+    ensure!(
+        note.to_lowercase().contains("traffic") || note.to_lowercase().contains("backend"),
+        "backend mismatch named: {note}"
+    );
+    ensure!(
+        ingress_ips(&api.get("overlap").await?).is_empty()
+            && ingress_ips(&api.get("local").await?).is_empty()
+    );
+    Ok(())
+}
+
+async fn dual_stack_policies(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-dual").await?;
+    case.pool("ctl-dual", &["198.18.220.0/30", "fd00:18::dc:0/126"], "")?;
+    let api = case.services().await?;
+    api.create(&PostParams::default(), &lb_service("require", serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}}))).await?;
+    api.create(&PostParams::default(), &lb_service("prefer", serde_json::json!({"spec": {"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6", "IPv4"]}}))).await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service(
+            "v6only",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv6"]}}),
+        ),
+    )
+    .await?;
+    ensure!(ingress_ips(&wait_ips(&api, "require", 2).await?) == ["198.18.220.0", "fd00:18::dc:0"]);
+    let prefer = ingress_ips(&wait_ips(&api, "prefer", 2).await?);
+    ensure!(
+        prefer == ["fd00:18::dc:1", "198.18.220.1"],
+        "IPv6 first as the Service's families say: {prefer:?}"
+    );
+    ensure!(ingress_ips(&wait_ips(&api, "v6only", 1).await?) == ["fd00:18::dc:2"]);
+    Ok(())
+}
+
+async fn pool_shrink_and_deletion(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-shrink").await?;
+    case.pool("ctl-shrink", &["198.18.221.0/29"], "")?;
+    let api = case.services().await?;
+    for name in ["a", "b", "c"] {
+        api.create(
+            &PostParams::default(),
+            &lb_service(name, serde_json::json!({})),
+        )
+        .await?;
+        wait_ips(&api, name, 1).await?;
+    }
+    let before: Vec<Vec<String>> =
+        futures::future::try_join_all(["a", "b", "c"].map(|n| api.get(n)))
+            .await?
+            .iter()
+            .map(ingress_ips)
+            .collect();
+    ensure!(
+        before == [["198.18.221.0"], ["198.18.221.1"], ["198.18.221.2"]],
+        "{before:?}"
+    );
+    // Shrink: .2 leaves the pool; only the Service holding it is touched.
+    case.pool("ctl-shrink", &["198.18.221.0-198.18.221.1"], "")?;
+    wait_event(lab, "ctl-shrink", "c", "AllocationFailed").await?;
+    ensure!(ingress_ips(&wait_ips(&api, "c", 0).await?).is_empty());
+    ensure!(
+        ingress_ips(&api.get("a").await?) == ["198.18.221.0"]
+            && ingress_ips(&api.get("b").await?) == ["198.18.221.1"],
+        "others kept"
+    );
+    // Deletion: everything from the pool is cleared.
+    lab.kubectl(&["delete", "ipaddresspool", "-n", NS, "ctl-shrink"])?;
+    wait_ips(&api, "a", 0).await?;
+    wait_ips(&api, "b", 0).await?;
+    Ok(())
+}
+
 async fn leader(lab: &Lab) -> anyhow::Result<String> {
     let leases: Api<Lease> = Api::namespaced(lab.client().await?, NS);
     wait_for("a leader", Duration::from_secs(30), || async {
@@ -546,6 +728,11 @@ fn main() -> std::process::ExitCode {
         "pool_exhaustion_then_release",
         "type_change_clears_and_foreign_class_is_left_alone",
         "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
+        "pool_annotation_picks_an_auto_assign_false_pool_under_both_prefixes",
+        "service_allocation_by_namespace_labels_service_labels_and_priority",
+        "sharing_allowed_and_refused_for_port_overlap_and_backend_mismatch",
+        "require_prefer_and_single_stack_ipv6",
+        "pool_shrink_releases_only_what_left_and_deletion_clears",
         "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services",
     ];
     if !ferrolb_e2e::is_root() {
@@ -642,11 +829,50 @@ fn main() -> std::process::ExitCode {
                 &lab,
             ),
         ),
+        Trial::test(
+            names[5],
+            run(
+                |l| Box::pin(async move { pool_annotation_and_auto_assign_false(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[6],
+            run(
+                |l| {
+                    Box::pin(async move {
+                        service_allocation_by_namespace_labels_and_priority(&l).await
+                    })
+                },
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[7],
+            run(
+                |l| Box::pin(async move { sharing_allowed_and_refused(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[8],
+            run(
+                |l| Box::pin(async move { dual_stack_policies(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[9],
+            run(
+                |l| Box::pin(async move { pool_shrink_and_deletion(&l).await }),
+                &lab,
+            ),
+        ),
     ];
     {
         let lab = (*lab).clone();
         let replicas = replicas.clone();
-        trials.push(Trial::test(names[5], move || {
+        trials.push(Trial::test(names[10], move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
