@@ -15,17 +15,19 @@ pub const NAMESPACE: &str = "metallb-system";
 /// binary of the workspace for `cargo test --workspace` and `cargo bench`).
 pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("target directory")?;
-    let path = dir.join(name);
+    // Binaries sit in target/<profile>/, test and bench binaries in target/<profile>/deps/.
+    let dir = exe.parent().context("target directory")?;
+    let candidates = [
+        dir.join(name),
+        dir.parent().map(|d| d.join(name)).unwrap_or_default(),
+    ];
+    let found = candidates.iter().find(|p| p.is_file()).cloned();
     ensure!(
-        path.exists(),
-        "{} is missing: run `cargo build -p {name}` first",
-        path.display()
+        found.is_some(),
+        "{name} is missing next to {}: run `cargo build -p {name}` first",
+        exe.display()
     );
-    Ok(path)
+    found.context("checked above")
 }
 
 /// Installs the CRDs, the namespace and the controller's RBAC; returns a kubeconfig with the

@@ -1022,3 +1022,16 @@ impl Lab {
         Ok(path)
     }
 }
+
+impl Lab {
+    /// Records a process the lab did not start itself (e.g. the demo's controller), so `down`
+    /// stops it.
+    pub fn track_process(&self, process: LabProcess) -> anyhow::Result<()> {
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        state.processes.push(process);
+        state.save(&self.dir)
+    }
+}

@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod cmd;
+pub mod demo;
 pub mod echo;
 pub mod ferrolb;
 pub mod lab;

@@ -32,6 +32,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Families::Dual)]
         families: Families,
     },
+    /// The main job: lab up, ferrolb-controller, a LoadBalancer Service with two pods, and
+    /// requests through its IPs from the client.
+    Demo,
     /// Take the lab down: every namespace, link, route and process it made.
     Down,
     /// Show what runs.
@@ -166,6 +169,7 @@ fn main() -> ExitCode {
                 );
                 Ok(0)
             }
+            Command::Demo => rt.block_on(ferrolb_e2e::demo::run(&exe()?)).map(|_| 0),
             Command::Down => {
                 ferrolb_e2e::down()?;
                 println!("lab down");

@@ -1,0 +1,214 @@
+//! `e2e/lab demo`: the main job. Brings the lab up, runs ferrolb-controller, and serves a
+//! LoadBalancer Service with two pods, showing the IP, the node it enters at, the kube-proxy
+//! chain it goes through, and the answers a client gets through it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+
+use crate::cluster::wait_for;
+use crate::ferrolb;
+use crate::lab::Lab;
+use crate::topology::Options;
+
+const DEMO_NS: &str = "demo";
+const POOL: &str = "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: demo, namespace: metallb-system}
+spec:
+  addresses: [198.18.200.0/28, 'fd00:18::c8:0/124']
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: demo, namespace: metallb-system}
+spec:
+  ipAddressPools: [demo]
+";
+
+/// Runs the demonstration; leaves the lab up for a look (`e2e/lab down` removes it).
+pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
+    println!("==> bringing the lab up (3 nodes, kube-proxy iptables, dual-stack)");
+    let lab = Lab::up(Options::default(), lab_exe).await?;
+    println!("==> installing ferrolb's CRDs and RBAC, starting ferrolb-controller");
+    let kubeconfig = ferrolb::install(&lab)?;
+    let controller = ferrolb::start_controller(&lab, &kubeconfig, "demo", 7472)?;
+    lab.track_process(controller)?;
+    lab.apply(POOL)?;
+    let client = lab.client().await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(DEMO_NS.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .patch(
+            DEMO_NS,
+            &PatchParams::apply("ferrolb-demo").force(),
+            &Patch::Apply(&ns),
+        )
+        .await?;
+    println!("==> two pods of app=demo on node1 and node2, and a LoadBalancer Service");
+    let labels = BTreeMap::from([("app".to_string(), "demo".to_string())]);
+    for (i, node) in ["node1", "node2"].iter().enumerate() {
+        let name = format!("demo-{i}");
+        let running = crate::lab::State::load(&lab.dir)?.is_some_and(|s| {
+            s.pods
+                .iter()
+                .any(|p| p.namespace == DEMO_NS && p.name == name)
+        });
+        if !running {
+            lab.add_pod(DEMO_NS, &name, node, &labels).await?;
+        }
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), DEMO_NS);
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "demo"},
+        "spec": {"type": "LoadBalancer", "ipFamilyPolicy": "PreferDualStack", "selector": {"app": "demo"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    }))?;
+    services
+        .patch(
+            "demo",
+            &PatchParams::apply("ferrolb-demo").force(),
+            &Patch::Apply(&svc),
+        )
+        .await?;
+    let svc = wait_for(
+        "ferrolb-controller to give Service demo/demo its IPs",
+        Duration::from_secs(60),
+        || {
+            let services = services.clone();
+            async move {
+                let s = services.get("demo").await.map_err(|e| e.to_string())?;
+                let n = s
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.load_balancer.as_ref())
+                    .and_then(|lb| lb.ingress.as_ref())
+                    .map_or(0, Vec::len);
+                if n > 0 {
+                    Ok(Some(s))
+                } else {
+                    Err("no IP yet".into())
+                }
+            }
+        },
+    )
+    .await?;
+    let ips: Vec<String> = svc
+        .status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+        .unwrap_or_default();
+    let pool = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("metallb.io/ip-allocated-from-pool"))
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "\nService demo/demo got {} from pool {pool} (metallb.io/ip-allocated-from-pool)",
+        ips.join(" and ")
+    );
+
+    let owner = "node1";
+    let mac = lab
+        .exec(owner, "cat", &["/sys/class/net/eth0/address"])?
+        .trim()
+        .to_string();
+    println!(
+        "\nOwner node: {owner} ({mac}). The layer 2 speaker that elects the owner and answers ARP/NDP is not\n\
+         written yet, so the demo points the client's neighbour entry at {owner} by hand."
+    );
+    for ip in &ips {
+        let family = if ip.contains(':') { "-6" } else { "-4" };
+        lab.exec(
+            "client",
+            "ip",
+            &[
+                family,
+                "neigh",
+                "replace",
+                ip,
+                "lladdr",
+                &mac,
+                "dev",
+                "eth0",
+                "nud",
+                "permanent",
+            ],
+        )?;
+    }
+    let v4 = ips.iter().find(|ip| !ip.contains(':')).cloned();
+    if let Some(ip) = &v4 {
+        wait_for(
+            &format!("kube-proxy on {owner} to program {ip}"),
+            Duration::from_secs(30),
+            || {
+                let rules = lab
+                    .exec(owner, "iptables-save", &["-t", "nat"])
+                    .unwrap_or_default();
+                let ok = rules.contains(ip.as_str());
+                async move {
+                    if ok {
+                        Ok(Some(()))
+                    } else {
+                        Err("not yet".into())
+                    }
+                }
+            },
+        )
+        .await?;
+        let rules = lab.exec(owner, "iptables-save", &["-t", "nat"])?;
+        let ext_chain = rules
+            .lines()
+            .find(|l| l.contains(&format!("-d {ip}/32")) && l.contains("-j KUBE-EXT-"))
+            .and_then(|l| l.split("-j ").last())
+            .map(str::to_string)
+            .context("no KUBE-EXT chain for the IP")?;
+        let svc_chain = ext_chain.replace("KUBE-EXT-", "KUBE-SVC-");
+        println!("\nkube-proxy's path on {owner} for {ip} (iptables-save -t nat):");
+        for line in rules.lines().filter(|l| {
+            (l.starts_with("-A KUBE-SERVICES") && l.contains(ip.as_str()))
+                || l.starts_with(&format!("-A {ext_chain} "))
+                || l.starts_with(&format!("-A {svc_chain} "))
+                || (l.starts_with("-A KUBE-SEP-") && l.contains("DNAT") && l.contains("demo/demo"))
+        }) {
+            println!("  {line}");
+        }
+    }
+    println!(
+        "\nRequests from the client host through the LoadBalancer IPs (each answer: pod name, source seen):"
+    );
+    for ip in &ips {
+        let url = if ip.contains(':') {
+            format!("http://[{ip}]/")
+        } else {
+            format!("http://{ip}/")
+        };
+        for _ in 0..4 {
+            let out = lab.exec_output("client", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
+            let answer = if out.status.success() {
+                String::from_utf8_lossy(&out.stdout).trim().to_string()
+            } else {
+                String::from_utf8_lossy(&out.stderr).trim().to_string()
+            };
+            println!("  curl {url:28} -> {answer}");
+        }
+    }
+    println!(
+        "\nThe lab stays up: `sudo e2e/lab status`, `sudo e2e/lab kubectl get svc -A`, `sudo e2e/lab down`."
+    );
+    Ok(())
+}
