@@ -210,6 +210,8 @@ impl fmt::Display for IpRange {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     fn ip(s: &str) -> IpAddr {

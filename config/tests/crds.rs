@@ -2,6 +2,8 @@
 //!
 //! Regenerate the manifests with `UPDATE_CRDS=1 cargo test -p ferrolb-config --test crds`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use ferrolb_config::crd::crd_manifests;

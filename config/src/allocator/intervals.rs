@@ -204,6 +204,37 @@ mod tests {
         assert!(s.is_empty());
     }
 
+    proptest::proptest! {
+        /// The set holds exactly the values a plain set would, in as few intervals as possible.
+        #[test]
+        fn behaves_like_a_set_of_values(
+            ops in proptest::collection::vec((0u8..4, 0u128..64, 0u128..8), 1..200),
+        ) {
+            let mut set = IntervalSet::new();
+            let mut model = std::collections::BTreeSet::new();
+            for (op, value, len) in ops {
+                match op {
+                    0 => proptest::prop_assert_eq!(set.insert(value), model.insert(value)),
+                    1 => proptest::prop_assert_eq!(set.remove(value), model.remove(&value)),
+                    2 => {
+                        set.insert_range(value, value + len);
+                        model.extend(value..=value + len);
+                    }
+                    _ => {
+                        set.remove_range(value, value + len);
+                        model.retain(|v| !(value..=value + len).contains(v));
+                    }
+                }
+                let values: Vec<u128> = set.intervals().flat_map(|(a, b)| a..=b).collect();
+                proptest::prop_assert_eq!(&values, &model.iter().copied().collect::<Vec<_>>());
+                let runs = model.iter().zip(model.iter().skip(1)).filter(|(a, b)| **a + 1 != **b).count()
+                    + usize::from(!model.is_empty());
+                proptest::prop_assert_eq!(set.interval_count(), runs);
+                proptest::prop_assert_eq!(set.first().map(|f| f.0), model.first().copied());
+            }
+        }
+    }
+
     #[test]
     fn remove_range_cuts_across_intervals() {
         let mut s = set(&[(0, 10), (20, 30), (40, 50)]);

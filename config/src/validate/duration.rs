@@ -45,6 +45,8 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     #[test]
