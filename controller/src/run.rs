@@ -62,6 +62,9 @@ struct Stores {
     bfd: Store<BFDProfile>,
 }
 
+/// Finalizer that keeps a BFDProfile in use from being deleted.
+const BFD_FINALIZER: &str = "metallb.io/bfdprofile-in-use";
+
 /// Number of watches that must list before the controller acts.
 const WATCHES: usize = 9;
 
@@ -366,6 +369,8 @@ impl Driver {
             tracing::warn!(object = %e.object, field = %e.field, "configuration error: {}", e.message);
         }
         self.report_config(&validated).await;
+        self.protect_bfd_profiles(&objects.peers, &objects.bfd_profiles)
+            .await;
         let pools: Vec<Pool> = validated.config.pools.values().cloned().collect();
         let mut requeue = Vec::new();
         if self.applied_pools.as_ref() != Some(&pools) {
@@ -400,6 +405,50 @@ impl Driver {
             }
         }
         requeue
+    }
+
+    /// Keeps a finalizer on every BFDProfile a BGPPeer refers to, so deleting a profile in use
+    /// waits until no peer refers to it (MetalLB's webhook refuses such a deletion).
+    async fn protect_bfd_profiles(&self, peers: &[BGPPeer], profiles: &[BFDProfile]) {
+        if !self.leadership.is_leading() {
+            return;
+        }
+        let referenced: BTreeSet<&str> = peers
+            .iter()
+            .filter_map(|p| p.spec.bfd_profile.as_deref())
+            .collect();
+        let api: Api<BFDProfile> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        for profile in profiles {
+            let name = profile.metadata.name.as_deref().unwrap_or_default();
+            let finalizers = profile.metadata.finalizers.clone().unwrap_or_default();
+            let has = finalizers.iter().any(|f| f == BFD_FINALIZER);
+            let wanted = referenced.contains(name);
+            if has == wanted {
+                if wanted && profile.metadata.deletion_timestamp.is_some() {
+                    tracing::warn!(
+                        profile = name,
+                        "BFDProfile is being deleted but a BGPPeer still refers to it; the deletion waits"
+                    );
+                }
+                continue;
+            }
+            let mut next: Vec<String> = finalizers
+                .into_iter()
+                .filter(|f| f != BFD_FINALIZER)
+                .collect();
+            if wanted {
+                next.push(BFD_FINALIZER.to_string());
+            }
+            // The resourceVersion makes the update fail rather than drop another finalizer
+            // written meanwhile; the next pass retries.
+            let patch = serde_json::json!({"metadata": {"finalizers": next, "resourceVersion": profile.metadata.resource_version}});
+            if let Err(e) = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(profile = name, error = %e, "updating the BFDProfile finalizer failed");
+            }
+        }
     }
 
     /// Writes ConfigurationState `controller` and Events on left-out objects, when they change.

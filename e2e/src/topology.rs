@@ -14,7 +14,7 @@
 //! | router (lab side) | 198.18.0.254 | fd00:18::fe |
 //! | LoadBalancer pools for layer 2 (on-link) | 198.18.200.0/24 | fd00:18::c8:0/112 |
 //! | pod CIDR of node N | 198.19.N.0/24 | fd00:19:N::/64 |
-//! | Service ClusterIPs | 198.19.128.0/20 | fd00:1b::/112 |
+//! | Service ClusterIPs | 198.19.64.0/18 | fd00:1b::/112 |
 //! | external segment behind the router | 198.19.254.0/24 | fd00:1a::/64 |
 //! | external client | 198.19.254.10 | fd00:1a::a |
 
@@ -225,7 +225,8 @@ impl Topology {
             routes: vec![],
             forwarding: false,
         }];
-        let node_count = options.nodes.max(1);
+        // Node N's pods use 198.19.N.0/24, below the Service range 198.19.64.0/18.
+        let node_count = options.nodes.clamp(1, 60);
         for index in 1..=node_count {
             let mut routes = Vec::new();
             for other in (1..=node_count).filter(|o| *o != index) {
@@ -317,7 +318,7 @@ impl Topology {
         });
         let (mut service_cidrs, mut cluster_cidrs) = (Vec::new(), Vec::new());
         if options.families.v4() {
-            service_cidrs.push("198.19.128.0/20".to_string());
+            service_cidrs.push("198.19.64.0/18".to_string());
             cluster_cidrs.push("198.19.0.0/16".to_string());
         }
         if options.families.v6() {
@@ -376,7 +377,7 @@ impl Topology {
     pub fn kubernetes_service_ips(&self) -> Vec<IpAddr> {
         let mut ips = Vec::new();
         if self.options.families.v4() {
-            ips.push(IpAddr::V4(Ipv4Addr::new(198, 19, 128, 1)));
+            ips.push(IpAddr::V4(Ipv4Addr::new(198, 19, 64, 1)));
         }
         if self.options.families.v6() {
             ips.push(IpAddr::V6(v6([0xfd00, 0x1b, 0, 0, 0, 0, 0, 1])));
@@ -403,7 +404,7 @@ mod tests {
         v4.dedup();
         assert_eq!(v4.len(), n, "duplicate IPv4 addresses");
         assert!(t.host("router").is_some_and(|r| r.interfaces.len() == 2));
-        assert_eq!(t.service_cidrs, ["198.19.128.0/20", "fd00:1b::/112"]);
+        assert_eq!(t.service_cidrs, ["198.19.64.0/18", "fd00:1b::/112"]);
     }
 
     #[test]
@@ -418,6 +419,24 @@ mod tests {
                 assert!(matches!(i.ipv4.octets()[1], 18 | 19), "{}", i.ipv4);
                 assert_eq!(i.ipv6.segments()[0], 0xfd00, "{}", i.ipv6);
             }
+        }
+    }
+
+    #[test]
+    fn pod_cidrs_stay_clear_of_the_service_and_external_ranges() {
+        let t = Topology::standard(Options {
+            nodes: 200,
+            ..Options::default()
+        });
+        assert_eq!(t.nodes().count(), 60, "node count is capped");
+        for node in t.nodes() {
+            let Role::Node { index, .. } = node.role else {
+                unreachable!()
+            };
+            assert!(
+                index < 64,
+                "198.19.{index}.0/24 would overlap the Service range 198.19.64.0/18"
+            );
         }
     }
 

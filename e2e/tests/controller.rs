@@ -85,16 +85,22 @@ fn ingress_ips(s: &Service) -> Vec<String> {
 }
 
 async fn wait_ips(api: &Api<Service>, name: &str, want: usize) -> anyhow::Result<Service> {
+    // The controller writes the IPs, then the pool annotation: wait for both (or both gone).
     wait_for(
-        &format!("Service {name} to get {want} IP(s)"),
+        &format!("Service {name} to get {want} IP(s) and the pool annotation"),
         Duration::from_secs(30),
         || async {
             let s = api.get(name).await.map_err(|e| e.to_string())?;
             let ips = ingress_ips(&s);
-            if ips.len() == want {
+            let annotated = s
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("metallb.io/ip-allocated-from-pool"));
+            if ips.len() == want && annotated == (want > 0) {
                 Ok(Some(s))
             } else {
-                Err(format!("ingress {ips:?}"))
+                Err(format!("ingress {ips:?}, annotated {annotated}"))
             }
         },
     )
@@ -599,6 +605,100 @@ async fn pool_shrink_and_deletion(lab: &Lab) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn bfd_profile_in_use_is_not_deleted(lab: &Lab) -> anyhow::Result<()> {
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta1\nkind: BFDProfile\nmetadata: {{name: ctl-bfd, namespace: {NS}}}\nspec: {{receiveInterval: 300}}\n---\napiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata: {{name: ctl-bfd-peer, namespace: {NS}}}\nspec: {{myASN: 64512, peerASN: 64500, peerAddress: 198.18.0.254, bfdProfile: ctl-bfd}}\n"
+    ))?;
+    let finalizers = || {
+        lab.kubectl(&[
+            "get",
+            "bfdprofile",
+            "-n",
+            NS,
+            "ctl-bfd",
+            "-o",
+            "jsonpath={.metadata.finalizers}",
+        ])
+    };
+    wait_for(
+        "the controller to protect the BFDProfile in use",
+        Duration::from_secs(30),
+        || {
+            let out = finalizers();
+            async move {
+                match out {
+                    Ok(f) if f.contains("metallb.io/bfdprofile-in-use") => Ok(Some(())),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await?;
+    lab.kubectl(&["delete", "bfdprofile", "-n", NS, "ctl-bfd", "--wait=false"])?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = lab.kubectl(&[
+        "get",
+        "bfdprofile",
+        "-n",
+        NS,
+        "ctl-bfd",
+        "-o",
+        "jsonpath={.metadata.deletionTimestamp}",
+    ])?;
+    ensure!(
+        !still.is_empty(),
+        "the profile in use should wait for its peer, marked for deletion"
+    );
+    lab.kubectl(&["delete", "bgppeer", "-n", NS, "ctl-bfd-peer"])?;
+    wait_for(
+        "the unused BFDProfile to go",
+        Duration::from_secs(30),
+        || {
+            let gone = lab
+                .kubectl(&["get", "bfdprofile", "-n", NS, "ctl-bfd"])
+                .is_err();
+            async move {
+                if gone {
+                    Ok(Some(()))
+                } else {
+                    Err("still there".into())
+                }
+            }
+        },
+    )
+    .await
+}
+
+async fn metrics_and_health(lab: &Lab) -> anyhow::Result<()> {
+    let leader = leader(lab).await?;
+    let port = if leader == "a" { 7472 } else { 7473 };
+    let get = |path: &str| {
+        lab.exec(
+            "cp",
+            "curl",
+            &["-sf", &format!("http://127.0.0.1:{port}{path}")],
+        )
+    };
+    ensure!(get("/healthz")?.trim() == "ok");
+    ensure!(get("/readyz")?.trim() == "ok");
+    let metrics = get("/metrics")?;
+    for name in [
+        "metallb_allocator_addresses_total{",
+        "metallb_allocator_addresses_in_use_total{",
+        "metallb_allocator_ipv4_addresses_in_use_total{",
+        "metallb_k8s_client_config_loaded_bool 1",
+        "metallb_k8s_client_config_stale_bool",
+        "ferrolb_controller_leader 1",
+        "ferrolb_controller_allocation_duration_seconds_bucket",
+    ] {
+        ensure!(
+            metrics.contains(name),
+            "/metrics of the leader lacks {name}:\n{metrics}"
+        );
+    }
+    Ok(())
+}
+
 async fn leader(lab: &Lab) -> anyhow::Result<String> {
     let leases: Api<Lease> = Api::namespaced(lab.client().await?, NS);
     wait_for("a leader", Duration::from_secs(30), || async {
@@ -733,6 +833,8 @@ fn main() -> std::process::ExitCode {
         "sharing_allowed_and_refused_for_port_overlap_and_backend_mismatch",
         "require_prefer_and_single_stack_ipv6",
         "pool_shrink_releases_only_what_left_and_deletion_clears",
+        "a_bfd_profile_in_use_waits_for_its_peer_before_deletion",
+        "metrics_health_and_readiness_of_the_leader",
         "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services",
     ];
     if !ferrolb_e2e::is_root() {
@@ -868,11 +970,25 @@ fn main() -> std::process::ExitCode {
                 &lab,
             ),
         ),
+        Trial::test(
+            names[10],
+            run(
+                |l| Box::pin(async move { bfd_profile_in_use_is_not_deleted(&l).await }),
+                &lab,
+            ),
+        ),
+        Trial::test(
+            names[11],
+            run(
+                |l| Box::pin(async move { metrics_and_health(&l).await }),
+                &lab,
+            ),
+        ),
     ];
     {
         let lab = (*lab).clone();
         let replicas = replicas.clone();
-        trials.push(Trial::test(names[10], move || {
+        trials.push(Trial::test(names[12], move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

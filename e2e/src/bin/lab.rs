@@ -22,7 +22,7 @@ struct Cli {
 enum Command {
     /// Bring the lab up (reuses a running lab with the same options).
     Up {
-        /// Number of nodes.
+        /// Number of nodes (at most 60).
         #[arg(long, default_value_t = 3)]
         nodes: u8,
         /// kube-proxy mode.
