@@ -67,7 +67,12 @@ impl Pki {
         let pki = Pki {
             dir: dir.to_path_buf(),
         };
-        if pki.path("ca.crt").exists() && pki.kubeconfig("admin").exists() {
+        // Certificates are kept across `up`s, unless the server's names changed.
+        let stamp = format!("{server} {server_ips:?}");
+        if pki.path("ca.crt").exists()
+            && pki.kubeconfig("admin").exists()
+            && std::fs::read_to_string(pki.path("names")).is_ok_and(|s| s == stamp)
+        {
             return Ok(pki);
         }
         std::fs::create_dir_all(dir)?;
@@ -119,6 +124,7 @@ impl Pki {
                 &pki.kubeconfig_text(server, id.file),
             )?;
         }
+        write(&pki.path("names"), &stamp)?;
         Ok(pki)
     }
 
