@@ -65,6 +65,19 @@ struct Stores {
 /// Finalizer that keeps a BFDProfile in use from being deleted.
 const BFD_FINALIZER: &str = "metallb.io/bfdprofile-in-use";
 
+/// Service writes in flight at once.
+const WRITE_CONCURRENCY: usize = 16;
+
+/// What to do about one Service after the core decided.
+enum Decision {
+    /// It was deleted and held IPs: waiting Services may fit now.
+    Freed,
+    /// Write what differs and record Events.
+    Write(Arc<Service>, crate::core::Outcome),
+    /// Nothing to do.
+    Nothing,
+}
+
 /// Number of watches that must list before the controller acts.
 const WATCHES: usize = 9;
 
@@ -306,17 +319,32 @@ pub async fn run(
         while !dirty.is_empty() {
             let held_before = driver.core.allocator().len();
             let mut released = false;
+            // Decide in order (the allocator is sequential and deterministic), then write the
+            // changes concurrently: writes, not decisions, are what take time.
+            let mut writes = Vec::new();
             for key in std::mem::take(&mut dirty) {
-                if !driver.leadership.is_leading() {
-                    break;
+                match driver.decide(&key) {
+                    Decision::Freed => released = true,
+                    Decision::Write(service, outcome) => writes.push((key, service, outcome)),
+                    Decision::Nothing => {}
                 }
-                match driver.reconcile(&key).await {
-                    Ok(freed) => released |= freed,
-                    Err(e) => {
-                        tracing::warn!(service = %format!("{}/{}", key.namespace(), key.name()), error = %format!("{e:#}"), "writing Service failed; retrying");
-                        retry.insert(key);
-                    }
-                }
+            }
+            let driver_ref = &driver;
+            let failed: Vec<(ServiceKey, anyhow::Error)> = futures::stream::iter(writes)
+                .map(|(key, service, outcome)| async move {
+                    driver_ref
+                        .apply(&service, &outcome)
+                        .await
+                        .err()
+                        .map(|e| (key, e))
+                })
+                .buffer_unordered(WRITE_CONCURRENCY)
+                .filter_map(futures::future::ready)
+                .collect()
+                .await;
+            for (key, e) in failed {
+                tracing::warn!(service = %format!("{}/{}", key.namespace(), key.name()), error = %format!("{e:#}"), "writing Service failed; retrying");
+                retry.insert(key);
             }
             if released || driver.core.allocator().len() < held_before {
                 dirty.extend(driver.pending());
@@ -544,35 +572,48 @@ impl Driver {
             .collect()
     }
 
-    /// Reconciles one Service; returns whether IPs were freed (a deleted Service's).
-    async fn reconcile(&mut self, key: &ServiceKey) -> anyhow::Result<bool> {
-        let started = Instant::now();
+    /// Decides what one Service should carry (allocating or releasing in the core).
+    fn decide(&mut self, key: &ServiceKey) -> Decision {
         let Some(service) = self
             .stores
             .services
             .get(&ObjectRef::new(key.name()).within(key.namespace()))
         else {
-            return Ok(self.core.forget(key));
+            return if self.core.forget(key) {
+                Decision::Freed
+            } else {
+                Decision::Nothing
+            };
         };
         let outcome = self
             .core
             .reconcile(&service, &self.namespace_labels(&service));
-        if !matches(&service, &outcome.desired) {
+        self.metrics
+            .services_assigned
+            .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
+        if matches(&service, &outcome.desired) && outcome.notes.is_empty() {
+            Decision::Nothing
+        } else {
+            Decision::Write(service, outcome)
+        }
+    }
+
+    /// Writes what differs and records the Events, if this replica still leads.
+    async fn apply(&self, service: &Service, outcome: &crate::core::Outcome) -> anyhow::Result<()> {
+        let started = Instant::now();
+        if !matches(service, &outcome.desired) {
             if !self.leadership.is_leading() {
-                return Ok(false);
+                return Ok(());
             }
-            self.write(&service, &outcome.desired).await?;
+            self.write(service, &outcome.desired).await?;
             self.metrics
                 .allocation_seconds
                 .observe(started.elapsed().as_secs_f64());
         }
         for note in &outcome.notes {
-            self.publish(&service, note).await;
+            self.publish(service, note).await;
         }
-        self.metrics
-            .services_assigned
-            .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
-        Ok(false)
+        Ok(())
     }
 
     async fn write(&self, service: &Service, desired: &Desired) -> anyhow::Result<()> {
