@@ -24,7 +24,8 @@ use kube::runtime::watcher::{self, Event};
 fn service(name: &str) -> Service {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}
+        // No NodePorts: 10,000 Services would exhaust the 2,768 of the default range.
+        "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false, "ports": [{"port": 80, "protocol": "TCP"}]}
     }))
     .unwrap()
 }
