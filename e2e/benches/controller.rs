@@ -119,13 +119,22 @@ async fn burst(
     Ok((latencies, total))
 }
 
+/// Stops the controller when the bench ends, also on error.
+struct Stopped(process::LabProcess);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        process::stop(&self.0, Duration::from_secs(5));
+    }
+}
+
 async fn bench(lab: &Lab) -> anyhow::Result<()> {
     let kubeconfig = ferrolb::install(lab)?;
     let scope = TestScope::new(lab, "bench-controller").await?;
     lab.apply(&format!(
         "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: bench, namespace: {NAMESPACE}}}\nspec:\n  addresses: ['198.18.64.0/18']\n  serviceAllocation: {{priority: 1, namespaces: [bench-controller]}}\n"
     ))?;
-    let controller = ferrolb::start_controller(lab, &kubeconfig, "bench", 7480)?;
+    let controller = Stopped(ferrolb::start_controller(lab, &kubeconfig, "bench", 7480)?);
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     let seen = watch_ips(api.clone());
     // Wait until the controller leads and serves.
@@ -165,7 +174,7 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
         .unwrap_or_else(|| vec![1000, 10000]);
     for n in bursts {
         let (lat, total) = burst(&api, &seen, &format!("burst{n}"), n).await?;
-        let rss = ferrolb::rss_bytes(controller.pid).unwrap_or(0);
+        let rss = ferrolb::rss_bytes(controller.0.pid).unwrap_or(0);
         println!(
             "controller: burst of {n}: creation to IP p50 {:.1?} p99 {:.1?} max {:.1?}; all {n} allocated in {:.1?}; controller RSS {:.1} MiB",
             percentile(&lat, 0.5),
@@ -175,7 +184,7 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
             rss as f64 / 1048576.0
         );
     }
-    process::stop(&controller, Duration::from_secs(5));
+    drop(controller);
     drop(scope);
     let _ = lab.kubectl(&[
         "delete",
