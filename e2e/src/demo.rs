@@ -123,32 +123,13 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     );
 
     let owner = "node1";
-    let mac = lab
-        .exec(owner, "cat", &["/sys/class/net/eth0/address"])?
-        .trim()
-        .to_string();
+    let mac = lab.mac_of(owner)?;
     println!(
         "\nOwner node: {owner} ({mac}). The layer 2 speaker that elects the owner and answers ARP/NDP is not\n\
          written yet, so the demo points the client's neighbour entry at {owner} by hand."
     );
     for ip in &ips {
-        let family = if ip.contains(':') { "-6" } else { "-4" };
-        lab.exec(
-            "client",
-            "ip",
-            &[
-                family,
-                "neigh",
-                "replace",
-                ip,
-                "lladdr",
-                &mac,
-                "dev",
-                "eth0",
-                "nud",
-                "permanent",
-            ],
-        )?;
+        lab.set_neighbour("client", ip, Some(&mac))?;
     }
     let v4 = ips.iter().find(|ip| !ip.contains(':')).cloned();
     if let Some(ip) = &v4 {
@@ -192,11 +173,7 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         "\nRequests from the client host through the LoadBalancer IPs (each answer: pod name, source seen):"
     );
     for ip in &ips {
-        let url = if ip.contains(':') {
-            format!("http://[{ip}]/")
-        } else {
-            format!("http://{ip}/")
-        };
+        let url = crate::lab::http_url(ip);
         for _ in 0..4 {
             let out = lab.exec_output("client", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
             let answer = if out.status.success() {

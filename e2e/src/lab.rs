@@ -1035,3 +1035,48 @@ impl Lab {
         state.save(&self.dir)
     }
 }
+
+/// An HTTP URL for an IP (bracketed for IPv6).
+pub fn http_url(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("http://[{ip}]/")
+    } else {
+        format!("http://{ip}/")
+    }
+}
+
+impl Lab {
+    /// MAC address of a host's lab interface.
+    pub fn mac_of(&self, host: &str) -> anyhow::Result<String> {
+        Ok(self
+            .exec(host, "cat", &["/sys/class/net/eth0/address"])?
+            .trim()
+            .to_string())
+    }
+
+    /// Points `ip` at `mac` in `host`'s neighbour table (what a speaker's ARP/NDP answer does),
+    /// or removes that entry with `mac: None`.
+    pub fn set_neighbour(&self, host: &str, ip: &str, mac: Option<&str>) -> anyhow::Result<()> {
+        let family = if ip.contains(':') { "-6" } else { "-4" };
+        match mac {
+            Some(mac) => self.exec(
+                host,
+                "ip",
+                &[
+                    family,
+                    "neigh",
+                    "replace",
+                    ip,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    "eth0",
+                    "nud",
+                    "permanent",
+                ],
+            ),
+            None => self.exec(host, "ip", &[family, "neigh", "del", ip, "dev", "eth0"]),
+        }
+        .map(|_| ())
+    }
+}

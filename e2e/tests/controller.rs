@@ -822,21 +822,65 @@ fn main() -> std::process::ExitCode {
     let mut args = Arguments::from_args();
     // The tests share the controller replicas and the configuration namespace.
     args.test_threads = Some(1);
-    let names = [
-        "allocation_from_a_pool_writes_ip_annotation_event_and_pool_status",
-        "requested_ips_by_annotation_and_spec_and_the_error_when_both",
-        "pool_exhaustion_then_release",
-        "type_change_clears_and_foreign_class_is_left_alone",
-        "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
-        "pool_annotation_picks_an_auto_assign_false_pool_under_both_prefixes",
-        "service_allocation_by_namespace_labels_service_labels_and_priority",
-        "sharing_allowed_and_refused_for_port_overlap_and_backend_mismatch",
-        "require_prefer_and_single_stack_ipv6",
-        "pool_shrink_releases_only_what_left_and_deletion_clears",
-        "a_bfd_profile_in_use_waits_for_its_peer_before_deletion",
-        "metrics_health_and_readiness_of_the_leader",
-        "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services",
+    // Each test: its name and its body. The last one needs the replicas and runs separately.
+    macro_rules! body {
+        ($f:ident) => {
+            (|l: Lab| Box::pin(async move { $f(&l).await })) as TestBody
+        };
+    }
+    let table: Vec<(&str, TestBody)> = vec![
+        (
+            "allocation_from_a_pool_writes_ip_annotation_event_and_pool_status",
+            body!(allocation_from_a_pool),
+        ),
+        (
+            "requested_ips_by_annotation_and_spec_and_the_error_when_both",
+            body!(requested_ips),
+        ),
+        (
+            "pool_exhaustion_then_release",
+            body!(exhaustion_then_release),
+        ),
+        (
+            "type_change_clears_and_foreign_class_is_left_alone",
+            body!(type_change_and_foreign_class),
+        ),
+        (
+            "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
+            body!(invalid_and_overlapping_pools_are_reported),
+        ),
+        (
+            "pool_annotation_picks_an_auto_assign_false_pool_under_both_prefixes",
+            body!(pool_annotation_and_auto_assign_false),
+        ),
+        (
+            "service_allocation_by_namespace_labels_service_labels_and_priority",
+            body!(service_allocation_by_namespace_labels_and_priority),
+        ),
+        (
+            "sharing_allowed_and_refused_for_port_overlap_and_backend_mismatch",
+            body!(sharing_allowed_and_refused),
+        ),
+        (
+            "require_prefer_and_single_stack_ipv6",
+            body!(dual_stack_policies),
+        ),
+        (
+            "pool_shrink_releases_only_what_left_and_deletion_clears",
+            body!(pool_shrink_and_deletion),
+        ),
+        (
+            "a_bfd_profile_in_use_waits_for_its_peer_before_deletion",
+            body!(bfd_profile_in_use_is_not_deleted),
+        ),
+        (
+            "metrics_health_and_readiness_of_the_leader",
+            body!(metrics_and_health),
+        ),
     ];
+    const RESTART: &str =
+        "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services";
+    let names: Vec<&str> = table.iter().map(|(n, _)| *n).chain([RESTART]).collect();
     if !ferrolb_e2e::is_root() {
         eprintln!("controller tests skipped: the lab needs root (network namespaces)");
         let trials = names
@@ -898,97 +942,14 @@ fn main() -> std::process::ExitCode {
                 .map_err(|e| Failed::from(format!("{e:#}")))
         }
     };
-    let mut trials = vec![
-        Trial::test(
-            names[0],
-            run(
-                |l| Box::pin(async move { allocation_from_a_pool(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[1],
-            run(|l| Box::pin(async move { requested_ips(&l).await }), &lab),
-        ),
-        Trial::test(
-            names[2],
-            run(
-                |l| Box::pin(async move { exhaustion_then_release(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[3],
-            run(
-                |l| Box::pin(async move { type_change_and_foreign_class(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[4],
-            run(
-                |l| Box::pin(async move { invalid_and_overlapping_pools_are_reported(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[5],
-            run(
-                |l| Box::pin(async move { pool_annotation_and_auto_assign_false(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[6],
-            run(
-                |l| {
-                    Box::pin(async move {
-                        service_allocation_by_namespace_labels_and_priority(&l).await
-                    })
-                },
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[7],
-            run(
-                |l| Box::pin(async move { sharing_allowed_and_refused(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[8],
-            run(
-                |l| Box::pin(async move { dual_stack_policies(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[9],
-            run(
-                |l| Box::pin(async move { pool_shrink_and_deletion(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[10],
-            run(
-                |l| Box::pin(async move { bfd_profile_in_use_is_not_deleted(&l).await }),
-                &lab,
-            ),
-        ),
-        Trial::test(
-            names[11],
-            run(
-                |l| Box::pin(async move { metrics_and_health(&l).await }),
-                &lab,
-            ),
-        ),
-    ];
+    let mut trials: Vec<Trial> = table
+        .into_iter()
+        .map(|(name, f)| Trial::test(name, run(f, &lab)))
+        .collect();
     {
         let lab = (*lab).clone();
         let replicas = replicas.clone();
-        trials.push(Trial::test(names[12], move || {
+        trials.push(Trial::test(RESTART, move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

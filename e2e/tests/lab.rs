@@ -134,11 +134,7 @@ async fn nodeport_and_clusterip(lab: &Lab) -> anyhow::Result<()> {
         }
     }
     for ip in spec.cluster_ips.unwrap_or_default() {
-        let url = if ip.contains(':') {
-            format!("http://[{ip}]/")
-        } else {
-            format!("http://{ip}/")
-        };
+        let url = ferrolb_e2e::lab::http_url(&ip);
         collect_answers(lab, &asker.netns, &url, &want)?;
     }
     lab.remove_pod(&asker).await?;
@@ -175,11 +171,6 @@ async fn nodeport_and_clusterip(lab: &Lab) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn mac_of(lab: &Lab, host: &str) -> anyhow::Result<String> {
-    let out = lab.exec(host, "cat", &["/sys/class/net/eth0/address"])?;
-    Ok(out.trim().to_string())
 }
 
 /// (b) A LoadBalancer IP set by hand gets kube-proxy's external rules on every node, and a client
@@ -240,33 +231,12 @@ async fn loadbalancer_ip_by_hand(lab: &Lab) -> anyhow::Result<()> {
             .await?;
         }
     }
-    let owner_mac = mac_of(lab, "node1")?;
+    let owner_mac = lab.mac_of("node1")?;
     let want: BTreeSet<String> = pods.iter().map(|p| p.name.clone()).collect();
     for ip in &ips {
-        let family = if ip.contains(':') { "-6" } else { "-4" };
-        lab.exec(
-            "client",
-            "ip",
-            &[
-                family,
-                "neigh",
-                "replace",
-                ip,
-                "lladdr",
-                &owner_mac,
-                "dev",
-                "eth0",
-                "nud",
-                "permanent",
-            ],
-        )?;
-        let url = if ip.contains(':') {
-            format!("http://[{ip}]/")
-        } else {
-            format!("http://{ip}/")
-        };
-        let answered = collect_answers(lab, "client", &url, &want);
-        let _ = lab.exec("client", "ip", &[family, "neigh", "del", ip, "dev", "eth0"]);
+        lab.set_neighbour("client", ip, Some(&owner_mac))?;
+        let answered = collect_answers(lab, "client", &ferrolb_e2e::lab::http_url(ip), &want);
+        let _ = lab.set_neighbour("client", ip, None);
         answered?;
     }
     drop(scope);

@@ -8,6 +8,7 @@ use super::{Kind, NodeInfo, ObjectRef, Report, by_age, compile_selectors, share_
 use crate::address::Family;
 use crate::crd::{BGPAdvertisement, BGPPeer, IPAddressPool, L2Advertisement};
 use crate::model::{self, CommunityValue, Pool, PoolSelection};
+use crate::selector::Selector;
 
 fn pool_selection(
     report: &mut Report,
@@ -43,6 +44,21 @@ fn pool_selection(
     }
 }
 
+/// The parts both kinds of advertisement share: which pools, which nodes, which Services.
+fn common(
+    report: &mut Report,
+    me: &ObjectRef,
+    pool_names: &[String],
+    [pool_selectors, node_selectors, service_selectors]: [&[crate::crd::LabelSelector]; 3],
+    pool_objects: &[IPAddressPool],
+) -> (PoolSelection, Vec<Selector>, Vec<Selector>) {
+    (
+        pool_selection(report, me, pool_names, pool_selectors, pool_objects),
+        compile_selectors(report, me, "spec.nodeSelectors", node_selectors),
+        compile_selectors(report, me, "spec.serviceSelectors", service_selectors),
+    )
+}
+
 fn unique_names(
     report: &mut Report,
     me: &ObjectRef,
@@ -74,20 +90,16 @@ pub(super) fn validate_l2(
         let me = ObjectRef::of(Kind::L2Advertisement, &object.metadata);
         let mark = report.mark();
         let spec = &object.spec;
-        let pools = pool_selection(
+        let (pools, node_selectors, service_selectors) = common(
             report,
             &me,
             &spec.ip_address_pools,
-            &spec.ip_address_pool_selectors,
+            [
+                &spec.ip_address_pool_selectors,
+                &spec.node_selectors,
+                &spec.service_selectors,
+            ],
             pool_objects,
-        );
-        let node_selectors =
-            compile_selectors(report, &me, "spec.nodeSelectors", &spec.node_selectors);
-        let service_selectors = compile_selectors(
-            report,
-            &me,
-            "spec.serviceSelectors",
-            &spec.service_selectors,
         );
         unique_names(
             report,
@@ -150,20 +162,16 @@ pub(super) fn validate_bgp(
         let me = ObjectRef::of(Kind::BGPAdvertisement, &object.metadata);
         let mark = report.mark();
         let spec = &object.spec;
-        let pool_sel = pool_selection(
+        let (pool_sel, node_selectors, service_selectors) = common(
             report,
             &me,
             &spec.ip_address_pools,
-            &spec.ip_address_pool_selectors,
+            [
+                &spec.ip_address_pool_selectors,
+                &spec.node_selectors,
+                &spec.service_selectors,
+            ],
             pool_objects,
-        );
-        let node_selectors =
-            compile_selectors(report, &me, "spec.nodeSelectors", &spec.node_selectors);
-        let service_selectors = compile_selectors(
-            report,
-            &me,
-            "spec.serviceSelectors",
-            &spec.service_selectors,
         );
 
         let v4 = u8::try_from(spec.aggregation_length)
