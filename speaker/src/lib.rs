@@ -4,3 +4,4 @@
 //! clocks and global state, so the tokio driver that owns sockets and timers stays thin.
 
 pub mod bgp;
+pub mod l2;

@@ -1,0 +1,1 @@
+//! ARP and NDP frames: parsing requests, building replies and gratuitous announcements.
