@@ -1,9 +1,19 @@
 //! Controller latency in the lab: from a Service's creation to its IP in status, for single
-//! Services and bursts, the total time to allocate a burst, and the controller's memory.
+//! Services and bursts, the total time to allocate a burst, and the controller's memory; and the
+//! backlog scenario, which takes the API server's creation rate out of the measurement: it
+//! creates N LoadBalancer Services while no controller runs, then starts one and times until all
+//! N have an IP.
 //!
 //! `cargo build --release -p ferrolb-controller && cargo bench -p ferrolb-e2e --bench controller`
-//! (as root; `FERROLB_BENCH_BURSTS=1000,10000`,
-//! `FERROLB_BENCH_SINGLES=50`). Prints figures; asserts nothing (machines here are noisy).
+//! (as root). Environment:
+//!
+//! * `FERROLB_BENCH_SINGLES` (default 50): single Services, one after the other.
+//! * `FERROLB_BENCH_BURSTS` (default `1000`): comma-separated burst sizes; empty for none.
+//! * `FERROLB_BENCH_BACKLOG` (default 10000): Services of the backlog scenario; 0 for none.
+//! * `FERROLB_BENCH_CREATE_CONCURRENCY` (default 64): creations in flight at once.
+//!
+//! Prints figures, among them where the CPU went during each phase (every lab process and the
+//! controller); asserts nothing (machines here are noisy).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -13,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::ferrolb::{self, NAMESPACE};
+use ferrolb_e2e::lab::State;
 use ferrolb_e2e::process;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::{Lab, Options};
@@ -38,9 +49,11 @@ fn has_ip(s: &Service) -> bool {
         .is_some_and(|i| !i.is_empty())
 }
 
+type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+
 /// Watches the namespace and records when each Service first shows an IP.
-fn watch_ips(api: Api<Service>) -> Arc<Mutex<HashMap<String, Instant>>> {
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+fn watch_ips(api: Api<Service>) -> Seen {
+    let seen: Seen = Arc::default();
     let out = seen.clone();
     tokio::spawn(async move {
         let stream = watcher::watcher(api, watcher::Config::default());
@@ -68,15 +81,89 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn burst(
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+/// CPU time (user + system) each process used, to show what bounds a phase.
+struct CpuSample {
+    at: Instant,
+    ticks: Vec<(String, i32, u64)>,
+}
+
+/// User plus system CPU time of a process, in clock ticks (USER_HZ, 100 per second on Linux).
+fn cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit(')').next()?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+impl CpuSample {
+    /// Samples every lab process and the extra ones given.
+    fn take(lab: &Lab, extra: &[(&str, i32)]) -> Self {
+        let mut procs: Vec<(String, i32)> = State::load(&lab.dir)
+            .ok()
+            .flatten()
+            .map(|s| s.processes.into_iter().map(|p| (p.name, p.pid)).collect())
+            .unwrap_or_default();
+        procs.extend(extra.iter().map(|(n, p)| (n.to_string(), *p)));
+        procs.push(("bench".into(), std::process::id() as i32));
+        let ticks = procs
+            .into_iter()
+            .filter_map(|(name, pid)| cpu_ticks(pid).map(|t| (name, pid, t)))
+            .collect();
+        Self {
+            at: Instant::now(),
+            ticks,
+        }
+    }
+
+    /// One line: CPU seconds per process since `self`, largest first, and the machine's share.
+    fn report(&self, lab: &Lab, extra: &[(&str, i32)], phase: &str) {
+        let now = Self::take(lab, extra);
+        let wall = now.at.duration_since(self.at).as_secs_f64();
+        let mut used: Vec<(String, f64)> = now
+            .ticks
+            .iter()
+            .filter_map(|(name, pid, t)| {
+                let before = self
+                    .ticks
+                    .iter()
+                    .find(|(n, p, _)| n == name && p == pid)
+                    .map_or(0, |(_, _, b)| *b);
+                let secs = t.saturating_sub(before) as f64 / 100.0;
+                (secs >= 0.1).then(|| (name.clone(), secs))
+            })
+            .collect();
+        used.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let total: f64 = used.iter().map(|(_, s)| s).sum();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        println!(
+            "  cpu during {phase} ({wall:.1} s wall, {cores} cores): {total:.1} s in lab processes ({:.0}% of the machine): {}",
+            100.0 * total / (wall * cores),
+            used.iter()
+                .map(|(n, s)| format!("{n} {s:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// Creates `names` as LoadBalancer Services, `concurrency` at a time; returns when each
+/// creation was sent.
+async fn create_all(
     api: &Api<Service>,
-    seen: &Arc<Mutex<HashMap<String, Instant>>>,
-    prefix: &str,
-    n: usize,
-) -> anyhow::Result<(Vec<Duration>, Duration)> {
-    let started = Instant::now();
-    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
-    let creates: Vec<(String, Instant)> = futures::stream::iter(names.iter().cloned())
+    names: &[String],
+    concurrency: usize,
+) -> anyhow::Result<Vec<(String, Instant)>> {
+    futures::stream::iter(names.iter().cloned())
         .map(|name| {
             let api = api.clone();
             async move {
@@ -86,27 +173,48 @@ async fn burst(
                     .map(|_| (name, at))
             }
         })
-        .buffer_unordered(32)
+        .buffer_unordered(concurrency.max(1))
         .collect::<Vec<_>>()
         .await
         .into_iter()
-        .collect::<Result<_, _>>()?;
-    wait_for(
-        &format!("{n} Services of burst {prefix} to get IPs"),
-        Duration::from_secs(900),
-        || {
-            let done = names
-                .iter()
-                .filter(|n| seen.lock().unwrap().contains_key(*n))
-                .count();
-            async move {
-                if done == n {
-                    Ok(Some(()))
-                } else {
-                    Err(format!("{done}/{n}"))
-                }
+        .collect::<Result<_, _>>()
+        .map_err(Into::into)
+}
+
+/// Waits until every one of `names` has an IP.
+async fn wait_all(seen: &Seen, names: &[String], what: &str) -> anyhow::Result<()> {
+    let n = names.len();
+    wait_for(what, Duration::from_secs(900), || {
+        let done = {
+            let seen = seen.lock().unwrap();
+            names.iter().filter(|n| seen.contains_key(*n)).count()
+        };
+        async move {
+            if done == n {
+                Ok(Some(()))
+            } else {
+                Err(format!("{done}/{n}"))
             }
-        },
+        }
+    })
+    .await
+}
+
+async fn burst(
+    api: &Api<Service>,
+    seen: &Seen,
+    prefix: &str,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<(Vec<Duration>, Duration, Duration)> {
+    let started = Instant::now();
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
+    let creates = create_all(api, &names, concurrency).await?;
+    let created = started.elapsed();
+    wait_all(
+        seen,
+        &names,
+        &format!("{n} Services of burst {prefix} to get IPs"),
     )
     .await?;
     let total = started.elapsed();
@@ -116,7 +224,24 @@ async fn burst(
         .map(|(name, at)| seen[name].saturating_duration_since(*at))
         .collect();
     latencies.sort();
-    Ok((latencies, total))
+    Ok((latencies, total, created))
+}
+
+/// A `VmRSS`-style field of /proc/PID/status, in bytes.
+fn proc_status_bytes(pid: i32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn mib(bytes: Option<u64>) -> f64 {
+    bytes.unwrap_or(0) as f64 / 1048576.0
 }
 
 /// Stops the controller when the bench ends, also on error.
@@ -128,63 +253,137 @@ impl Drop for Stopped {
     }
 }
 
+/// Starts a controller and waits until it serves (a Service gets an IP).
+async fn start_serving(
+    lab: &Lab,
+    kubeconfig: &std::path::Path,
+    api: &Api<Service>,
+    seen: &Seen,
+    identity: &str,
+    port: u16,
+) -> anyhow::Result<Stopped> {
+    let controller = Stopped(ferrolb::start_controller(lab, kubeconfig, identity, port)?);
+    let probe = format!("warmup-{identity}");
+    api.create(&PostParams::default(), &service(&probe)).await?;
+    wait_all(seen, &[probe], "the controller to serve").await?;
+    Ok(controller)
+}
+
 async fn bench(lab: &Lab) -> anyhow::Result<()> {
     let kubeconfig = ferrolb::install(lab)?;
     let scope = TestScope::new(lab, "bench-controller").await?;
     lab.apply(&format!(
         "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: bench, namespace: {NAMESPACE}}}\nspec:\n  addresses: ['198.18.64.0/18']\n  serviceAllocation: {{priority: 1, namespaces: [bench-controller]}}\n"
     ))?;
-    let controller = Stopped(ferrolb::start_controller(lab, &kubeconfig, "bench", 7480)?);
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     let seen = watch_ips(api.clone());
-    // Wait until the controller leads and serves.
-    api.create(&PostParams::default(), &service("warmup"))
-        .await?;
-    wait_for("the controller to serve", Duration::from_secs(60), || {
-        let ok = seen.lock().unwrap().contains_key("warmup");
-        async move {
-            if ok {
-                Ok(Some(()))
-            } else {
-                Err("no IP yet".into())
-            }
-        }
-    })
-    .await?;
-
-    let singles: usize = std::env::var("FERROLB_BENCH_SINGLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
-    let mut single = Vec::new();
-    for i in 0..singles {
-        let (l, _) = burst(&api, &seen, &format!("single{i}"), 1).await?;
-        single.extend(l);
-    }
-    single.sort();
-    println!(
-        "controller: single Service, creation to IP in status ({singles} samples): p50 {:.1?} p99 {:.1?} max {:.1?}",
-        percentile(&single, 0.5),
-        percentile(&single, 0.99),
-        single.last().copied().unwrap_or_default()
-    );
+    let concurrency = env_usize("FERROLB_BENCH_CREATE_CONCURRENCY", 64);
+    let singles = env_usize("FERROLB_BENCH_SINGLES", 50);
     let bursts: Vec<usize> = std::env::var("FERROLB_BENCH_BURSTS")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1000, 10000]);
-    for n in bursts {
-        let (lat, total) = burst(&api, &seen, &format!("burst{n}"), n).await?;
-        let rss = ferrolb::rss_bytes(controller.0.pid).unwrap_or(0);
-        println!(
-            "controller: burst of {n}: creation to IP p50 {:.1?} p99 {:.1?} max {:.1?}; all {n} allocated in {:.1?}; controller RSS {:.1} MiB",
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99),
-            lat.last().copied().unwrap_or_default(),
-            total,
-            rss as f64 / 1048576.0
-        );
+        .unwrap_or_else(|| vec![1000]);
+    let backlog = env_usize("FERROLB_BENCH_BACKLOG", 10_000);
+
+    if singles > 0 || !bursts.is_empty() {
+        let controller = start_serving(lab, &kubeconfig, &api, &seen, "bench", 7480).await?;
+        let pid = controller.0.pid;
+        let mut single = Vec::new();
+        for i in 0..singles {
+            let (l, _, _) = burst(&api, &seen, &format!("single{i}"), 1, 1).await?;
+            single.extend(l);
+        }
+        single.sort();
+        if singles > 0 {
+            println!(
+                "controller: single Service, creation to IP in status ({singles} samples): p50 {:.1?} p99 {:.1?} max {:.1?}",
+                percentile(&single, 0.5),
+                percentile(&single, 0.99),
+                single.last().copied().unwrap_or_default()
+            );
+        }
+        for n in bursts {
+            let cpu = CpuSample::take(lab, &[("controller", pid)]);
+            let (lat, total, created) =
+                burst(&api, &seen, &format!("burst{n}"), n, concurrency).await?;
+            println!(
+                "controller: burst of {n} ({concurrency} creations in flight): created in {:.1?} ({:.0}/s); creation to IP p50 {:.1?} p99 {:.1?} max {:.1?}; all {n} allocated in {:.1?}; controller RSS {:.1} MiB (peak {:.1} MiB)",
+                created,
+                n as f64 / created.as_secs_f64(),
+                percentile(&lat, 0.5),
+                percentile(&lat, 0.99),
+                lat.last().copied().unwrap_or_default(),
+                total,
+                mib(proc_status_bytes(pid, "VmRSS:")),
+                mib(proc_status_bytes(pid, "VmHWM:")),
+            );
+            cpu.report(lab, &[("controller", pid)], &format!("burst of {n}"));
+        }
+        drop(controller);
     }
-    drop(controller);
+
+    if backlog > 0 {
+        // Create every Service while no controller runs, so the allocation below is timed apart
+        // from the API server's creation rate.
+        let names: Vec<String> = (0..backlog).map(|i| format!("backlog-{i:05}")).collect();
+        let cpu = CpuSample::take(lab, &[]);
+        let started = Instant::now();
+        create_all(&api, &names, concurrency).await?;
+        let created = started.elapsed();
+        println!(
+            "controller: backlog: {backlog} Services created with no controller running in {:.1?} ({:.0}/s, {concurrency} in flight)",
+            created,
+            backlog as f64 / created.as_secs_f64()
+        );
+        cpu.report(lab, &[], "creation");
+        let started = Instant::now();
+        let controller = Stopped(ferrolb::start_controller(
+            lab,
+            &kubeconfig,
+            "bench-backlog",
+            7481,
+        )?);
+        let pid = controller.0.pid;
+        let cpu = CpuSample::take(lab, &[("controller", pid)]);
+        wait_for("the first backlog IP", Duration::from_secs(120), || {
+            let any = {
+                let seen = seen.lock().unwrap();
+                names.iter().any(|n| seen.contains_key(n))
+            };
+            async move {
+                if any {
+                    Ok(Some(()))
+                } else {
+                    Err("none yet".into())
+                }
+            }
+        })
+        .await?;
+        let first = started.elapsed();
+        wait_all(
+            &seen,
+            &names,
+            &format!("{backlog} backlog Services to get IPs"),
+        )
+        .await?;
+        let total = started.elapsed();
+        println!(
+            "controller: backlog: all {backlog} allocated {:.1?} after the controller started (first IP after {:.1?}, so {:.1?} from first to last); controller RSS {:.1} MiB (peak {:.1} MiB)",
+            total,
+            first,
+            total.saturating_sub(first),
+            mib(proc_status_bytes(pid, "VmRSS:")),
+            mib(proc_status_bytes(pid, "VmHWM:")),
+        );
+        cpu.report(lab, &[("controller", pid)], "allocation");
+        // Memory once the writes are done and the Event cache has settled.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        println!(
+            "controller: backlog: RSS 10 s later {:.1} MiB",
+            mib(proc_status_bytes(pid, "VmRSS:"))
+        );
+        drop(controller);
+    }
     drop(scope);
     let _ = lab.kubectl(&[
         "delete",

@@ -1,6 +1,6 @@
-//! `e2e/lab demo`: the main job. Brings the lab up, runs ferrolb-controller, and serves a
-//! LoadBalancer Service with two pods, showing the IP, the node it enters at, the kube-proxy
-//! chain it goes through, and the answers a client gets through it.
+//! `e2e/lab demo`: the main job. Brings the lab up, runs ferrolb-controller and a speaker on
+//! every node, and serves a LoadBalancer Service with two pods, showing the IP, the node that
+//! owns it, the kube-proxy chain it goes through, and the answers a client gets through it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,10 +33,18 @@ spec:
 pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     println!("==> bringing the lab up (3 nodes, kube-proxy iptables, dual-stack)");
     let lab = Lab::up(Options::default(), lab_exe).await?;
-    println!("==> installing ferrolb's CRDs and RBAC, starting ferrolb-controller");
+    println!(
+        "==> installing ferrolb's CRDs and RBAC, starting ferrolb-controller and the speakers"
+    );
     let kubeconfig = ferrolb::install(&lab)?;
     let controller = ferrolb::start_controller(&lab, &kubeconfig, "demo", 7472)?;
     lab.track_process(controller)?;
+    let credentials = ferrolb::install_speaker(&lab)?;
+    let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
+    for node in &nodes {
+        let speaker = ferrolb::start_speaker(&lab, &credentials, node, &[])?;
+        lab.track_process(speaker)?;
+    }
     lab.apply(POOL)?;
     let client = lab.client().await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -122,15 +130,40 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         ips.join(" and ")
     );
 
-    let owner = "node1";
-    let mac = lab.mac_of(owner)?;
+    let owner = wait_for(
+        "a speaker to announce demo/demo (ServiceL2Status)",
+        Duration::from_secs(60),
+        || async {
+            let out = lab
+                .kubectl(&[
+                    "get",
+                    "servicel2statuses",
+                    "-n",
+                    ferrolb::NAMESPACE,
+                    "-l",
+                    "metallb.io/service-namespace=demo,metallb.io/service-name=demo",
+                    "-o",
+                    "jsonpath={.items[*].status.node}",
+                ])
+                .map_err(|e| e.to_string())?;
+            let owners: Vec<&str> = out.split_whitespace().collect();
+            match owners.as_slice() {
+                [one] => Ok(Some(one.to_string())),
+                other => Err(format!("owners so far: {other:?}")),
+            }
+        },
+    )
+    .await?;
+    let mac = lab.mac_of(&owner)?;
     println!(
-        "\nOwner node: {owner} ({mac}). The layer 2 speaker that elects the owner and answers ARP/NDP is not\n\
-         written yet, so the demo points the client's neighbour entry at {owner} by hand."
+        "\nOwner node: {owner} ({mac}), chosen by the speakers among the live ones without any API write;\n\
+         it answers ARP and NDP for the IPs and wrote ServiceL2Status (kubectl get servicel2statuses -A)."
     );
     for ip in &ips {
-        lab.set_neighbour("client", ip, Some(&mac))?;
+        // Forget what an earlier run learnt, so the client asks the network now.
+        lab.set_neighbour("client", ip, None).ok();
     }
+    let owner = owner.as_str();
     let v4 = ips.iter().find(|ip| !ip.contains(':')).cloned();
     if let Some(ip) = &v4 {
         wait_for(
@@ -183,6 +216,14 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
             };
             println!("  curl {url:28} -> {answer}");
         }
+    }
+    let neighbours = lab.exec("client", "ip", &["neigh", "show", "dev", "eth0"])?;
+    println!("\nThe client's neighbour table: each IP resolves to {owner}'s MAC {mac}:");
+    for line in neighbours
+        .lines()
+        .filter(|l| ips.iter().any(|ip| l.starts_with(&format!("{ip} "))))
+    {
+        println!("  {line}");
     }
     println!(
         "\nThe lab stays up: `sudo e2e/lab status`, `sudo e2e/lab kubectl get svc -A`, `sudo e2e/lab down`."

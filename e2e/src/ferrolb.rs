@@ -81,6 +81,78 @@ pub fn start_controller(
     )
 }
 
+/// What speakers need to run in the lab: their ServiceAccount's kubeconfig and the gossip key.
+#[derive(Clone, Debug)]
+pub struct SpeakerCredentials {
+    /// Kubeconfig with the ferrolb-speaker ServiceAccount's token.
+    pub kubeconfig: PathBuf,
+    /// File with the key that authenticates heartbeats.
+    pub gossip_key: PathBuf,
+}
+
+/// Installs the speaker's RBAC (after [`install`]) and writes a gossip key.
+pub fn install_speaker(lab: &Lab) -> anyhow::Result<SpeakerCredentials> {
+    let rbac = repo_root().join("charts/ferrolb/rbac/speaker.yaml");
+    lab.kubectl(&["apply", "-f", &rbac.display().to_string()])?;
+    let kubeconfig = lab.service_account_kubeconfig(NAMESPACE, "ferrolb-speaker")?;
+    let gossip_key = lab.dir.join("gossip.key");
+    if !gossip_key.exists() {
+        // 32 random bytes as hex, from the kernel (the chart generates one the same way).
+        let uuid = |_| std::fs::read_to_string("/proc/sys/kernel/random/uuid");
+        let key: String = (0..2)
+            .map(uuid)
+            .collect::<Result<Vec<_>, _>>()?
+            .concat()
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .collect();
+        std::fs::write(&gossip_key, key)?;
+    }
+    Ok(SpeakerCredentials {
+        kubeconfig,
+        gossip_key,
+    })
+}
+
+/// Starts the speaker of lab node `node` in its network namespace (its host network), with
+/// `extra` arguments after the standard ones.
+pub fn start_speaker(
+    lab: &Lab,
+    credentials: &SpeakerCredentials,
+    node: &str,
+    extra: &[&str],
+) -> anyhow::Result<LabProcess> {
+    let host = lab
+        .topology
+        .host(node)
+        .with_context(|| format!("no lab host {node}"))?;
+    let log = lab.dir.join("logs").join(format!("speaker-{node}.log"));
+    let mut args: Vec<String> = [
+        "--node-name",
+        node,
+        "--kubeconfig",
+        &credentials.kubeconfig.display().to_string(),
+        "--gossip-key-file",
+        &credentials.gossip_key.display().to_string(),
+        "--listen",
+        "0.0.0.0:7472",
+        "--log-level",
+        "info,ferrolb_speaker=debug",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let exe = workspace_binary("ferrolb-speaker")?;
+    process::spawn(
+        &format!("speaker@{node}"),
+        Some(&host.netns),
+        &exe.display().to_string(),
+        &args,
+        &log,
+    )
+}
+
 /// Resident memory of a process, in bytes.
 pub fn rss_bytes(pid: i32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

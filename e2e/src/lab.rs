@@ -2,7 +2,7 @@
 //! removes every namespace, link, route and process the lab recorded (by name and PID), and also
 //! cleans up after an `up` that failed half-way.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -638,6 +638,53 @@ impl Lab {
     ) -> anyhow::Result<std::process::Output> {
         let netns = self.netns_of(host)?;
         output_in(&netns, program, args)
+    }
+
+    /// Cuts (`up == false`) or restores a host's link to the lab bridge, from the bridge side:
+    /// the host sees its carrier go, as when a cable is pulled, and keeps its addresses and
+    /// routes.
+    pub fn set_link(&self, host: &str, up: bool) -> anyhow::Result<()> {
+        let h = self
+            .topology
+            .host(host)
+            .with_context(|| format!("no lab host {host}"))?;
+        let outside = format!("flb-{}", h.name);
+        run(
+            "ip",
+            &["link", "set", &outside, if up { "up" } else { "down" }],
+        )
+        .map(|_| ())
+    }
+
+    /// The MAC addresses that answer ARP (IPv4) or NDP (IPv6) for `ip` when `from` asks on its
+    /// lab interface: three requests, every answer counted.
+    pub fn l2_answers(&self, from: &str, ip: &str) -> anyhow::Result<BTreeSet<String>> {
+        let mut macs = BTreeSet::new();
+        if ip.contains(':') {
+            // ndisc6 -m prints every advertisement: "Target link-layer address: 82:24:...".
+            let out = self.exec_output(
+                from,
+                "ndisc6",
+                &["-m", "-n", "-r", "3", "-w", "300", ip, "eth0"],
+            )?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(mac) = line.trim().strip_prefix("Target link-layer address:") {
+                    macs.insert(mac.trim().to_ascii_lowercase());
+                }
+            }
+        } else {
+            // arping prints "60 bytes from 82:24:ad:bd:37:ba (198.18.200.0): index=0 ...".
+            let out =
+                self.exec_output(from, "arping", &["-c", "3", "-W", "0.3", "-i", "eth0", ip])?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(rest) = line.split(" bytes from ").nth(1)
+                    && let Some(mac) = rest.split_whitespace().next()
+                {
+                    macs.insert(mac.to_ascii_lowercase());
+                }
+            }
+        }
+        Ok(macs)
     }
 
     /// The network namespace of a host (hosts by short name, pods by their namespace name).

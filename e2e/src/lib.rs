@@ -12,9 +12,11 @@ pub mod echo;
 pub mod ferrolb;
 pub mod lab;
 pub mod pki;
+pub mod probe;
 pub mod process;
 pub mod router;
 pub mod scope;
+pub mod service;
 pub mod topology;
 
 pub use lab::{Lab, LabPod, down, is_root, lab_dir};

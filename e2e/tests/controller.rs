@@ -11,6 +11,7 @@ use anyhow::ensure;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::{ingress_ips, merge, wait_ips};
 use ferrolb_e2e::{Lab, Options};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -56,55 +57,7 @@ impl Replicas {
 }
 
 fn lb_service(name: &str, extra: serde_json::Value) -> Service {
-    let mut base = serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
-    });
-    merge(&mut base, extra);
-    serde_json::from_value(base).unwrap()
-}
-
-fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-    match (a, b) {
-        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
-}
-
-fn ingress_ips(s: &Service) -> Vec<String> {
-    s.status
-        .as_ref()
-        .and_then(|st| st.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
-        .unwrap_or_default()
-}
-
-async fn wait_ips(api: &Api<Service>, name: &str, want: usize) -> anyhow::Result<Service> {
-    // The controller writes the IPs, then the pool annotation: wait for both (or both gone).
-    wait_for(
-        &format!("Service {name} to get {want} IP(s) and the pool annotation"),
-        Duration::from_secs(30),
-        || async {
-            let s = api.get(name).await.map_err(|e| e.to_string())?;
-            let ips = ingress_ips(&s);
-            let annotated = s
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key("metallb.io/ip-allocated-from-pool"));
-            if ips.len() == want && annotated == (want > 0) {
-                Ok(Some(s))
-            } else {
-                Err(format!("ingress {ips:?}, annotated {annotated}"))
-            }
-        },
-    )
-    .await
+    ferrolb_e2e::service::lb_service(name, extra).unwrap()
 }
 
 async fn wait_event(

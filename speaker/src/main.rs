@@ -1,13 +1,112 @@
-//! ferrolb-speaker: makes the network deliver each Service IP to a node (layer 2 or BGP).
+//! ferrolb-speaker: makes the network send each Service IP's traffic to a node.
 //!
-//! Not implemented yet: the layer 2 and BGP speakers are the next milestones (see README).
+//! One speaker runs on every node (host network). In layer 2 mode the speakers agree on one
+//! owner per IP through heartbeats and rendezvous hashing, and the owner answers ARP and NDP for
+//! it. The pure parts live in the library; `run` is the I/O around them.
 
+mod run;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use ferrolb_runtime::LogFormat;
+
+/// ferrolb's speaker: announces Service IPs from this node (layer 2: ARP and NDP).
+///
+/// Every option can also be set through the environment variable shown.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+pub struct Args {
+    /// This node's name (the Node object); in a Pod, from the downward API (spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Namespace of the metallb.io configuration objects and of the status objects.
+    #[arg(
+        long,
+        short = 'n',
+        env = "FERROLB_NAMESPACE",
+        default_value = "metallb-system"
+    )]
+    pub namespace: String,
+    /// Serve only Services with this spec.loadBalancerClass (default: Services without a class).
+    #[arg(long, env = "FERROLB_LB_CLASS")]
+    pub lb_class: Option<String>,
+    /// Kubeconfig file (default: in-cluster config, or $KUBECONFIG / ~/.kube/config).
+    #[arg(long, env = "FERROLB_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
+    pub listen: SocketAddr,
+    /// UDP port of the heartbeats between speakers (open it between nodes).
+    #[arg(long, env = "FERROLB_GOSSIP_PORT", default_value_t = 7946)]
+    pub gossip_port: u16,
+    /// File holding the key that authenticates heartbeats (the same on every node; mount it
+    /// from a Secret). At least 16 bytes.
+    #[arg(long, env = "FERROLB_GOSSIP_KEY_FILE")]
+    pub gossip_key_file: PathBuf,
+    /// How often each speaker sends a heartbeat to every other speaker (Go duration).
+    #[arg(long, env = "FERROLB_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+    /// A speaker not heard for this long counts as dead and its IPs move (Go duration). Failover
+    /// takes about this long; at least three heartbeat intervals.
+    #[arg(long, env = "FERROLB_FAILURE_TIMEOUT", default_value = "500ms", value_parser = duration)]
+    pub failure_timeout: Duration,
+    /// Interface name prefixes never announced on (comma-separated; replaces the default list).
+    #[arg(
+        long,
+        env = "FERROLB_IGNORE_INTERFACES",
+        value_delimiter = ',',
+        default_values_t = ferrolb_speaker::l2::interfaces::DEFAULT_IGNORED_PREFIXES
+            .iter()
+            .map(|s| s.to_string())
+    )]
+    pub ignore_interfaces: Vec<String>,
+    /// Re-send gratuitous ARP / unsolicited NA for owned IPs this often after the takeover
+    /// burst (Go duration; 0s: never), for switches and hosts that forget.
+    #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "0s", value_parser = duration)]
+    pub garp_refresh: Duration,
+    /// Log format.
+    #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log level (or a tracing filter); RUST_LOG overrides it.
+    #[arg(long, env = "FERROLB_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    ferrolb_config::validate::parse_go_duration(text)
+}
 
 fn main() -> ExitCode {
-    eprintln!(
-        "ferrolb-speaker {}: not implemented yet; see README.md",
-        env!("CARGO_PKG_VERSION")
-    );
-    ExitCode::from(2)
+    let args = Args::parse();
+    ferrolb_runtime::init_logs(args.log_format, &args.log_level);
+    if args.failure_timeout < args.heartbeat_interval * 3 {
+        tracing::error!(
+            "--failure-timeout ({:?}) must be at least three --heartbeat-interval ({:?})",
+            args.failure_timeout,
+            args.heartbeat_interval
+        );
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -56,6 +56,20 @@ enum Command {
     /// (internal) Keep node Leases fresh, as kubelets would.
     #[command(hide = true)]
     Agent,
+    /// (internal) Measure an outage from a client: UDP to the echo port every --interval-ms for
+    /// --duration-ms, then print the report as JSON.
+    #[command(hide = true)]
+    Probe {
+        /// IP of the Service.
+        #[arg(long)]
+        ip: std::net::IpAddr,
+        /// Milliseconds between datagrams.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+        /// How long to probe, milliseconds.
+        #[arg(long, default_value_t = 5000)]
+        duration_ms: u64,
+    },
     /// (internal) A pod's echo server.
     #[command(hide = true)]
     Echo {
@@ -197,6 +211,19 @@ fn main() -> ExitCode {
             }
             Command::Agent => rt.block_on(agent()).map(|_| 0),
             Command::Echo { name } => ferrolb_e2e::echo::serve(&name).map(|_| 0),
+            Command::Probe {
+                ip,
+                interval_ms,
+                duration_ms,
+            } => ferrolb_e2e::probe::run(
+                std::net::SocketAddr::new(ip, ferrolb_e2e::echo::UDP_PORT),
+                std::time::Duration::from_millis(interval_ms),
+                std::time::Duration::from_millis(duration_ms),
+            )
+            .and_then(|r| {
+                println!("{}", serde_json::to_string(&r)?);
+                Ok(0)
+            }),
         }
     })();
     match result {

@@ -1,0 +1,239 @@
+//! Layer 2 failover in the lab: how long a client loses a Service when the node that owns its IP
+//! loses its link, and when its speaker is SIGKILLed.
+//!
+//! `cargo build --release -p ferrolb-controller -p ferrolb-speaker -p ferrolb-e2e --bin ferrolb-lab
+//! && cargo bench -p ferrolb-e2e --bench l2_failover` (as root). Environment:
+//!
+//! * `FERROLB_BENCH_TRIALS` (default 20): trials per fault.
+//! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).
+//!
+//! Each trial: the client sends a UDP datagram to the Service's IPv4 and IPv6 address every 10 ms
+//! (`ferrolb-lab probe`) for 4 s; at 1 s the owner's link is cut from the bridge side (or its
+//! speaker killed); the outage is the longest gap between answers. The fault is then undone and
+//! the trial waits until the owner answers again. The Service's pods run on the two other nodes,
+//! so the outage measures the announcement, not kube-proxy's endpoint handling of a dead node.
+//! Prints figures; asserts nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::ferrolb;
+use ferrolb_e2e::probe::Report;
+use ferrolb_e2e::process;
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
+use ferrolb_e2e::{Lab, Options};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, PostParams};
+
+const NODES: [&str; 3] = ["node1", "node2", "node3"];
+const CONFIG: &str = "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: bench, namespace: metallb-system}
+spec:
+  addresses: [198.18.200.0/25, 'fd00:18::c8:0/113']
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: bench, namespace: metallb-system}
+spec:
+  ipAddressPools: [bench]
+";
+
+async fn answering(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    let mac = wait_for(
+        &format!("one MAC to answer for {ip}"),
+        Duration::from_secs(30),
+        || async {
+            let macs = lab.l2_answers("client", ip).map_err(|e| e.to_string())?;
+            if macs.len() == 1 {
+                Ok(macs.into_iter().next())
+            } else {
+                Err(format!("{macs:?}"))
+            }
+        },
+    )
+    .await?;
+    for node in NODES {
+        if lab.mac_of(node)?.eq_ignore_ascii_case(&mac) {
+            return Ok(node.to_string());
+        }
+    }
+    anyhow::bail!("{mac} is no node's")
+}
+
+fn start_probe(lab: &Lab, ip: &str) -> anyhow::Result<std::process::Child> {
+    Ok(Command::new("ip")
+        .args(["netns", "exec", "flb-client"])
+        .arg(&lab.lab_exe)
+        .args([
+            "probe",
+            "--ip",
+            ip,
+            "--interval-ms",
+            "10",
+            "--duration-ms",
+            "4000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?)
+}
+
+fn finish_probe(child: std::process::Child) -> anyhow::Result<Report> {
+    let out = child.wait_with_output()?;
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn summary(label: &str, mut gaps: Vec<f64>) {
+    gaps.sort_by(f64::total_cmp);
+    if gaps.is_empty() {
+        return;
+    }
+    let pct = |p: f64| {
+        let i = ((p * gaps.len() as f64).ceil() as usize).clamp(1, gaps.len()) - 1;
+        gaps[i]
+    };
+    println!(
+        "{label:32} n={:3}  p50 {:7.0} ms  p99 {:7.0} ms  max {:7.0} ms  min {:7.0} ms",
+        gaps.len(),
+        pct(0.5),
+        pct(0.99),
+        gaps[gaps.len() - 1],
+        gaps[0]
+    );
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    if !std::env::args().any(|a| a == "--bench") {
+        return Ok(());
+    }
+    let trials: usize = std::env::var("FERROLB_BENCH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let extra = std::env::var("FERROLB_BENCH_SPEAKER_ARGS").unwrap_or_default();
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
+    let lab = Lab::up(Options::default(), &lab_exe).await?;
+    let kubeconfig = ferrolb::install(&lab)?;
+    let controller = ferrolb::start_controller(&lab, &kubeconfig, "bench", 7472)?;
+    let credentials = ferrolb::install_speaker(&lab)?;
+    lab.apply(CONFIG)?;
+    let mut speakers: BTreeMap<&str, process::LabProcess> = BTreeMap::new();
+    for node in NODES {
+        speakers.insert(
+            node,
+            ferrolb::start_speaker(&lab, &credentials, node, &extra)?,
+        );
+    }
+    let result = run(&lab, &credentials, &extra, &mut speakers, trials).await;
+    for p in speakers.values() {
+        process::stop(p, Duration::from_secs(5));
+    }
+    process::stop(&controller, Duration::from_secs(5));
+    let _ = lab.set_link("node1", true);
+    let _ = lab.set_link("node2", true);
+    let _ = lab.set_link("node3", true);
+    ferrolb_e2e::down()?;
+    result
+}
+
+async fn run(
+    lab: &Lab,
+    credentials: &ferrolb::SpeakerCredentials,
+    extra: &[&str],
+    speakers: &mut BTreeMap<&'static str, process::LabProcess>,
+    trials: usize,
+) -> anyhow::Result<()> {
+    let mut scope = TestScope::new(lab, "l2-bench").await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    // A first pod so the Service is announced and its owner known; then pods on the others.
+    scope.deploy("seed", &["node1"]).await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service(
+            "probe",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "seed"},
+                "ports": [{"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"}]}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "probe", 2).await?);
+    let owner = answering(lab, &ips[0]).await?;
+    let others: Vec<&str> = NODES.iter().copied().filter(|n| *n != owner).collect();
+    scope.deploy("probe", &others).await?;
+    api.patch(
+        "probe",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"selector": {"app": "probe"}}})),
+    )
+    .await?;
+    scope.wait_ready_endpoints("probe", 2).await?;
+    println!("Service probe: {ips:?}, owner {owner}, pods on {others:?}");
+    let owner: &'static str = NODES.iter().copied().find(|n| *n == owner).unwrap();
+    let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for fault in ["link cut", "speaker SIGKILL"] {
+        for trial in 0..trials {
+            for ip in &ips {
+                wait_for(
+                    &format!("{owner} to own {ip}"),
+                    Duration::from_secs(30),
+                    || async {
+                        let n = answering(lab, ip).await.map_err(|e| e.to_string())?;
+                        if n == owner { Ok(Some(())) } else { Err(n) }
+                    },
+                )
+                .await?;
+            }
+            // Let the owner's takeover burst end, so each trial starts from the same state.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let probes: Vec<_> = ips
+                .iter()
+                .map(|ip| start_probe(lab, ip))
+                .collect::<anyhow::Result<_>>()?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match fault {
+                "link cut" => lab.set_link(owner, false)?,
+                _ => {
+                    if let Some(p) = speakers.remove(owner) {
+                        process::kill_now(&p);
+                    }
+                }
+            }
+            let reports: Vec<Report> = probes
+                .into_iter()
+                .map(finish_probe)
+                .collect::<anyhow::Result<_>>()?;
+            match fault {
+                "link cut" => lab.set_link(owner, true)?,
+                _ => {
+                    speakers.insert(
+                        owner,
+                        ferrolb::start_speaker(lab, credentials, owner, extra)?,
+                    );
+                }
+            }
+            for (ip, r) in ips.iter().zip(&reports) {
+                let family = if ip.contains(':') { "IPv6" } else { "IPv4" };
+                println!(
+                    "{fault:16} trial {trial:2} {family}: outage {:6.0} ms (from {:5.0} ms), {} of {} answered, by {:?}",
+                    r.max_gap_ms, r.gap_start_ms, r.received, r.sent, r.answers
+                );
+                gaps.entry(format!("{fault}, {family}"))
+                    .or_default()
+                    .push(r.max_gap_ms);
+            }
+        }
+    }
+    println!();
+    println!("outage (longest gap between answers, probes every 10 ms):");
+    for (label, g) in gaps {
+        summary(&label, g);
+    }
+    Ok(())
+}

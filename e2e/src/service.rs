@@ -1,0 +1,65 @@
+//! LoadBalancer Services in tests: building them and waiting for what ferrolb writes.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+
+use crate::cluster::wait_for;
+
+/// A LoadBalancer Service `name` (HTTP port 80 to the pods' 8080, UDP 8081 to 8081) with
+/// `extra` merged over it (JSON merge: objects merge, anything else replaces).
+pub fn lb_service(name: &str, extra: serde_json::Value) -> anyhow::Result<Service> {
+    let mut base = serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    });
+    merge(&mut base, extra);
+    Ok(serde_json::from_value(base)?)
+}
+
+/// JSON merge of `b` into `a`.
+pub fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+/// The IPs in a Service's `status.loadBalancer.ingress`.
+pub fn ingress_ips(s: &Service) -> Vec<String> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Waits until Service `name` holds `want` IPs and the pool annotation (or neither, for 0).
+pub async fn wait_ips(api: &Api<Service>, name: &str, want: usize) -> anyhow::Result<Service> {
+    // The controller writes the IPs, then the pool annotation: wait for both (or both gone).
+    wait_for(
+        &format!("Service {name} to get {want} IP(s) and the pool annotation"),
+        Duration::from_secs(30),
+        || async {
+            let s = api.get(name).await.map_err(|e| e.to_string())?;
+            let ips = ingress_ips(&s);
+            let annotated = s
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("metallb.io/ip-allocated-from-pool"));
+            if ips.len() == want && annotated == (want > 0) {
+                Ok(Some(s))
+            } else {
+                Err(format!("ingress {ips:?}, annotated {annotated}"))
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,1969 @@
+//! The Helm chart and the images.
+//!
+//! Offline (helm only): `helm lint --strict` and `helm template` for the default values and every
+//! file in charts/ferrolb/ci/, the values schema, the RBAC against charts/ferrolb/rbac/, the
+//! workloads' security settings, the CRDs, the alerts, and the generated values reference.
+//! Images (root): images/build-oci.sh builds both OCI layouts; each holds one static binary that
+//! runs in an empty root as a non-root user, with the Dockerfile's user and entrypoint.
+//! Lab (root): server-side dry-run of every rendered object, Pod Security levels, and an installed
+//! release whose controller (and speakers) run as processes exactly as their pods would, from the
+//! image's files; a LoadBalancer Service answers through its IP; an upgrade keeps the gossip key
+//! and every IP.
+//!
+//! `UPDATE_DOCS=1 cargo test -p ferrolb-e2e --test chart` rewrites docs/helm-values.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::lab::{bin_dir, repo_root};
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::{Lab, Options};
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::{Value, json};
+
+// ------------------------------------------------------------------------------------------------
+// Rendering
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("charts/ferrolb")
+}
+
+fn helm_path() -> PathBuf {
+    bin_dir().join("helm")
+}
+
+/// The value files of charts/ferrolb/ci/, by file name.
+fn ci_values() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chart_dir().join("ci"))
+        .expect("charts/ferrolb/ci")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Runs helm; `Ok(stdout)` or `Err(stderr)`, without helm's note about the CRD symlink.
+fn helm(args: &[&str]) -> anyhow::Result<Result<String, String>> {
+    let out = Command::new(helm_path())
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", helm_path().display()))?;
+    let stderr: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.contains("found symbolic link in path"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(stderr)
+    })
+}
+
+fn parse_documents(text: &str) -> anyhow::Result<Vec<Value>> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).context("parsing rendered YAML")?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// `helm template RELEASE charts/ferrolb -n NAMESPACE EXTRA...`, parsed.
+fn render(release: &str, namespace: &str, extra: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec!["template", release, chart.as_str(), "-n", namespace];
+    args.extend_from_slice(extra);
+    match helm(&args)? {
+        Ok(text) => parse_documents(&text),
+        Err(e) => bail!("helm {}: {e}", args.join(" ")),
+    }
+}
+
+/// The error helm prints when rendering must fail.
+fn render_error(extra: &[&str]) -> anyhow::Result<String> {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec!["template", "x", chart.as_str()];
+    args.extend_from_slice(extra);
+    match helm(&args)? {
+        Ok(_) => bail!("helm {} rendered, but must fail", args.join(" ")),
+        Err(e) => Ok(e),
+    }
+}
+
+fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+fn name_of(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> anyhow::Result<&'a Value> {
+    docs.iter()
+        .find(|d| kind_of(d) == kind && name_of(d) == name)
+        .with_context(|| {
+            format!(
+                "no {kind} {name} among {:?}",
+                docs.iter()
+                    .map(|d| format!("{} {}", kind_of(d), name_of(d)))
+                    .collect::<Vec<_>>()
+            )
+        })
+}
+
+fn kinds(docs: &[Value]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for d in docs {
+        *out.entry(kind_of(d).to_string()).or_default() += 1;
+    }
+    out
+}
+
+/// The environment of a container as name → literal value or `valueFrom` as JSON text.
+fn env_of(container: &Value) -> BTreeMap<String, String> {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let value = e["value"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| e["valueFrom"].to_string());
+            (e["name"].as_str().unwrap_or_default().to_string(), value)
+        })
+        .collect()
+}
+
+fn container<'a>(workload: &'a Value, name: &str) -> anyhow::Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .with_context(|| format!("no container {name} in {}", name_of(workload)))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_str().map(str::to_string))
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------------------
+// Offline tests
+
+fn lint_default_and_ci_values() -> anyhow::Result<()> {
+    let chart = chart_dir().display().to_string();
+    let mut runs: Vec<Vec<String>> = vec![vec![]];
+    for f in ci_values() {
+        runs.push(vec!["-f".into(), f.display().to_string()]);
+    }
+    for extra in runs {
+        let mut args = vec!["lint", "--strict", chart.as_str()];
+        args.extend(extra.iter().map(String::as_str));
+        let out = helm(&args)?;
+        ensure!(out.is_ok(), "helm {}: {out:?}", args.join(" "));
+        // And it renders (lint does not fail on every rendering problem).
+        let mut targs = vec!["--include-crds"];
+        targs.extend(extra.iter().map(String::as_str));
+        let docs = render("ferrolb", "metallb-system", &targs)?;
+        ensure!(
+            docs.iter()
+                .all(|d| !kind_of(d).is_empty() && !name_of(d).is_empty()),
+            "an object without kind or name with {extra:?}"
+        );
+    }
+    Ok(())
+}
+
+fn schema_rejects_typos_and_unsupported_settings() -> anyhow::Result<()> {
+    // Typos anywhere are errors, not silently ignored values.
+    for (set, path) in [
+        ("speaker.memberlst.mlBindPort=7946", "/speaker"),
+        ("controler.replicas=3", ""),
+        (
+            "controller.leaderElection.leaseDuraton=10s",
+            "/controller/leaderElection",
+        ),
+        (
+            "prometheus.podMonitor.enable=true",
+            "/prometheus/podMonitor",
+        ),
+    ] {
+        let err = render_error(&["--set", set])?;
+        ensure!(
+            err.contains("additional properties") && err.contains(&format!("'{path}")),
+            "--set {set}: {err}"
+        );
+    }
+    // Wrong types and values.
+    for set in [
+        "controller.replicas=0",
+        "controller.logLevel=verbose",
+        "controller.leaderElection.leaseDuration=15",
+        "speaker.memberlist.mlBindPort=70000",
+        "controller.antiAffinity=sometimes",
+        "controller.image.digest=latest",
+    ] {
+        let err = render_error(&["--set", set])?;
+        ensure!(err.contains("schema"), "--set {set}: {err}");
+    }
+    // MetalLB settings ferrolb cannot honour are refused with a reason, not ignored.
+    for (set, says) in [
+        ("speaker.frr.enabled=true", "no FRR mode"),
+        ("frrk8s.enabled=true", "no frr-k8s backend"),
+        ("controller.webhookMode=onlywebhook", "no webhook"),
+        ("tls.minVersion=VersionTLS13", "plain HTTP"),
+        ("speaker.memberlist.enabled=false", "cannot be turned off"),
+        (
+            "speaker.ignoreExcludeLB=true",
+            "exclude-from-external-load-balancers",
+        ),
+        (
+            "prometheus.rbacPrometheus=true,prometheus.podMonitor.enabled=true",
+            "serviceAccount",
+        ),
+    ] {
+        let err = render_error(&["--set", set])?;
+        ensure!(err.contains(says), "--set {set}: {err}");
+    }
+    Ok(())
+}
+
+/// The documents of an RBAC file, without its ServiceAccount (the chart renders that itself).
+fn rbac_file(component: &str) -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(chart_dir().join(format!("rbac/{component}.yaml")))?;
+    Ok(parse_documents(&text)?
+        .into_iter()
+        .filter(|d| kind_of(d) != "ServiceAccount")
+        .collect())
+}
+
+const RBAC_KINDS: [&str; 4] = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
+
+fn rendered_rbac_equals_the_tested_files() -> anyhow::Result<()> {
+    // Release "ferrolb" in metallb-system: exactly the files the lab tests run with (labels aside).
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    for component in ["controller", "speaker"] {
+        let file = rbac_file(component)?;
+        ensure!(
+            file.len() == 4,
+            "{component}: {} RBAC objects in the file",
+            file.len()
+        );
+        for want in &file {
+            let mut got = find(&docs, kind_of(want), name_of(want))?.clone();
+            got["metadata"]
+                .as_object_mut()
+                .context("metadata")?
+                .remove("labels");
+            ensure!(
+                &got == want,
+                "{} {} differs from charts/ferrolb/rbac/{component}.yaml:\nrendered {got:#}\nfile {want:#}",
+                kind_of(want),
+                name_of(want)
+            );
+        }
+    }
+    let rendered_rbac = docs
+        .iter()
+        .filter(|d| RBAC_KINDS.contains(&kind_of(d)))
+        .count();
+    ensure!(
+        rendered_rbac == 8,
+        "{rendered_rbac} RBAC objects rendered, want 8"
+    );
+
+    // Another release and namespace: the same rules, the release's names and namespace.
+    let docs = render("edge", "lb-system", &[])?;
+    for component in ["controller", "speaker"] {
+        let name = format!("edge-ferrolb-{component}");
+        for want in rbac_file(component)? {
+            let got = find(&docs, kind_of(&want), &name)?;
+            ensure!(got["rules"] == want["rules"], "{name}: rules differ");
+            if want["metadata"]["namespace"].is_string() {
+                ensure!(
+                    got["metadata"]["namespace"] == "lb-system",
+                    "{name}: namespace"
+                );
+            }
+            if let Some(subjects) = got["subjects"].as_array() {
+                ensure!(
+                    subjects.len() == 1
+                        && subjects[0]["namespace"] == "lb-system"
+                        && subjects[0]["name"] == name.as_str(),
+                    "{name}: subjects {subjects:?}"
+                );
+                ensure!(got["roleRef"]["name"] == name.as_str(), "{name}: roleRef");
+            }
+        }
+    }
+    // rbac.create=false renders none.
+    let docs = render("ferrolb", "metallb-system", &["--set", "rbac.create=false"])?;
+    ensure!(
+        !docs.iter().any(|d| RBAC_KINDS.contains(&kind_of(d))),
+        "RBAC rendered with rbac.create=false"
+    );
+    Ok(())
+}
+
+fn controller_is_highly_available_and_restricted() -> anyhow::Result<()> {
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    let deploy = find(&docs, "Deployment", "ferrolb-controller")?;
+    ensure!(deploy["spec"]["replicas"] == 2, "replicas");
+    let pod = &deploy["spec"]["template"]["spec"];
+    ensure!(pod["serviceAccountName"] == "ferrolb-controller");
+    let anti = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
+    ensure!(
+        anti["topologyKey"] == "kubernetes.io/hostname"
+            && anti["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller",
+        "anti-affinity {anti}"
+    );
+    let c = container(deploy, "controller")?;
+    ensure!(strings(&c["command"]) == ["/ferrolb-controller"] && strings(&c["args"]) == ["run"]);
+    let env = env_of(c);
+    for (k, v) in [
+        ("FERROLB_NAMESPACE", "metallb-system"),
+        ("FERROLB_LEADER_ELECT", "true"),
+        ("FERROLB_LEASE_NAME", "ferrolb-controller"),
+        ("FERROLB_LEASE_DURATION", "15s"),
+        ("FERROLB_LISTEN", "0.0.0.0:7472"),
+        ("FERROLB_LOG_LEVEL", "info"),
+        ("FERROLB_LOG_FORMAT", "text"),
+    ] {
+        ensure!(
+            env.get(k).map(String::as_str) == Some(v),
+            "{k}: {:?}",
+            env.get(k)
+        );
+    }
+    ensure!(
+        env["POD_NAME"].contains("metadata.name"),
+        "POD_NAME {}",
+        env["POD_NAME"]
+    );
+    ensure!(!env.contains_key("FERROLB_LB_CLASS"));
+    // Restricted: non-root, no capability, no escalation, read-only root, RuntimeDefault seccomp.
+    ensure!(pod["securityContext"]["runAsNonRoot"] == true);
+    ensure!(pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault");
+    let sc = &c["securityContext"];
+    ensure!(sc["allowPrivilegeEscalation"] == false && sc["readOnlyRootFilesystem"] == true);
+    ensure!(strings(&sc["capabilities"]["drop"]) == ["ALL"] && sc["capabilities"]["add"].is_null());
+    ensure!(
+        pod["hostNetwork"].is_null(),
+        "the controller must not use the host network"
+    );
+    ensure!(c["livenessProbe"]["httpGet"]["path"] == "/healthz");
+    ensure!(c["readinessProbe"]["httpGet"]["path"] == "/readyz");
+    let pdb = find(&docs, "PodDisruptionBudget", "ferrolb-controller")?;
+    ensure!(pdb["spec"]["minAvailable"] == 1);
+    ensure!(
+        pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"],
+        "PDB selects other pods than the Deployment"
+    );
+    // One replica: no PDB (it would block every drain); hard anti-affinity when asked.
+    let docs = render(
+        "ferrolb",
+        "metallb-system",
+        &[
+            "--set",
+            "controller.replicas=1,controller.antiAffinity=hard,controller.leaderElection.enabled=false",
+        ],
+    )?;
+    ensure!(find(&docs, "PodDisruptionBudget", "ferrolb-controller").is_err());
+    let deploy = find(&docs, "Deployment", "ferrolb-controller")?;
+    ensure!(
+        deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0]["topologyKey"]
+            == "kubernetes.io/hostname"
+    );
+    let env = env_of(container(deploy, "controller")?);
+    ensure!(env["FERROLB_LEADER_ELECT"] == "false" && !env.contains_key("FERROLB_LEASE_NAME"));
+    Ok(())
+}
+
+fn speaker_has_host_network_and_only_net_raw() -> anyhow::Result<()> {
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    let ds = find(&docs, "DaemonSet", "ferrolb-speaker")?;
+    let pod = &ds["spec"]["template"]["spec"];
+    ensure!(pod["hostNetwork"] == true && pod["serviceAccountName"] == "ferrolb-speaker");
+    let c = container(ds, "speaker")?;
+    let sc = &c["securityContext"];
+    ensure!(strings(&sc["capabilities"]["drop"]) == ["ALL"]);
+    ensure!(
+        strings(&sc["capabilities"]["add"]) == ["NET_RAW"],
+        "caps {}",
+        sc["capabilities"]
+    );
+    ensure!(sc["allowPrivilegeEscalation"] == false && sc["readOnlyRootFilesystem"] == true);
+    ensure!(sc["privileged"].is_null(), "privileged speaker");
+    let env = env_of(c);
+    ensure!(
+        env["NODE_NAME"].contains("spec.nodeName"),
+        "NODE_NAME {}",
+        env["NODE_NAME"]
+    );
+    ensure!(env["FERROLB_GOSSIP_PORT"] == "7946");
+    // The key file is inside the mounted Secret, which is the chart's gossip Secret.
+    let key_file = &env["FERROLB_GOSSIP_KEY_FILE"];
+    let mount = &c["volumeMounts"][0];
+    let mount_path = mount["mountPath"].as_str().context("mountPath")?;
+    ensure!(
+        key_file == &format!("{mount_path}/secretkey") && mount["readOnly"] == true,
+        "key file {key_file} outside mount {mount_path}"
+    );
+    let volume = &pod["volumes"][0];
+    ensure!(
+        volume["name"] == mount["name"] && volume["secret"]["secretName"] == "ferrolb-memberlist"
+    );
+    let secret = find(&docs, "Secret", "ferrolb-memberlist")?;
+    let key = secret["data"]["secretkey"].as_str().context("secretkey")?;
+    ensure!(key.len() >= 64, "gossip key too short: {key}");
+    // Heartbeats and metrics are declared, control-plane nodes tolerated.
+    let ports: BTreeSet<(String, String)> = c["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["containerPort"].to_string(),
+                p["protocol"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    ensure!(
+        ports == BTreeSet::from([("7472".into(), "TCP".into()), ("7946".into(), "UDP".into())]),
+        "ports {ports:?}"
+    );
+    ensure!(
+        pod["tolerations"]
+            .to_string()
+            .contains("node-role.kubernetes.io/control-plane")
+    );
+    // NET_ADMIN only for BGP passwords; the other ci files change env as documented.
+    let docs = render("ferrolb", "metallb-system", &["-f", &ci("bgp-values.yaml")])?;
+    let c = container(find(&docs, "DaemonSet", "ferrolb-speaker")?, "speaker")?;
+    ensure!(strings(&c["securityContext"]["capabilities"]["add"]) == ["NET_RAW", "NET_ADMIN"]);
+    let docs = render("ferrolb", "metallb-system", &["-f", &ci("l2-values.yaml")])?;
+    let c = container(find(&docs, "DaemonSet", "ferrolb-speaker")?, "speaker")?;
+    let env = env_of(c);
+    for (k, v) in [
+        ("FERROLB_HEARTBEAT_INTERVAL", "50ms"),
+        ("FERROLB_FAILURE_TIMEOUT", "1s"),
+        ("FERROLB_GARP_REFRESH", "30s"),
+        ("FERROLB_IGNORE_INTERFACES", "docker,veth,cni,flannel,vxlan"),
+        ("FERROLB_GOSSIP_PORT", "7947"),
+        ("FERROLB_LOG_LEVEL", "debug"),
+    ] {
+        ensure!(
+            env.get(k).map(String::as_str) == Some(v),
+            "{k}: {:?}",
+            env.get(k)
+        );
+    }
+    Ok(())
+}
+
+fn ci(file: &str) -> String {
+    chart_dir().join("ci").join(file).display().to_string()
+}
+
+fn crds_match_the_generated_files_and_can_be_skipped() -> anyhow::Result<()> {
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    let rendered: Vec<&Value> = docs
+        .iter()
+        .filter(|d| kind_of(d) == "CustomResourceDefinition")
+        .collect();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(chart_dir().join("crds"))? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        files.extend(parse_documents(&text)?);
+    }
+    ensure!(
+        !files.is_empty() && rendered.len() == files.len(),
+        "{} CRDs rendered, {} in charts/ferrolb/crds",
+        rendered.len(),
+        files.len()
+    );
+    for want in &files {
+        let got = find(&docs, "CustomResourceDefinition", name_of(want))?;
+        // Helm's YAML round trip writes 0.0 as 0: compare numbers as numbers.
+        ensure!(
+            numbers_as_f64(&got["spec"]) == numbers_as_f64(&want["spec"]),
+            "{}: spec differs from the file",
+            name_of(want)
+        );
+        ensure!(
+            got["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep",
+            "{}: uninstalling would delete every object of this kind",
+            name_of(want)
+        );
+    }
+    for extra in [
+        vec!["--set", "crds.enabled=false"],
+        vec!["-f", &ci("no-crds-values.yaml")],
+    ] {
+        let docs = render("ferrolb", "metallb-system", &extra)?;
+        ensure!(
+            !kinds(&docs).contains_key("CustomResourceDefinition"),
+            "{extra:?}"
+        );
+        // Helm's own crds/ directory is ignored too (.helmignore), also with --include-crds.
+        let mut with = extra.clone();
+        with.push("--include-crds");
+        let docs = render("ferrolb", "metallb-system", &with)?;
+        ensure!(
+            !kinds(&docs).contains_key("CustomResourceDefinition"),
+            "{with:?}"
+        );
+    }
+    Ok(())
+}
+
+fn numbers_as_f64(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => json!(n.as_f64()),
+        Value::Array(a) => Value::Array(a.iter().map(numbers_as_f64).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), numbers_as_f64(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn metallb_values_and_load_balancer_class() -> anyhow::Result<()> {
+    let docs = render(
+        "metallb",
+        "metallb-system",
+        &["-f", &ci("metallb-values.yaml")],
+    )?;
+    let c = container(
+        find(&docs, "DaemonSet", "metallb-ferrolb-speaker")?,
+        "speaker",
+    )?;
+    // MetalLB's level names map onto ferrolb's.
+    ensure!(env_of(c)["FERROLB_LOG_LEVEL"] == "trace");
+    let deploy = find(&docs, "Deployment", "metallb-ferrolb-controller")?;
+    ensure!(env_of(container(deploy, "controller")?)["FERROLB_LOG_LEVEL"] == "warn");
+    ensure!(deploy["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 65534);
+    ensure!(
+        deploy["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    );
+
+    let docs = render("ferrolb", "lb-system", &["-f", &ci("lb-class-values.yaml")])?;
+    for (kind, name, container_name) in [
+        ("Deployment", "ferrolb-lan-controller", "controller"),
+        ("DaemonSet", "ferrolb-lan-speaker", "speaker"),
+    ] {
+        let env = env_of(container(find(&docs, kind, name)?, container_name)?);
+        ensure!(
+            env["FERROLB_LB_CLASS"] == "ferrolb.io/lan",
+            "{name}: {env:?}"
+        );
+        ensure!(env["FERROLB_LISTEN"] == "0.0.0.0:7482", "{name}: {env:?}");
+    }
+    let controller = find(&docs, "Deployment", "ferrolb-lan-controller")?;
+    ensure!(
+        env_of(container(controller, "controller")?)["FERROLB_LEASE_NAME"]
+            == "ferrolb-lan-controller",
+        "two releases must not share a Lease"
+    );
+    find(&docs, "ClusterRole", "ferrolb-lan-controller")?;
+    Ok(())
+}
+
+/// Metric names the alerts use, against the names the controller exports.
+fn monitoring_objects_and_alert_metrics() -> anyhow::Result<()> {
+    let docs = render(
+        "ferrolb",
+        "metallb-system",
+        &["-f", &ci("prometheus-operator-values.yaml")],
+    )?;
+    let k = kinds(&docs);
+    for (kind, n) in [
+        ("PodMonitor", 2),
+        ("ServiceMonitor", 2),
+        ("PrometheusRule", 1),
+        ("NetworkPolicy", 3),
+    ] {
+        ensure!(k.get(kind) == Some(&n), "{kind}: {k:?}");
+    }
+    let rule = find(&docs, "PrometheusRule", "ferrolb")?;
+    let rules = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .context("rules")?;
+    let alerts: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    for want in [
+        "MetalLBStaleConfig",
+        "MetalLBConfigNotLoaded",
+        "MetalLBAddressPoolExhausted",
+        "MetalLBAddressPoolUsage75Percent",
+        "MetalLBAddressPoolUsage95Percent",
+        "MetalLBBGPSessionDown",
+    ] {
+        ensure!(alerts.contains(&want), "{want} missing from {alerts:?}");
+    }
+    let telemetry = std::fs::read_to_string(repo_root().join("controller/src/telemetry.rs"))?;
+    for r in rules {
+        let expr = r["expr"].as_str().context("expr")?;
+        ensure!(
+            expr.matches('(').count() == expr.matches(')').count(),
+            "unbalanced: {expr}"
+        );
+        for metric in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("metallb_") || w.starts_with("ferrolb_"))
+        {
+            // The BGP session gauge is the speaker's (spec: metallb-compat.md, metric names).
+            if metric == "metallb_bgp_session_up" {
+                continue;
+            }
+            ensure!(
+                telemetry.contains(&format!("\"{metric}\"")),
+                "alert {} uses {metric}, which the controller does not export",
+                r["alert"]
+            );
+        }
+        if r["alert"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("MetalLBAddressPoolUsage"))
+        {
+            ensure!(
+                expr.contains(r#"pool!~"^test-.*""#),
+                "excludePools ignored: {expr}"
+            );
+        }
+    }
+    let sm = find(&docs, "ServiceMonitor", "ferrolb-speaker")?;
+    let svc = find(&docs, "Service", "ferrolb-speaker-monitor")?;
+    for (k, v) in sm["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("selector")?
+    {
+        ensure!(
+            &svc["metadata"]["labels"][k] == v,
+            "the ServiceMonitor does not select the Service ({k})"
+        );
+    }
+    ensure!(sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]);
+    find(&docs, "RoleBinding", "ferrolb-prometheus")?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// The values reference, generated from the comments of values.yaml
+
+/// One documented value.
+struct ValueDoc {
+    path: String,
+    description: String,
+}
+
+/// Reads values.yaml: a `# -- text` comment (continued by the following `#` lines) documents
+/// the key below it. Keys inside a documented key are covered by that key.
+fn documented_values(text: &str) -> anyhow::Result<Vec<ValueDoc>> {
+    let mut out = Vec::new();
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut pending: Option<String> = None;
+    // Indentation of the last documented key: its children are part of it.
+    let mut covered_below: Option<usize> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(rest) = trimmed.strip_prefix("# --") {
+            pending = Some(rest.trim().to_string());
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix('#') {
+            if let Some(p) = pending.as_mut() {
+                p.push(' ');
+                p.push_str(rest.trim());
+            }
+            continue;
+        }
+        if trimmed.is_empty() || trimmed.starts_with('-') {
+            continue;
+        }
+        let Some((key, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        if covered_below.is_some_and(|i| indent <= i) {
+            covered_below = None;
+        }
+        stack.push((indent, key.trim().to_string()));
+        if covered_below.is_some() {
+            ensure!(
+                pending.is_none(),
+                "{key}: documented inside a documented value"
+            );
+            continue;
+        }
+        let path = stack
+            .iter()
+            .map(|(_, k)| k.as_str())
+            .collect::<Vec<_>>()
+            .join(".");
+        if let Some(description) = pending.take() {
+            out.push(ValueDoc { path, description });
+            covered_below = Some(indent);
+        } else {
+            out.push(ValueDoc {
+                path,
+                description: String::new(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn lookup<'a>(values: &'a Value, path: &str) -> &'a Value {
+    path.split('.').fold(values, |v, k| &v[k])
+}
+
+fn values_reference() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml"))?;
+    let values: Value = serde_saphyr::from_str(&text).context("parsing values.yaml")?;
+    let mut md = String::from(
+        "# Helm values of the ferrolb chart\n\n\
+         Generated from the comments of `charts/ferrolb/values.yaml` by\n\
+         `UPDATE_DOCS=1 cargo test -p ferrolb-e2e --test chart`; do not edit. Names follow MetalLB's\n\
+         chart where the meaning is the same; `docs/migrating-from-metallb.md` maps every MetalLB\n\
+         value. `values.schema.json` rejects unknown keys, so a typo fails the install.\n\n\
+         | value | type | default | description |\n|---|---|---|---|\n",
+    );
+    let docs = documented_values(&text)?;
+    for doc in &docs {
+        let value = lookup(&values, &doc.path);
+        let is_section = value.as_object().is_some_and(|o| !o.is_empty());
+        if doc.description.is_empty() {
+            if is_section {
+                continue;
+            }
+            // Probe timings are Kubernetes' fields of the same name.
+            let parent = doc
+                .path
+                .rsplit_once('.')
+                .map(|(p, _)| p)
+                .unwrap_or_default();
+            ensure!(
+                parent.ends_with("Probe"),
+                "{}: undocumented value (add a `# --` comment in values.yaml)",
+                doc.path
+            );
+        }
+        let kind = match value {
+            Value::Null => "string",
+            Value::Bool(_) => "bool",
+            Value::Number(_) => "int",
+            Value::String(_) => "string",
+            Value::Array(_) => "list",
+            Value::Object(_) => "object",
+        };
+        let default = match value {
+            Value::String(s) if s.is_empty() => "`\"\"`".to_string(),
+            Value::String(s) => format!("`{s}`"),
+            Value::Null => "`\"\"`".to_string(),
+            other => format!("`{}`", serde_json::to_string(other)?),
+        };
+        let description = if doc.description.is_empty() {
+            "The probe field of the same name.".to_string()
+        } else {
+            doc.description.replace('|', "\\|")
+        };
+        md.push_str(&format!(
+            "| `{}` | {kind} | {} | {description} |\n",
+            doc.path,
+            default.replace('|', "\\|")
+        ));
+    }
+    md.push_str(IMAGES_SECTION);
+    Ok(md)
+}
+
+/// The images part of the reference: how to build them, also for several architectures.
+const IMAGES_SECTION: &str = r#"
+## Images
+
+`controller.image` and `speaker.image` point at two images, each holding one static (musl)
+binary on an empty base, running as user 65532. Build them either way:
+
+* **With a container builder** (docker buildx, podman, buildah, kaniko), from the repository's
+  root: `docker build -f images/Dockerfile --target controller .` (and `--target speaker`).
+* **Without a daemon:** `images/build-oci.sh` builds the binaries with cargo and writes two OCI
+  image layouts into `target/oci/` with umoci (decision record 0012); push them with
+  `skopeo copy oci:target/oci/ferrolb-controller:<version> docker://<registry>/ferrolb-controller:<version>`.
+
+**Several architectures.** With buildx, one command builds and pushes a multi-architecture
+image (QEMU emulates the other architecture's build stage; slow but simple):
+
+```sh
+docker buildx build -f images/Dockerfile --target controller \
+  --platform linux/amd64,linux/arm64 -t <registry>/ferrolb-controller:<version> --push .
+```
+
+Without a daemon, build each architecture's layout with its musl target (for arm64 a cross
+linker is needed, e.g. `CC_aarch64_unknown_linux_musl=aarch64-linux-musl-gcc` and
+`CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER` set to the same), push each with skopeo under
+its own tag, and join them into one index with any manifest tool (`docker manifest create`,
+`crane index append`, `regctl index create`):
+
+```sh
+images/build-oci.sh --target x86_64-unknown-linux-musl --out target/oci/amd64
+images/build-oci.sh --target aarch64-unknown-linux-musl --out target/oci/arm64
+```
+
+Only the amd64 layout is built and checked by the tests here (`e2e/tests/chart.rs`).
+"#;
+
+fn values_reference_is_up_to_date() -> anyhow::Result<()> {
+    let want = values_reference()?;
+    let path = repo_root().join("docs/helm-values.md");
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &want)?;
+        return Ok(());
+    }
+    let got = std::fs::read_to_string(&path).unwrap_or_default();
+    ensure!(
+        got == want,
+        "docs/helm-values.md is stale: run UPDATE_DOCS=1 cargo test -p ferrolb-e2e --test chart"
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Images
+
+const COMPONENTS: [&str; 2] = ["ferrolb-controller", "ferrolb-speaker"];
+
+fn oci_dir() -> PathBuf {
+    repo_root().join("target/oci")
+}
+
+/// Builds both layouts once per test run (cargo and umoci make a second run cheap anyway).
+fn build_images() -> anyhow::Result<PathBuf> {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let result = BUILT.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo_root().join("images/build-oci.sh"))
+            .args(["--out", &oci_dir().display().to_string()])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "images/build-oci.sh failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    });
+    result.clone().map_err(anyhow::Error::msg)?;
+    Ok(oci_dir())
+}
+
+fn read_json(path: &Path) -> anyhow::Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn blob(layout: &Path, digest: &Value) -> anyhow::Result<PathBuf> {
+    let digest = digest.as_str().context("digest")?;
+    let hex = digest.strip_prefix("sha256:").context("sha256 digest")?;
+    Ok(layout.join("blobs/sha256").join(hex))
+}
+
+/// An image of a layout: its manifest, config and layer blobs.
+struct Image {
+    config: Value,
+    layers: Vec<PathBuf>,
+}
+
+fn read_image(layout: &Path) -> anyhow::Result<Image> {
+    ensure!(
+        read_json(&layout.join("oci-layout"))?["imageLayoutVersion"] == "1.0.0",
+        "{}: not an OCI layout",
+        layout.display()
+    );
+    let index = read_json(&layout.join("index.json"))?;
+    let manifests = index["manifests"].as_array().context("manifests")?;
+    ensure!(
+        manifests.len() == 1,
+        "{} images in {}",
+        manifests.len(),
+        layout.display()
+    );
+    let manifest = read_json(&blob(layout, &manifests[0]["digest"])?)?;
+    let config = read_json(&blob(layout, &manifest["config"]["digest"])?)?;
+    let mut layers = Vec::new();
+    for layer in manifest["layers"].as_array().context("layers")? {
+        let path = blob(layout, &layer["digest"])?;
+        // The blob is what its digest says.
+        let sum = ferrolb_e2e::cmd::run("sha256sum", &[&path.display().to_string()])?;
+        ensure!(
+            layer["digest"].as_str() == Some(&format!("sha256:{}", &sum[..64])),
+            "{}: digest mismatch",
+            path.display()
+        );
+        layers.push(path);
+    }
+    Ok(Image { config, layers })
+}
+
+/// `USER` and `ENTRYPOINT` of a stage of images/Dockerfile.
+fn dockerfile_stage(stage: &str) -> anyhow::Result<(String, Vec<String>)> {
+    let text = std::fs::read_to_string(repo_root().join("images/Dockerfile"))?;
+    let mut in_stage = false;
+    let (mut user, mut entrypoint) = (None, None);
+    for line in text.lines().map(str::trim) {
+        if let Some(from) = line.strip_prefix("FROM ") {
+            in_stage = from.ends_with(&format!(" AS {stage}"));
+            if in_stage {
+                ensure!(
+                    from.starts_with("scratch "),
+                    "stage {stage} is not FROM scratch"
+                );
+            }
+            continue;
+        }
+        if !in_stage {
+            continue;
+        }
+        if let Some(u) = line.strip_prefix("USER ") {
+            user = Some(u.trim().to_string());
+        }
+        if let Some(e) = line.strip_prefix("ENTRYPOINT ") {
+            entrypoint = Some(serde_json::from_str::<Vec<String>>(e.trim())?);
+        }
+    }
+    Ok((
+        user.with_context(|| format!("no USER in stage {stage}"))?,
+        entrypoint.with_context(|| format!("no ENTRYPOINT in stage {stage}"))?,
+    ))
+}
+
+/// Extracts an image's layers into an empty directory: its root filesystem.
+fn unpack(image: &Image, root: &Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(root);
+    std::fs::create_dir_all(root)?;
+    for layer in &image.layers {
+        ferrolb_e2e::cmd::run(
+            "tar",
+            &[
+                "-xzf",
+                &layer.display().to_string(),
+                "-C",
+                &root.display().to_string(),
+                "--numeric-owner",
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn images_hold_one_static_binary_each_and_run_as_non_root() -> anyhow::Result<()> {
+    let out = build_images()?;
+    let version = env!("CARGO_PKG_VERSION");
+    for name in COMPONENTS {
+        let layout = out.join(name);
+        let index = read_json(&layout.join("index.json"))?;
+        ensure!(
+            index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == version,
+            "{name}: tag {}",
+            index["manifests"][0]["annotations"]
+        );
+        let image = read_image(&layout)?;
+        let cfg = &image.config;
+        ensure!(
+            cfg["os"] == "linux" && cfg["architecture"] == "amd64",
+            "{name}: platform"
+        );
+        let user = cfg["config"]["User"].as_str().unwrap_or_default();
+        let uid = user.split(':').next().unwrap_or_default();
+        ensure!(
+            !uid.is_empty() && uid != "0" && uid != "root",
+            "{name}: user {user:?}"
+        );
+        let entrypoint = strings(&cfg["config"]["Entrypoint"]);
+        ensure!(
+            entrypoint == [format!("/{name}")],
+            "{name}: entrypoint {entrypoint:?}"
+        );
+        // The Dockerfile users build from says the same.
+        let stage = name.trim_start_matches("ferrolb-");
+        let (d_user, d_entrypoint) = dockerfile_stage(stage)?;
+        ensure!(
+            d_user == user,
+            "{name}: Dockerfile USER {d_user}, image {user}"
+        );
+        ensure!(
+            d_entrypoint == entrypoint,
+            "{name}: Dockerfile ENTRYPOINT {d_entrypoint:?}"
+        );
+
+        // Nothing but the binary: one layer, one file.
+        ensure!(
+            image.layers.len() == 1,
+            "{name}: {} layers",
+            image.layers.len()
+        );
+        let listing = ferrolb_e2e::cmd::run(
+            "tar",
+            &[
+                "-tzvf",
+                &image.layers[0].display().to_string(),
+                "--numeric-owner",
+            ],
+        )?;
+        let entries: Vec<&str> = listing.lines().collect();
+        let files: Vec<String> = entries
+            .iter()
+            .map(|l| {
+                l.split_whitespace()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("./")
+                    .to_string()
+            })
+            .filter(|p| !p.is_empty() && p != "/" && p != ".")
+            .collect();
+        ensure!(
+            files == [name.to_string()],
+            "{name}: layer holds {entries:?}"
+        );
+        ensure!(
+            entries[entries.len() - 1].starts_with("-rwxr-xr-x"),
+            "{name}: {entries:?}"
+        );
+
+        // It runs in an empty root (so it is static) as the image's user.
+        if !ferrolb_e2e::is_root() {
+            continue;
+        }
+        let root = repo_root().join(format!("target/oci-root/{name}"));
+        unpack(&image, &root)?;
+        let out = Command::new("chroot")
+            .arg(format!("--userspec={user}"))
+            .arg(&root)
+            .arg(&entrypoint[0])
+            .arg("--version")
+            .output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // 126/127: the kernel or chroot could not run it (a dynamic binary has no loader here).
+        let code = out.status.code();
+        ensure!(
+            !matches!(code, Some(126 | 127)) && text.contains(name) && text.contains(version),
+            "{name} in an empty root: {code:?} {text}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// In the lab
+
+/// Minimal CRDs of the Prometheus Operator kinds the chart renders, with strict schemas of the
+/// fields it uses, so a server-side dry-run rejects a misspelt field (the real CRDs are not
+/// available here).
+const MONITORING_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: podmonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PodMonitor, plural: podmonitors, singular: podmonitor}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              jobLabel: {type: string}
+              selector: {type: object, x-kubernetes-preserve-unknown-fields: true}
+              namespaceSelector:
+                type: object
+                properties:
+                  matchNames: {type: array, items: {type: string}}
+              podMetricsEndpoints:
+                type: array
+                items:
+                  type: object
+                  properties:
+                    port: {type: string}
+                    path: {type: string}
+                    interval: {type: string}
+                    metricRelabelings: {type: array, items: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+                    relabelings: {type: array, items: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: servicemonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              jobLabel: {type: string}
+              selector: {type: object, x-kubernetes-preserve-unknown-fields: true}
+              namespaceSelector:
+                type: object
+                properties:
+                  matchNames: {type: array, items: {type: string}}
+              endpoints:
+                type: array
+                items:
+                  type: object
+                  properties:
+                    port: {type: string}
+                    path: {type: string}
+                    scheme: {type: string, enum: [http, https]}
+                    interval: {type: string}
+                    metricRelabelings: {type: array, items: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+                    relabelings: {type: array, items: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: prometheusrules.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              groups:
+                type: array
+                items:
+                  type: object
+                  required: [name, rules]
+                  properties:
+                    name: {type: string}
+                    rules:
+                      type: array
+                      items:
+                        type: object
+                        required: [expr]
+                        properties:
+                          alert: {type: string}
+                          record: {type: string}
+                          expr: {type: string}
+                          for: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
+                          labels: {type: object, additionalProperties: {type: string}}
+                          annotations: {type: object, additionalProperties: {type: string}}
+"#;
+
+fn write_lab_file(lab: &Lab, name: &str, text: &str) -> anyhow::Result<String> {
+    let path = lab.dir.join(name);
+    std::fs::write(&path, text)?;
+    Ok(path.display().to_string())
+}
+
+/// Every object of every values set, dry-run against the API server: field names and types,
+/// CRD schemas and CEL rules, RBAC, admission. Strict validation: an unknown field fails.
+async fn every_rendered_object_passes_server_side_dry_run(lab: &Lab) -> anyhow::Result<()> {
+    let file = write_lab_file(lab, "monitoring-crds.yaml", MONITORING_CRDS)?;
+    lab.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &file])?;
+    lab.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/podmonitors.monitoring.coreos.com",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ])?;
+    let scope = TestScope::new(lab, "chart-dryrun").await?;
+    let mut sets: Vec<Vec<String>> = vec![vec![]];
+    for f in ci_values() {
+        sets.push(vec!["-f".into(), f.display().to_string()]);
+    }
+    let chart = chart_dir().display().to_string();
+    for extra in sets {
+        let mut args = vec![
+            "template",
+            "dryrun",
+            chart.as_str(),
+            "-n",
+            scope.namespace.as_str(),
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        let text = helm(&args)?.map_err(anyhow::Error::msg)?;
+        let count = parse_documents(&text)?.len();
+        let file = write_lab_file(lab, "chart-dryrun.yaml", &text)?;
+        let out = lab
+            .kubectl(&[
+                "apply",
+                "--dry-run=server",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=chart-test",
+                "--validate=strict",
+                "-f",
+                &file,
+            ])
+            .with_context(|| format!("dry-run of the chart with {extra:?}"))?;
+        let applied = out
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count();
+        ensure!(
+            applied == count,
+            "{applied} of {count} objects dry-run with {extra:?}:\n{out}"
+        );
+    }
+    // And a broken object does fail (the check can fail).
+    let bad = write_lab_file(
+        lab,
+        "chart-dryrun-bad.yaml",
+        "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: bad, namespace: chart-dryrun}\nspec: {endpoints: [{port: monitoring, intervall: 30s}]}\n",
+    )?;
+    let refused = lab.kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "--server-side",
+        "--validate=strict",
+        "-f",
+        &bad,
+    ]);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("intervall")),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+/// The controller's pod passes `restricted`; the speaker's needs `privileged` (host network,
+/// NET_RAW): `baseline` refuses it.
+async fn pod_security_levels(lab: &Lab) -> anyhow::Result<()> {
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    let pod_of = |kind: &str, name: &str, namespace: &str| -> anyhow::Result<String> {
+        let mut spec = find(&docs, kind, name)?["spec"]["template"]["spec"].clone();
+        // Each test namespace has only its default ServiceAccount.
+        spec.as_object_mut()
+            .context("spec")?
+            .remove("serviceAccountName");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec});
+        write_lab_file(
+            lab,
+            &format!("psa-{namespace}-{name}.json"),
+            &pod.to_string(),
+        )
+    };
+    let mut scopes = Vec::new();
+    for level in ["restricted", "baseline", "privileged"] {
+        let scope = TestScope::new(lab, &format!("chart-psa-{level}")).await?;
+        lab.kubectl(&[
+            "label",
+            "--overwrite",
+            "namespace",
+            &scope.namespace,
+            &format!("pod-security.kubernetes.io/enforce={level}"),
+        ])?;
+        scopes.push(scope);
+    }
+    let dry = |file: &str| lab.kubectl(&["create", "--dry-run=server", "-f", file]);
+    let controller = pod_of("Deployment", "ferrolb-controller", "chart-psa-restricted")?;
+    dry(&controller).context("the controller's pod in a restricted namespace")?;
+    let speaker = pod_of("DaemonSet", "ferrolb-speaker", "chart-psa-baseline")?;
+    let refused = dry(&speaker);
+    ensure!(
+        refused.as_ref().is_err_and(|e| {
+            let e = e.to_string();
+            e.contains("violates PodSecurity") && e.contains("hostNetwork") && e.contains("NET_RAW")
+        }),
+        "the speaker's pod in a baseline namespace: {refused:?}"
+    );
+    let speaker = pod_of("DaemonSet", "ferrolb-speaker", "chart-psa-privileged")?;
+    dry(&speaker).context("the speaker's pod in a privileged namespace")?;
+    drop(scopes);
+    Ok(())
+}
+
+const RELEASE: &str = "chartlab";
+/// The release's namespace, where its configuration objects live.
+const RELEASE_NS: &str = "chartlab";
+const APP_NS: &str = "chart-app";
+/// On the lab segment, so the client reaches it by ARP (the layer 2 range of docs/lab.md).
+const POOL: &str = "198.18.200.64/28";
+
+fn helm_in_lab(lab: &Lab, args: &[&str]) -> anyhow::Result<String> {
+    let kubeconfig = lab.admin_kubeconfig().display().to_string();
+    let mut full = vec!["--kubeconfig", kubeconfig.as_str()];
+    full.extend_from_slice(args);
+    helm(&full)?.map_err(|e| anyhow::anyhow!("helm {}: {e}", args.join(" ")))
+}
+
+fn gossip_key(lab: &Lab) -> anyhow::Result<String> {
+    lab.kubectl(&[
+        "get",
+        "secret",
+        "-n",
+        RELEASE_NS,
+        &format!("{RELEASE}-ferrolb-memberlist"),
+        "-o",
+        "jsonpath={.data.secretkey}",
+    ])
+}
+
+fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut child = Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(text.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(out.status.success(), "base64 -d failed");
+    Ok(out.stdout)
+}
+
+/// Where a pod of the rendered manifest runs in the lab.
+struct Placement<'a> {
+    pod_name: &'a str,
+    /// Lab host whose network namespace the process joins (the node, for host-network pods).
+    host: &'a str,
+    /// spec.nodeName.
+    node: &'a str,
+}
+
+/// Capability names of this kernel, from capsh.
+fn all_capabilities() -> anyhow::Result<Vec<String>> {
+    let out = ferrolb_e2e::cmd::run("capsh", &["--print"])?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Bounding set ="))
+        .context("capsh --print: no bounding set")?;
+    Ok(line["Bounding set =".len()..]
+        .split(',')
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+        .collect())
+}
+
+/// Starts the container `container_name` of a workload of the rendered manifest as a pod would
+/// run: the image's files as its root (read-only), the Secret volumes and the ServiceAccount
+/// token mounted where Kubernetes mounts them, exactly the rendered command, arguments and
+/// environment (plus what the kubelet adds), the user and capabilities of its security context.
+async fn start_pod(
+    scope: &mut TestScope,
+    manifest: &[Value],
+    kind: &str,
+    workload: &str,
+    container_name: &str,
+    at: &Placement<'_>,
+) -> anyhow::Result<ferrolb_e2e::process::LabProcess> {
+    let lab = scope.lab.clone();
+    let w = find(manifest, kind, workload)?;
+    let pod = &w["spec"]["template"]["spec"];
+    let c = container(w, container_name)?;
+    let command = strings(&c["command"]);
+    let args = strings(&c["args"]);
+    ensure!(command.len() == 1, "{workload}: command {command:?}");
+
+    // The image the pod names, from the layout the image build wrote.
+    let image_ref = c["image"].as_str().context("image")?;
+    let (repository, tag) = image_ref.rsplit_once(':').context("image tag")?;
+    let image_name = repository.rsplit('/').next().unwrap_or_default();
+    let layout = build_images()?.join(image_name);
+    let index = read_json(&layout.join("index.json"))?;
+    ensure!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == tag,
+        "{image_ref}: no such tag in {}",
+        layout.display()
+    );
+    let image = read_image(&layout)?;
+    let root = lab.dir.join("chart-roots").join(at.pod_name);
+    unpack(&image, &root)?;
+    let write = |path: &str, bytes: &[u8], mode: u32| -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let file = root.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(file.parent().context("parent")?)?;
+        std::fs::write(&file, bytes)?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))?;
+        Ok(())
+    };
+
+    // The ServiceAccount token volume Kubernetes adds to every pod.
+    let account = pod["serviceAccountName"]
+        .as_str()
+        .context("serviceAccountName")?;
+    let token = lab.kubectl(&[
+        "create",
+        "token",
+        account,
+        "-n",
+        RELEASE_NS,
+        "--duration=2h",
+    ])?;
+    let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    write(&format!("{sa_dir}/token"), token.trim().as_bytes(), 0o644)?;
+    write(
+        &format!("{sa_dir}/ca.crt"),
+        &std::fs::read(lab.dir.join("pki/ca.crt"))?,
+        0o644,
+    )?;
+    write(&format!("{sa_dir}/namespace"), RELEASE_NS.as_bytes(), 0o644)?;
+    // Secret volumes, with their mode.
+    for mount in c["volumeMounts"].as_array().into_iter().flatten() {
+        let volume = pod["volumes"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["name"] == mount["name"]))
+            .context("volume of a mount")?;
+        let secret = volume["secret"]["secretName"]
+            .as_str()
+            .with_context(|| format!("volume {} is not a Secret", volume["name"]))?;
+        let mode = volume["secret"]["defaultMode"].as_u64().unwrap_or(0o644) as u32;
+        let data: Value = serde_json::from_str(
+            &lab.kubectl(&["get", "secret", "-n", RELEASE_NS, secret, "-o", "json"])?,
+        )?;
+        let dir = mount["mountPath"].as_str().context("mountPath")?;
+        for (key, value) in data["data"].as_object().context("secret data")? {
+            write(
+                &format!("{dir}/{key}"),
+                &base64_decode(value.as_str().unwrap_or(""))?,
+                mode,
+            )?;
+        }
+    }
+
+    // The environment: the rendered variables, then what the kubelet adds.
+    let node_ip = lab.topology.host(at.node).context("node")?.interfaces[0]
+        .ipv4
+        .to_string();
+    let mut env: Vec<(String, String)> = Vec::new();
+    for e in c["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().context("env name")?.to_string();
+        let value = if let Some(v) = e["value"].as_str() {
+            v.to_string()
+        } else {
+            match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.name") => at.pod_name.to_string(),
+                Some("metadata.namespace") => RELEASE_NS.to_string(),
+                Some("spec.nodeName") => at.node.to_string(),
+                Some("status.hostIP" | "status.podIP") => node_ip.clone(),
+                other => bail!("{name}: unsupported valueFrom {other:?}"),
+            }
+        };
+        env.push((name, value));
+    }
+    let hostname = if pod["hostNetwork"] == true {
+        at.node
+    } else {
+        at.pod_name
+    };
+    for (k, v) in [
+        (
+            "KUBERNETES_SERVICE_HOST",
+            lab.topology.apiserver_address().to_string(),
+        ),
+        ("KUBERNETES_SERVICE_PORT", "6443".to_string()),
+        ("HOSTNAME", hostname.to_string()),
+        ("HOME", "/".to_string()),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ),
+    ] {
+        env.push((k.to_string(), v));
+    }
+
+    // User and capabilities: the container's security context over the pod's over the image's.
+    let pod_sc = &pod["securityContext"];
+    let sc = &c["securityContext"];
+    let image_user = image.config["config"]["User"].as_str().unwrap_or("0:0");
+    let (image_uid, image_gid) = image_user.split_once(':').unwrap_or((image_user, "0"));
+    let pick = |key: &str, image: &str| -> String {
+        sc[key]
+            .as_i64()
+            .or(pod_sc[key].as_i64())
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| image.to_string())
+    };
+    let uid = pick("runAsUser", image_uid);
+    let gid = pick("runAsGroup", image_gid);
+    let groups = pod_sc["fsGroup"]
+        .as_i64()
+        .map(|g| g.to_string())
+        .unwrap_or_else(|| gid.clone());
+    let drop_all = strings(&sc["capabilities"]["drop"])
+        .iter()
+        .any(|d| d == "ALL");
+    ensure!(drop_all, "{workload}: capabilities not dropped");
+    let add: Vec<String> = strings(&sc["capabilities"]["add"])
+        .iter()
+        .map(|c| format!("cap_{}", c.to_lowercase()))
+        .collect();
+    let drop: Vec<String> = all_capabilities()?
+        .into_iter()
+        .filter(|c| !add.contains(c))
+        .collect();
+
+    // unshare: a private mount namespace for the pod's root; sh: the mounts a runtime makes;
+    // capsh: chroot, capabilities, user, then exec of the container's command.
+    let script = r#"set -e
+R=$1; shift
+mount --bind "$R" "$R"
+for d in proc sys dev; do mkdir -p "$R/$d"; mount --rbind "/$d" "$R/$d"; done
+if [ "$READ_ONLY" = true ]; then mount -o remount,bind,ro "$R"; fi
+cd "$R"
+exec env -i "$@""#;
+    let mut argv: Vec<String> = vec![
+        "--mount".into(),
+        "--propagation".into(),
+        "private".into(),
+        "--".into(),
+        "env".into(),
+        format!("READ_ONLY={}", sc["readOnlyRootFilesystem"] == true),
+        "sh".into(),
+        "-c".into(),
+        script.into(),
+        "sh".into(),
+        root.display().to_string(),
+    ];
+    argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    argv.push("/usr/sbin/capsh".into());
+    argv.push(format!("--chroot={}", root.display()));
+    if !drop.is_empty() {
+        argv.push(format!("--drop={}", drop.join(",")));
+    }
+    if !add.is_empty() {
+        argv.push(format!("--inh={}", add.join(",")));
+    }
+    if sc["allowPrivilegeEscalation"] == false {
+        argv.push("--no-new-privs".into());
+    }
+    argv.push(format!("--gid={gid}"));
+    argv.push(format!("--groups={groups}"));
+    argv.push(format!("--uid={uid}"));
+    argv.push(format!("--shell={}", command[0]));
+    argv.push("--".into());
+    argv.extend(args);
+    scope.spawn(at.pod_name, at.host, Path::new("/usr/bin/unshare"), &argv)
+}
+
+/// Effective capabilities and real UID of a running process.
+fn caps_and_uid(pid: i32) -> anyhow::Result<(u64, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map(str::to_string)
+            .with_context(|| format!("{name} in /proc/{pid}/status"))
+    };
+    Ok((u64::from_str_radix(&field("CapEff:")?, 16)?, field("Uid:")?))
+}
+
+/// Whether the speaker binary of the image is the real one (the stub only says it is not).
+fn speaker_runnable() -> anyhow::Result<bool> {
+    let layout = build_images()?.join("ferrolb-speaker");
+    let root = repo_root().join("target/oci-root/speaker-help");
+    unpack(&read_image(&layout)?, &root)?;
+    let out = Command::new(root.join("ferrolb-speaker"))
+        .arg("--help")
+        .output()?;
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--node-name"))
+}
+
+fn ingress_ips(lab: &Lab, namespace: &str, service: &str) -> anyhow::Result<Vec<String>> {
+    let out = lab.kubectl(&[
+        "get",
+        "service",
+        "-n",
+        namespace,
+        service,
+        "-o",
+        "jsonpath={.status.loadBalancer.ingress[*].ip}",
+    ])?;
+    Ok(out.split_whitespace().map(str::to_string).collect())
+}
+
+async fn wait_ip(lab: &Lab, service: &str) -> anyhow::Result<String> {
+    wait_for(
+        &format!("Service {APP_NS}/{service} to get an IP"),
+        Duration::from_secs(60),
+        || async {
+            let ips = ingress_ips(lab, APP_NS, service).map_err(|e| e.to_string())?;
+            match ips.first() {
+                Some(ip) => Ok(Some(ip.clone())),
+                None => Err("no IP yet".into()),
+            }
+        },
+    )
+    .await
+}
+
+/// The client's requests to `ip` are answered by the Service's pods.
+async fn answers(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    let url = format!("http://{ip}/");
+    wait_for(
+        &format!("{url} to answer from the client"),
+        Duration::from_secs(30),
+        || async {
+            let out = lab
+                .exec_output("client", "curl", &["-sS", "--max-time", "2", &url])
+                .map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok(Some(
+                    String::from_utf8_lossy(&out.stdout).trim().to_string(),
+                ))
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            }
+        },
+    )
+    .await
+}
+
+fn lb_service(name: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": APP_NS},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    })
+    .to_string()
+}
+
+/// helm install, then the controller and one speaker per node as processes from the rendered
+/// manifest and the image; a LoadBalancer Service answers through its IP; helm upgrade keeps the
+/// gossip key and every IP.
+async fn installed_release_serves_and_upgrade_keeps_key_and_ips(lab: &Lab) -> anyhow::Result<()> {
+    lab.install_crds()?;
+    let mut release_scope = TestScope::new(lab, RELEASE_NS).await?;
+    // The speakers need the privileged level (README, NOTES.txt).
+    lab.kubectl(&[
+        "label",
+        "--overwrite",
+        "namespace",
+        RELEASE_NS,
+        "pod-security.kubernetes.io/enforce=privileged",
+    ])?;
+    let _ = helm_in_lab(lab, &["uninstall", RELEASE, "-n", RELEASE_NS]);
+    let result = async {
+        let chart = chart_dir().display().to_string();
+        // The lab's CRDs are installed by the lab (other tests share them), not by the release.
+        helm_in_lab(lab, &["install", RELEASE, &chart, "-n", RELEASE_NS, "--set", "crds.enabled=false"])?;
+        let key = gossip_key(lab)?;
+        ensure!(key.len() >= 64, "gossip key {key:?}");
+        let manifest = parse_documents(&helm_in_lab(lab, &["get", "manifest", RELEASE, "-n", RELEASE_NS])?)?;
+        let deployment = format!("{RELEASE}-ferrolb-controller");
+        let daemonset = format!("{RELEASE}-ferrolb-speaker");
+
+        // The controller runs where the lab's API server is reachable from.
+        let controller_pod = format!("{deployment}-0");
+        let controller = start_pod(
+            &mut release_scope,
+            &manifest,
+            "Deployment",
+            &deployment,
+            "controller",
+            &Placement { pod_name: &controller_pod, host: "cp", node: "node1" },
+        )
+        .await?;
+        let speakers = speaker_runnable()?;
+        let nodes: Vec<String> = lab.topology.nodes().map(|n| n.name.clone()).collect();
+        let mut speaker_processes = Vec::new();
+        if speakers {
+            for node in &nodes {
+                let pod_name = format!("{daemonset}-{node}");
+                let p = start_pod(
+                    &mut release_scope,
+                    &manifest,
+                    "DaemonSet",
+                    &daemonset,
+                    "speaker",
+                    &Placement { pod_name: &pod_name, host: node, node },
+                )
+                .await?;
+                speaker_processes.push(p);
+            }
+        } else {
+            eprintln!("chart: ferrolb-speaker is not implemented yet: the test points the client's neighbour entry at node1 instead");
+        }
+
+        lab.apply(&format!(
+            "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: chart, namespace: {RELEASE_NS}}}\nspec: {{addresses: ['{POOL}']}}\n---\napiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {{name: chart, namespace: {RELEASE_NS}}}\nspec: {{ipAddressPools: [chart]}}\n"
+        ))?;
+        let mut app = TestScope::new(lab, APP_NS).await?;
+        app.deploy("web", &["node1", "node2"]).await?;
+        lab.apply(&lb_service("web"))?;
+        let ip = wait_ip(lab, "web").await?;
+        // The process runs as its pod would: the image's user, no capability.
+        let (caps, uid) = caps_and_uid(controller.pid)?;
+        ensure!(caps == 0 && uid == "65532", "controller: CapEff {caps:#x}, uid {uid}");
+        for p in &speaker_processes {
+            let (caps, uid) = caps_and_uid(p.pid)?;
+            ensure!(caps == 1 << 13 && uid == "0", "speaker {}: CapEff {caps:#x} (want NET_RAW only), uid {uid}", p.name);
+        }
+        if !speakers {
+            let mac = lab.mac_of("node1")?;
+            lab.set_neighbour("client", &ip, Some(&mac))?;
+        }
+        let who = answers(lab, &ip).await?;
+        ensure!(who.starts_with("web-"), "answered by {who:?}");
+
+        // Upgrade: a changed value, the same key; the controller restarts from the new manifest
+        // (as the rolling update would) and every IP stays.
+        helm_in_lab(lab, &[
+            "upgrade", RELEASE, &chart, "-n", RELEASE_NS, "--reuse-values",
+            "--set", "controller.logLevel=debug",
+        ])?;
+        ensure!(gossip_key(lab)? == key, "the upgrade changed the gossip key");
+        let manifest = parse_documents(&helm_in_lab(lab, &["get", "manifest", RELEASE, "-n", RELEASE_NS])?)?;
+        ensure!(
+            env_of(container(find(&manifest, "Deployment", &deployment)?, "controller")?)["FERROLB_LOG_LEVEL"] == "debug",
+            "the upgraded manifest did not change"
+        );
+        ferrolb_e2e::process::stop(&controller, Duration::from_secs(10));
+        let controller = start_pod(
+            &mut release_scope,
+            &manifest,
+            "Deployment",
+            &deployment,
+            "controller",
+            &Placement { pod_name: &format!("{deployment}-1"), host: "cp", node: "node2" },
+        )
+        .await?;
+        // The new controller serves (a new Service gets an IP), and the old IP did not move.
+        lab.apply(&lb_service("after-upgrade"))?;
+        let second = wait_ip(lab, "after-upgrade").await?;
+        ensure!(second != ip, "two Services share {ip}");
+        ensure!(ingress_ips(lab, APP_NS, "web")? == [ip.clone()], "the upgrade moved the IP of web");
+        let who = answers(lab, &ip).await?;
+        ensure!(who.starts_with("web-"), "answered by {who:?}");
+        ensure!(ferrolb_e2e::process::alive(controller.pid), "the upgraded controller exited");
+        if !speakers {
+            lab.set_neighbour("client", &ip, None)?;
+        }
+        drop(app);
+        Ok(())
+    }
+    .await;
+    let _ = helm_in_lab(lab, &["uninstall", RELEASE, "-n", RELEASE_NS]);
+    let _ = std::fs::remove_dir_all(lab.dir.join("chart-roots"));
+    drop(release_scope);
+    result
+}
+
+// ------------------------------------------------------------------------------------------------
+
+type LabBody = fn(Lab) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
+
+/// An offline test body.
+type OfflineBody = fn() -> anyhow::Result<()>;
+
+fn main() -> std::process::ExitCode {
+    let mut args = Arguments::from_args();
+    // helm, the image build and the lab are shared: one test at a time.
+    args.test_threads = Some(1);
+    let offline: Vec<(&str, OfflineBody)> = vec![
+        (
+            "lint_strict_and_render_default_and_every_ci_values_file",
+            lint_default_and_ci_values,
+        ),
+        (
+            "values_schema_rejects_typos_and_unsupported_metallb_settings",
+            schema_rejects_typos_and_unsupported_settings,
+        ),
+        (
+            "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",
+            rendered_rbac_equals_the_tested_files,
+        ),
+        (
+            "controller_is_highly_available_and_passes_restricted",
+            controller_is_highly_available_and_restricted,
+        ),
+        (
+            "speaker_has_host_network_net_raw_only_and_the_gossip_key",
+            speaker_has_host_network_and_only_net_raw,
+        ),
+        (
+            "crds_match_the_generated_files_are_kept_on_uninstall_and_can_be_skipped",
+            crds_match_the_generated_files_and_can_be_skipped,
+        ),
+        (
+            "metallb_values_file_carries_over_and_load_balancer_class_separates_releases",
+            metallb_values_and_load_balancer_class,
+        ),
+        (
+            "prometheus_operator_objects_and_alerts_on_exported_metrics",
+            monitoring_objects_and_alert_metrics,
+        ),
+        (
+            "values_reference_docs_helm_values_md_is_up_to_date",
+            values_reference_is_up_to_date,
+        ),
+    ];
+    macro_rules! body {
+        ($f:ident) => {
+            (|l: Lab| Box::pin(async move { $f(&l).await })) as LabBody
+        };
+    }
+    let in_lab: Vec<(&str, LabBody)> = vec![
+        (
+            "every_rendered_object_passes_server_side_dry_run",
+            body!(every_rendered_object_passes_server_side_dry_run),
+        ),
+        (
+            "controller_passes_restricted_and_speaker_needs_privileged_pod_security",
+            body!(pod_security_levels),
+        ),
+        (
+            "installed_release_serves_a_load_balancer_ip_and_upgrade_keeps_gossip_key_and_ips",
+            body!(installed_release_serves_and_upgrade_keeps_key_and_ips),
+        ),
+    ];
+    const IMAGES: &str =
+        "oci_images_hold_one_static_binary_each_run_as_non_root_and_match_the_dockerfile";
+
+    let have_helm = helm_path().is_file();
+    let mut trials: Vec<Trial> = offline
+        .into_iter()
+        .map(|(name, f)| {
+            let needs_helm = name != "values_reference_docs_helm_values_md_is_up_to_date";
+            Trial::test(name, move || {
+                f().map_err(|e| Failed::from(format!("{e:#}")))
+            })
+            .with_ignored_flag(needs_helm && !have_helm)
+        })
+        .collect();
+    if !have_helm {
+        eprintln!(
+            "chart tests need helm ({}): run e2e/install-deps",
+            helm_path().display()
+        );
+    }
+    let root = ferrolb_e2e::is_root();
+    trials.push(
+        Trial::test(IMAGES, || {
+            images_hold_one_static_binary_each_and_run_as_non_root()
+                .map_err(|e| Failed::from(format!("{e:#}")))
+        })
+        .with_ignored_flag(!root),
+    );
+    if !root || !have_helm {
+        eprintln!(
+            "chart lab and image tests skipped: they need root (network namespaces, chroot) and helm"
+        );
+        trials.extend(
+            in_lab
+                .iter()
+                .map(|(n, _)| Trial::test(*n, || Ok(())).with_ignored_flag(true)),
+        );
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+
+    // The lab is brought up only if a lab test is selected.
+    let wanted = |name: &str| {
+        args.filter.as_ref().is_none_or(|f| {
+            if args.exact {
+                name == f
+            } else {
+                name.contains(f.as_str())
+            }
+        }) && !args.skip.iter().any(|s| name.contains(s.as_str()))
+    };
+    let lab = if in_lab.iter().any(|(n, _)| wanted(n)) && !args.list {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
+        Some(
+            rt.block_on(Lab::up(Options::default(), &lab_exe))
+                .map_err(|e| format!("{e:#}")),
+        )
+    } else {
+        None
+    };
+    for (name, f) in in_lab {
+        let lab = lab.clone();
+        trials.push(Trial::test(name, move || {
+            let lab = match lab {
+                Some(Ok(lab)) => lab,
+                Some(Err(e)) => return Err(Failed::from(format!("lab up failed: {e}"))),
+                None => return Err(Failed::from("the lab was not brought up")),
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Failed::from(e.to_string()))?;
+            rt.block_on(f(lab))
+                .map_err(|e| Failed::from(format!("{e:#}")))
+        }));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(Ok(lab)) = &lab {
+        if conclusion.has_failed() {
+            eprintln!("lab logs: {}", lab.dir.join("logs").display());
+            if let Ok(entries) = std::fs::read_dir(lab.dir.join("logs")) {
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.contains("chartlab") {
+                        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                        eprintln!("---- {name} (last lines) ----");
+                        let lines: Vec<&str> = text.lines().collect();
+                        for line in &lines[lines.len().saturating_sub(30)..] {
+                            eprintln!("{line}");
+                        }
+                    }
+                }
+            }
+        }
+        if std::env::var_os("FERROLB_KEEP_LAB").is_none()
+            && let Err(e) = ferrolb_e2e::down()
+        {
+            eprintln!("lab down failed: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    conclusion.exit_code()
+}

@@ -1,0 +1,632 @@
+//! ferrolb-speaker in layer 2 mode, end to end: the controller and one speaker per lab node (each
+//! a process in its node's network namespace with its own ServiceAccount), a real kube-proxy on
+//! every node, and the client asking ARP/NDP and sending traffic over the lab segment.
+//! Tests run one at a time (they share the speakers); each works in its own namespace.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::ferrolb::{self, SpeakerCredentials};
+use ferrolb_e2e::process::{self, LabProcess};
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
+use ferrolb_e2e::{Lab, Options};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const NODES: [&str; 3] = ["node1", "node2", "node3"];
+
+/// Pools and advertisements of the suite. Tests that need more add their own and remove them.
+const CONFIG: &str = "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: l2, namespace: metallb-system}
+spec:
+  addresses: [198.18.200.0/25, 'fd00:18::c8:0/113']
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: l2, namespace: metallb-system}
+spec:
+  ipAddressPools: [l2]
+";
+
+/// The speakers of the run, restartable one by one.
+struct Speakers {
+    lab: Lab,
+    credentials: SpeakerCredentials,
+    running: Mutex<BTreeMap<String, LabProcess>>,
+}
+
+impl Speakers {
+    fn start(&self, node: &str) -> anyhow::Result<()> {
+        let p = ferrolb::start_speaker(&self.lab, &self.credentials, node, &[])?;
+        self.running.lock().unwrap().insert(node.to_string(), p);
+        Ok(())
+    }
+
+    fn kill(&self, node: &str) {
+        if let Some(p) = self.running.lock().unwrap().remove(node) {
+            process::kill_now(&p);
+        }
+    }
+
+    fn stop(&self, node: &str) {
+        if let Some(p) = self.running.lock().unwrap().remove(node) {
+            process::stop(&p, Duration::from_secs(5));
+        }
+    }
+
+    fn stop_all(&self) {
+        for (_, p) in std::mem::take(&mut *self.running.lock().unwrap()) {
+            process::stop(&p, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Everything a test gets.
+#[derive(Clone)]
+struct Ctx {
+    lab: Lab,
+    speakers: Arc<Speakers>,
+}
+
+/// The nodes whose ServiceL2Status says they announce Service `ns/name`.
+fn status_owners(lab: &Lab, ns: &str, name: &str) -> anyhow::Result<Vec<String>> {
+    let out = lab.kubectl(&[
+        "get",
+        "servicel2statuses",
+        "-n",
+        ferrolb::NAMESPACE,
+        "-l",
+        &format!("metallb.io/service-namespace={ns},metallb.io/service-name={name}"),
+        "-o",
+        "jsonpath={.items[*].status.node}",
+    ])?;
+    Ok(out.split_whitespace().map(str::to_string).collect())
+}
+
+/// Waits until exactly one node reports announcing the Service and returns it.
+async fn owner(lab: &Lab, ns: &str, name: &str) -> anyhow::Result<String> {
+    wait_for(
+        &format!("one speaker to announce {ns}/{name}"),
+        Duration::from_secs(30),
+        || async {
+            let owners = status_owners(lab, ns, name).map_err(|e| e.to_string())?;
+            match owners.as_slice() {
+                [one] => Ok(Some(one.clone())),
+                other => Err(format!("ServiceL2Status nodes: {other:?}")),
+            }
+        },
+    )
+    .await
+}
+
+/// Node name owning a MAC address.
+fn node_of_mac(lab: &Lab, mac: &str) -> anyhow::Result<String> {
+    for node in NODES {
+        if lab.mac_of(node)?.eq_ignore_ascii_case(mac) {
+            return Ok(node.to_string());
+        }
+    }
+    anyhow::bail!("MAC {mac} is no lab node's")
+}
+
+/// Waits until exactly one MAC answers for `ip` from the client, and returns its node.
+async fn answering_node(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    let mac = wait_for(
+        &format!("exactly one MAC to answer for {ip}"),
+        Duration::from_secs(30),
+        || async {
+            let macs = lab.l2_answers("client", ip).map_err(|e| e.to_string())?;
+            match macs.len() {
+                1 => Ok(macs.into_iter().next()),
+                _ => Err(format!("answers from {macs:?}")),
+            }
+        },
+    )
+    .await?;
+    node_of_mac(lab, &mac)
+}
+
+/// HTTP through `ip` from the client: the answering pod and the source it saw.
+fn http(lab: &Lab, ip: &str) -> anyhow::Result<(String, String)> {
+    let url = ferrolb_e2e::lab::http_url(ip);
+    let out = lab.exec("client", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
+    let mut words = out.split_whitespace();
+    Ok((
+        words.next().unwrap_or_default().to_string(),
+        words.next().unwrap_or_default().to_string(),
+    ))
+}
+
+/// The node's address on the lab segment in the family of `ip`.
+fn node_address(lab: &Lab, node: &str, ip: &str) -> String {
+    let host = lab.topology.host(node).unwrap();
+    let iface = &host.interfaces[0];
+    if ip.contains(':') {
+        iface.ipv6.to_string()
+    } else {
+        iface.ipv4.to_string()
+    }
+}
+
+async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
+    api.create(&PostParams::default(), &svc).await?;
+    Ok(())
+}
+
+/// A dual-stack Service with two pods is reachable over both families; the traffic enters at the
+/// owner (the client's neighbour entry and the source the pods see, masqueraded by kube-proxy at
+/// the owner) and kube-proxy's DNAT spreads it over both pods; the owner reports itself.
+async fn reachable_through_the_owner(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-reach").await?;
+    scope.deploy("web", &["node1", "node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 2).await?;
+    let owner = owner(lab, &scope.namespace, "web").await?;
+    for ip in &ips {
+        ensure!(
+            answering_node(lab, ip).await? == owner,
+            "{ip}: the MAC answering is not the owner's ({owner})"
+        );
+        let mut pods = BTreeSet::new();
+        for _ in 0..12 {
+            let (pod, source) = http(lab, ip)?;
+            ensure!(
+                source == node_address(lab, &owner, ip),
+                "{ip}: pods saw source {source}, not the owner {owner}'s address"
+            );
+            pods.insert(pod);
+        }
+        ensure!(pods.len() == 2, "{ip}: answers only from {pods:?}");
+    }
+    let events: Api<Event> = Api::namespaced(lab.client().await?, &scope.namespace);
+    let note = wait_for("a nodeAssigned Event", Duration::from_secs(20), || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("nodeAssigned"))
+            .map(|e| Some(e.note.clone().unwrap_or_default()))
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await?;
+    ensure!(
+        note == format!("announcing from node \"{owner}\" with protocol \"layer2\""),
+        "{note}"
+    );
+    Ok(())
+}
+
+/// With externalTrafficPolicy Local, the owner is always a node with a serving pod.
+async fn local_traffic_policy(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-local").await?;
+    scope.deploy("web", &["node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    for i in 0..6 {
+        create(
+            &api,
+            lb_service(
+                &format!("web-{i}"),
+                serde_json::json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": "web"}}}),
+            )?,
+        )
+        .await?;
+    }
+    for i in 0..6 {
+        let name = format!("web-{i}");
+        let ip = ingress_ips(&wait_ips(&api, &name, 1).await?).remove(0);
+        ensure!(owner(lab, &scope.namespace, &name).await? == "node2");
+        ensure!(answering_node(lab, &ip).await? == "node2");
+        ensure!(http(lab, &ip)?.0 == "web-0");
+    }
+    Ok(())
+}
+
+/// Two Services sharing an IP (different ports) are announced by one node.
+async fn shared_ip_one_node(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-shared").await?;
+    scope.deploy("web", &["node1", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    for (name, port) in [("a", 80), ("b", 81)] {
+        create(
+            &api,
+            lb_service(
+                name,
+                serde_json::json!({
+                    "metadata": {"annotations": {"metallb.io/allow-shared-ip": "k", "metallb.io/loadBalancerIPs": "198.18.200.77"}},
+                    "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": port, "targetPort": 8080, "protocol": "TCP"}]}
+                }),
+            )?,
+        )
+        .await?;
+    }
+    wait_ips(&api, "a", 1).await?;
+    wait_ips(&api, "b", 1).await?;
+    let a = owner(lab, &scope.namespace, "a").await?;
+    let b = owner(lab, &scope.namespace, "b").await?;
+    ensure!(a == b, "shared IP announced by {a} and {b}");
+    ensure!(answering_node(lab, "198.18.200.77").await? == a);
+    Ok(())
+}
+
+/// Twenty Services land on all three nodes, each IP answered by exactly its owner.
+async fn twenty_services_spread(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-spread").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    for i in 0..20 {
+        create(
+            &api,
+            lb_service(
+                &format!("s{i}"),
+                serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+            )?,
+        )
+        .await?;
+    }
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..20 {
+        let name = format!("s{i}");
+        let ip = ingress_ips(&wait_ips(&api, &name, 1).await?).remove(0);
+        let owner = owner(lab, &scope.namespace, &name).await?;
+        ensure!(answering_node(lab, &ip).await? == owner, "{ip}");
+        *per_node.entry(owner).or_default() += 1;
+    }
+    ensure!(
+        per_node.len() == 3,
+        "20 Services on {per_node:?}, not on all 3 nodes"
+    );
+    println!("    owners: {per_node:?}");
+    Ok(())
+}
+
+/// An advertisement's node selector and interface list decide where an IP may go.
+async fn node_selectors_and_interfaces(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    lab.apply(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: only-node3, namespace: metallb-system}
+spec:
+  addresses: [198.18.200.128/28]
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: only-node3, namespace: metallb-system}
+spec:
+  ipAddressPools: [only-node3]
+  nodeSelectors: [{matchLabels: {kubernetes.io/hostname: node3}}]
+  interfaces: [eth0]
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: no-such-interface, namespace: metallb-system}
+spec:
+  addresses: [198.18.200.144/28]
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: no-such-interface, namespace: metallb-system}
+spec:
+  ipAddressPools: [no-such-interface]
+  interfaces: [eth9]
+",
+    )?;
+    let result = async {
+        let mut scope = TestScope::new(lab, "l2-select").await?;
+        scope.deploy("web", &["node1"]).await?;
+        let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+        for i in 0..4 {
+            create(
+                &api,
+                lb_service(
+                    &format!("n3-{i}"),
+                    serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "only-node3"}},
+                                       "spec": {"selector": {"app": "web"}}}),
+                )?,
+            )
+            .await?;
+        }
+        create(
+            &api,
+            lb_service(
+                "eth9",
+                serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "no-such-interface"}},
+                                   "spec": {"selector": {"app": "web"}}}),
+            )?,
+        )
+        .await?;
+        for i in 0..4 {
+            let name = format!("n3-{i}");
+            let ip = ingress_ips(&wait_ips(&api, &name, 1).await?).remove(0);
+            ensure!(owner(lab, &scope.namespace, &name).await? == "node3");
+            ensure!(answering_node(lab, &ip).await? == "node3");
+        }
+        let ip = ingress_ips(&wait_ips(&api, "eth9", 1).await?).remove(0);
+        // No node has eth9: nobody may answer, and nobody claims the Service.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ensure!(lab.l2_answers("client", &ip)?.is_empty(), "someone answers {ip}");
+        ensure!(status_owners(lab, &scope.namespace, "eth9")?.is_empty());
+        anyhow::Ok(())
+    }
+    .await;
+    for kind in ["l2advertisement", "ipaddresspool"] {
+        for name in ["only-node3", "no-such-interface"] {
+            let _ = lab.kubectl(&[
+                "delete",
+                kind,
+                name,
+                "-n",
+                ferrolb::NAMESPACE,
+                "--wait=false",
+            ]);
+        }
+    }
+    result
+}
+
+/// Failover: the owner's link is cut, then separately its speaker is killed; each time another
+/// node answers and the Service stays reachable; afterwards the owner takes its IP back.
+async fn failover(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-failover").await?;
+    scope.deploy("web", &["node1", "node2", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 3).await?;
+    let first = owner(lab, &scope.namespace, "web").await?;
+    for ip in &ips {
+        ensure!(answering_node(lab, ip).await? == first);
+    }
+
+    // The link: cut from the bridge side.
+    lab.set_link(&first, false)?;
+    let outcome = async {
+        for ip in &ips {
+            let now = answering_node(lab, ip).await?;
+            ensure!(
+                now != first,
+                "{ip} still answered by {first} with its link down"
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    lab.set_link(&first, true)?;
+    outcome?;
+    for ip in &ips {
+        wait_for(
+            &format!("{first} to take {ip} back"),
+            Duration::from_secs(30),
+            || async {
+                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                if n == first { Ok(Some(())) } else { Err(n) }
+            },
+        )
+        .await?;
+    }
+
+    // The speaker: SIGKILL, no goodbye.
+    ctx.speakers.kill(&first);
+    let outcome = async {
+        for ip in &ips {
+            let now = answering_node(lab, ip).await?;
+            ensure!(
+                now != first,
+                "{ip} still answered by {first} without a speaker"
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.start(&first)?;
+    outcome?;
+    for ip in &ips {
+        wait_for(
+            &format!("{first}'s restarted speaker to take {ip} back"),
+            Duration::from_secs(30),
+            || async {
+                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                if n == first { Ok(Some(())) } else { Err(n) }
+            },
+        )
+        .await?;
+    }
+
+    // A clean shutdown hands over before exiting.
+    ctx.speakers.stop(&first);
+    let outcome = async {
+        for ip in &ips {
+            let now = answering_node(lab, ip).await?;
+            ensure!(
+                now != first,
+                "{ip} still answered by {first} after its speaker stopped"
+            );
+            http(lab, ip)?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.start(&first)?;
+    outcome
+}
+
+/// The owner's metrics count requests and answers for its IPs; health and readiness answer.
+async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-metrics").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    let owner = owner(lab, &scope.namespace, "web").await?;
+    answering_node(lab, &ip).await?;
+    let get = |path: &str| {
+        lab.exec(
+            &owner,
+            "curl",
+            &[
+                "-sS",
+                "--max-time",
+                "3",
+                &format!("http://127.0.0.1:7472{path}"),
+            ],
+        )
+    };
+    ensure!(get("/healthz")?.trim() == "ok");
+    ensure!(get("/readyz")?.trim() == "ok");
+    let metrics = get("/metrics")?;
+    for needle in [
+        format!(
+            "metallb_speaker_announced{{service=\"{}/web\",protocol=\"layer2\",node=\"{owner}\",ip=\"{ip}\"}} 1",
+            scope.namespace
+        ),
+        format!("metallb_layer2_requests_received_total{{ip=\"{ip}\"}}"),
+        format!("metallb_layer2_responses_sent_total{{ip=\"{ip}\"}}"),
+        format!("metallb_layer2_gratuitous_sent_total{{ip=\"{ip}\"}}"),
+        "ferrolb_speaker_peers_alive 2".to_string(),
+    ] {
+        ensure!(metrics.contains(&needle), "/metrics lacks {needle}");
+    }
+    Ok(())
+}
+
+type Body = fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let table: Vec<(&str, Body)> = vec![
+        ("reachable_through_the_owner", |c| {
+            Box::pin(reachable_through_the_owner(c))
+        }),
+        ("local_traffic_policy", |c| {
+            Box::pin(local_traffic_policy(c))
+        }),
+        ("shared_ip_one_node", |c| Box::pin(shared_ip_one_node(c))),
+        ("twenty_services_spread", |c| {
+            Box::pin(twenty_services_spread(c))
+        }),
+        ("node_selectors_and_interfaces", |c| {
+            Box::pin(node_selectors_and_interfaces(c))
+        }),
+        ("failover", |c| Box::pin(failover(c))),
+        ("metrics_and_health", |c| Box::pin(metrics_and_health(c))),
+    ];
+    if !ferrolb_e2e::is_root() {
+        let trials = table
+            .iter()
+            .map(|(n, _)| Trial::test(*n, || Ok(())).with_ignored_flag(true))
+            .collect();
+        eprintln!("layer 2 end-to-end tests need root (network namespaces); skipped");
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let setup = rt.block_on(async {
+        let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
+        let lab = Lab::up(Options::default(), &lab_exe).await?;
+        let kubeconfig = ferrolb::install(&lab)?;
+        let controller = ferrolb::start_controller(&lab, &kubeconfig, "l2", 7472)?;
+        let credentials = ferrolb::install_speaker(&lab)?;
+        lab.apply(CONFIG)?;
+        let speakers = Arc::new(Speakers {
+            lab: lab.clone(),
+            credentials,
+            running: Mutex::new(BTreeMap::new()),
+        });
+        for node in NODES {
+            speakers.start(node)?;
+        }
+        anyhow::Ok((lab, controller, speakers))
+    });
+    let (lab, controller, speakers) = match setup.context("setup") {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("setup failed: {e:#}");
+            let _ = ferrolb_e2e::down();
+            let msg = format!("setup failed: {e:#}");
+            let trials = table
+                .iter()
+                .map(|(n, _)| {
+                    let msg = msg.clone();
+                    Trial::test(*n, move || Err(Failed::from(msg)))
+                })
+                .collect();
+            let _ = libtest_mimic::run(&args, trials);
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let ctx = Ctx {
+        lab: lab.clone(),
+        speakers: speakers.clone(),
+    };
+    let trials: Vec<Trial> = table
+        .into_iter()
+        .map(|(name, body)| {
+            let ctx = ctx.clone();
+            Trial::test(name, move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Failed::from(e.to_string()))?;
+                rt.block_on(body(ctx))
+                    .map_err(|e| Failed::from(format!("{e:#}")))
+            })
+        })
+        .collect();
+    let mut args = args;
+    // The tests share the speakers and cut links: one at a time.
+    args.test_threads = Some(1);
+    let conclusion = libtest_mimic::run(&args, trials);
+    speakers.stop_all();
+    process::stop(&controller, Duration::from_secs(5));
+    if conclusion.has_failed() {
+        eprintln!("logs: {}", lab.dir.join("logs").display());
+    }
+    if std::env::var_os("FERROLB_KEEP_LAB").is_none()
+        && let Err(e) = ferrolb_e2e::down()
+    {
+        eprintln!("lab down failed: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    conclusion.exit_code()
+}

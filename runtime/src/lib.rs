@@ -1,0 +1,131 @@
+//! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
+//! server, and the Kubernetes client. Each binary keeps its own metrics and logic; this crate
+//! holds only what would otherwise be copied between them.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+
+/// Log output format.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Sets up logging to standard error. `RUST_LOG` overrides `level`.
+pub fn init_logs(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// A Kubernetes client from a kubeconfig file, or the in-cluster configuration (falling back to
+/// `$KUBECONFIG` / `~/.kube/config`) when no file is given.
+pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("loading {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding the cluster (in-cluster config or kubeconfig)")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A readiness flag shared between the work loop and `/readyz`.
+#[derive(Clone, Default)]
+pub struct Ready(Arc<AtomicBool>);
+
+impl Ready {
+    /// Sets readiness.
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Relaxed);
+    }
+
+    /// Current readiness.
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+type Shared = (Arc<Registry>, Ready, &'static str);
+
+async fn metrics_page(State((registry, _, _)): State<Shared>) -> impl IntoResponse {
+    let mut body = String::new();
+    match encode(&mut body, &registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn readyz(State((_, ready, why_not)): State<Shared>) -> impl IntoResponse {
+    if ready.get() {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{why_not}\n"))
+    }
+}
+
+/// Serves `/metrics` (OpenMetrics text of `registry`), `/healthz` and `/readyz` (503 with
+/// `not_ready_reason` until `ready` is set) until the task is dropped.
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    ready: Ready,
+    not_ready_reason: &'static str,
+) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state((registry, ready, not_ready_reason));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// Resolves when the process gets SIGTERM or SIGINT.
+pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = sigterm.recv() => Ok("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => Ok("SIGINT"),
+    }
+}

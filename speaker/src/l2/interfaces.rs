@@ -1,0 +1,186 @@
+//! Which network interfaces may carry announcements.
+//!
+//! The driver reads interfaces from `/sys/class/net`; the rules that pick the usable ones are
+//! here, so they are tested without a network.
+
+use std::net::Ipv6Addr;
+
+/// Name prefixes of interfaces never announced on (MetalLB's list): container, bridge, tunnel and
+/// virtual interfaces that no client's ARP or NDP reaches.
+pub const DEFAULT_IGNORED_PREFIXES: &[&str] = &[
+    "docker",
+    "cbr",
+    "dummy",
+    "virbr",
+    "lxcbr",
+    "veth",
+    "lo",
+    "cali",
+    "tunl",
+    "flannel",
+    "kube-ipvs",
+    "cni",
+    "nodelocaldns",
+    "lxc",
+];
+
+/// `IFF_UP`: administratively up.
+pub const IFF_UP: u32 = 0x1;
+/// `IFF_NOARP`: the interface does not do ARP.
+pub const IFF_NOARP: u32 = 0x80;
+
+/// One network interface of the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    /// Name, such as `eth0`.
+    pub name: String,
+    /// Kernel interface index.
+    pub index: u32,
+    /// Hardware (MAC) address; interfaces without a 6-byte one cannot answer ARP.
+    pub mac: Option<[u8; 6]>,
+    /// `IFF_*` flags.
+    pub flags: u32,
+    /// Operational state is up (carrier present). `unknown` counts as up: many virtual drivers
+    /// never report a state.
+    pub oper_up: bool,
+    /// Enslaved to a bond or bridge (the master answers, not the slave).
+    pub enslaved: bool,
+    /// The interface's IPv6 link-local address, the source of Neighbor Advertisements.
+    pub link_local: Option<Ipv6Addr>,
+}
+
+impl Interface {
+    /// Whether announcements may go out of this interface: up with carrier, does ARP, has a MAC,
+    /// not enslaved, not ignored by name.
+    pub fn usable(&self, ignored_prefixes: &[String]) -> bool {
+        self.flags & IFF_UP != 0
+            && self.flags & IFF_NOARP == 0
+            && self.oper_up
+            && self.mac.is_some()
+            && !self.enslaved
+            && !ignored_prefixes
+                .iter()
+                .any(|p| self.name.starts_with(p.as_str()))
+    }
+}
+
+/// Parses a MAC address as sysfs prints it (`aa:bb:cc:dd:ee:ff`); `None` for other lengths
+/// and for the all-zero address of interfaces without one.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split(':');
+    for byte in &mut mac {
+        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    (parts.next().is_none() && mac != [0; 6]).then_some(mac)
+}
+
+/// Parses interface flags as sysfs prints them (`0x1003`).
+pub fn parse_flags(text: &str) -> Option<u32> {
+    u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Whether an `operstate` value means the link carries traffic.
+pub fn oper_up(operstate: &str) -> bool {
+    matches!(operstate.trim(), "up" | "unknown")
+}
+
+/// Link-local addresses by interface index, from `/proc/net/if_inet6` (one line per address:
+/// address hex, index hex, prefix length, scope, flags, name).
+pub fn parse_if_inet6(text: &str) -> Vec<(u32, Ipv6Addr)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let hex = fields.next()?;
+            let index = u32::from_str_radix(fields.next()?, 16).ok()?;
+            let _prefix = fields.next()?;
+            let scope = fields.next()?;
+            if scope != "20" || hex.len() != 32 {
+                return None;
+            }
+            let value = u128::from_str_radix(hex, 16).ok()?;
+            Some((index, Ipv6Addr::from(value)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn eth(name: &str) -> Interface {
+        Interface {
+            name: name.into(),
+            index: 2,
+            mac: Some([2, 0, 0, 0, 0, 1]),
+            flags: 0x1003,
+            oper_up: true,
+            enslaved: false,
+            link_local: None,
+        }
+    }
+
+    fn defaults() -> Vec<String> {
+        DEFAULT_IGNORED_PREFIXES
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn usable_rules() {
+        let ignored = defaults();
+        assert!(eth("eth0").usable(&ignored));
+        assert!(eth("ens3").usable(&ignored));
+        for name in ["lo", "veth12ab", "docker0", "cali1", "kube-ipvs0", "cni0"] {
+            assert!(!eth(name).usable(&ignored), "{name}");
+        }
+        let down = Interface {
+            flags: 0x1002,
+            ..eth("eth0")
+        };
+        assert!(!down.usable(&ignored));
+        let no_carrier = Interface {
+            oper_up: false,
+            ..eth("eth0")
+        };
+        assert!(!no_carrier.usable(&ignored));
+        let noarp = Interface {
+            flags: 0x1003 | IFF_NOARP,
+            ..eth("eth0")
+        };
+        assert!(!noarp.usable(&ignored));
+        let slave = Interface {
+            enslaved: true,
+            ..eth("eth0")
+        };
+        assert!(!slave.usable(&ignored));
+        let no_mac = Interface {
+            mac: None,
+            ..eth("eth0")
+        };
+        assert!(!no_mac.usable(&ignored));
+        assert!(eth("veth0").usable(&[]));
+    }
+
+    #[test]
+    fn parses_sysfs_values() {
+        assert_eq!(
+            parse_mac("02:00:c6:12:00:0b\n"),
+            Some([2, 0, 0xc6, 0x12, 0, 0xb])
+        );
+        assert_eq!(parse_mac("00:00:00:00:00:00"), None);
+        assert_eq!(parse_mac("02:00:c6"), None);
+        assert_eq!(parse_mac("02:00:c6:12:00:0b:00:01"), None);
+        assert_eq!(parse_flags("0x1003\n"), Some(0x1003));
+        assert!(oper_up("up\n") && oper_up("unknown") && !oper_up("lowerlayerdown"));
+        let inet6 = "fe80000000000000000000fffe000001 02 40 20 80     eth0\n\
+                     fd000018000000000000000000000011 02 80 00 80     eth0\n";
+        assert_eq!(
+            parse_if_inet6(inet6),
+            vec![(2, "fe80::ff:fe00:1".parse().unwrap())]
+        );
+    }
+}

@@ -1,0 +1,334 @@
+//! Layer 2 announcing: one responder thread per interface answers ARP requests and Neighbor
+//! Solicitations for the IPs this node owns; taking an IP sends gratuitous ARP / unsolicited NA
+//! at once and in a short burst, re-checking ownership before every send.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ferrolb_speaker::l2::interfaces::Interface;
+use ferrolb_speaker::l2::packet::{
+    self, MacAddr, Request, arp_reply, gratuitous_arp_reply, gratuitous_arp_request,
+    neighbor_advertisement, solicited_node_multicast, unsolicited_neighbor_advertisement,
+};
+use ferrolb_speaker::l2::plan::Announcement;
+use ferrolb_speaker::l2::socket::{MulticastMembership, PacketSocket};
+
+use super::metrics::{Metrics, ip_label};
+
+/// When the takeover burst sends, counted from the takeover: at once, then while switches and
+/// hosts that missed the first frames still matter.
+const BURST: [Duration; 6] = [
+    Duration::ZERO,
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+];
+
+/// IPs owned, each with the interfaces it is answered on. Read by every responder thread.
+type Owned = HashMap<IpAddr, BTreeSet<String>>;
+
+/// An interface the node answers on.
+struct Responder {
+    index: u32,
+    mac: MacAddr,
+    /// Source of Neighbor Advertisements: the link-local address, else the target itself.
+    link_local: Option<Ipv6Addr>,
+    socket: Arc<PacketSocket>,
+    stop: Arc<AtomicBool>,
+    multicast: MulticastMembership,
+    joined: BTreeSet<Ipv6Addr>,
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The announcer: the owned table, the responders and the takeover bursts.
+pub struct Announcer {
+    owned: Arc<RwLock<Owned>>,
+    responders: BTreeMap<String, Responder>,
+    metrics: Metrics,
+    refresh: Duration,
+}
+
+/// Failure to announce on an interface.
+#[derive(Debug)]
+pub struct Failure {
+    /// The interface.
+    pub interface: String,
+    /// What went wrong.
+    pub error: String,
+}
+
+impl Announcer {
+    /// An announcer that owns nothing yet. `refresh` > 0 re-sends announcements that often.
+    pub fn new(metrics: Metrics, refresh: Duration) -> Self {
+        Announcer {
+            owned: Arc::new(RwLock::new(Owned::new())),
+            responders: BTreeMap::new(),
+            metrics,
+            refresh,
+        }
+    }
+
+    /// Makes the node answer for exactly `plan` on the interfaces named there. Returns the
+    /// interfaces that could not be set up.
+    pub fn apply(
+        &mut self,
+        plan: &BTreeMap<IpAddr, Announcement>,
+        interfaces: &BTreeMap<String, Interface>,
+    ) -> Vec<Failure> {
+        let mut failures = Vec::new();
+        let wanted: BTreeSet<&String> = plan.values().flat_map(|a| &a.interfaces).collect();
+        // Responders: one per interface in use; a changed index or MAC means a new device.
+        self.responders.retain(|name, r| {
+            wanted.contains(name)
+                && interfaces
+                    .get(name)
+                    .is_some_and(|i| i.index == r.index && i.mac == Some(r.mac.0))
+        });
+        for name in &wanted {
+            if self.responders.contains_key(*name) {
+                continue;
+            }
+            let Some(iface) = interfaces.get(*name) else {
+                continue;
+            };
+            match self.start_responder(iface) {
+                Ok(r) => {
+                    self.responders.insert((*name).clone(), r);
+                }
+                Err(error) => failures.push(Failure {
+                    interface: (*name).clone(),
+                    error,
+                }),
+            }
+        }
+        let new: Owned = plan
+            .iter()
+            .map(|(ip, a)| {
+                let ifaces = a
+                    .interfaces
+                    .iter()
+                    .filter(|i| self.responders.contains_key(*i))
+                    .cloned()
+                    .collect();
+                (*ip, ifaces)
+            })
+            .collect();
+        // NDP: be in the solicited-node group of every owned IPv6 address, so the NIC lets
+        // the solicitations in. Join before taking the IP, leave after giving it up.
+        for (name, r) in &mut self.responders {
+            let groups: BTreeSet<Ipv6Addr> = new
+                .iter()
+                .filter(|(_, ifaces)| ifaces.contains(name))
+                .filter_map(|(ip, _)| match ip {
+                    IpAddr::V6(v6) => Some(solicited_node_multicast(*v6)),
+                    IpAddr::V4(_) => None,
+                })
+                .collect();
+            for group in groups.difference(&r.joined.clone()) {
+                match r.multicast.join(*group) {
+                    Ok(()) => {
+                        r.joined.insert(*group);
+                    }
+                    Err(e) => failures.push(Failure {
+                        interface: name.clone(),
+                        error: format!("joining {group}: {e}"),
+                    }),
+                }
+            }
+            for group in r.joined.clone().difference(&groups) {
+                // A group shared by two owned addresses stays joined (it is in `groups`).
+                let _ = r.multicast.leave(*group);
+                r.joined.remove(group);
+            }
+        }
+        let taken: Vec<(IpAddr, String)> = {
+            let mut owned = self.owned.write().unwrap_or_else(|p| p.into_inner());
+            let taken = new
+                .iter()
+                .flat_map(|(ip, ifaces)| ifaces.iter().map(move |i| (*ip, i.clone())))
+                .filter(|(ip, i)| !owned.get(ip).is_some_and(|old| old.contains(i)))
+                .collect();
+            *owned = new;
+            taken
+        };
+        for (ip, name) in taken {
+            if let Some(r) = self.responders.get(&name) {
+                self.metrics.takeovers.inc();
+                tracing::info!(%ip, interface = %name, "taking over");
+                self.spawn_burst(ip, name, r);
+            }
+        }
+        failures
+    }
+
+    fn start_responder(&self, iface: &Interface) -> Result<Responder, String> {
+        let mac = MacAddr(iface.mac.ok_or("no MAC address")?);
+        let socket = Arc::new(PacketSocket::open(iface.index).map_err(|e| e.to_string())?);
+        let multicast = MulticastMembership::new(iface.index).map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ctx = ResponderThread {
+            name: iface.name.clone(),
+            mac,
+            link_local: iface.link_local,
+            socket: socket.clone(),
+            stop: stop.clone(),
+            owned: self.owned.clone(),
+            metrics: self.metrics.clone(),
+        };
+        std::thread::Builder::new()
+            .name(format!("l2-{}", iface.name))
+            .spawn(move || ctx.run())
+            .map_err(|e| e.to_string())?;
+        tracing::info!(interface = %iface.name, "answering ARP and NDP");
+        Ok(Responder {
+            index: iface.index,
+            mac,
+            link_local: iface.link_local,
+            socket,
+            stop,
+            multicast,
+            joined: BTreeSet::new(),
+        })
+    }
+
+    fn spawn_burst(&self, ip: IpAddr, interface: String, r: &Responder) {
+        let owned = self.owned.clone();
+        let socket = r.socket.clone();
+        let mac = r.mac;
+        let link_local = r.link_local;
+        let metrics = self.metrics.clone();
+        let refresh = self.refresh;
+        tokio::spawn(async move {
+            let still_owned = || {
+                owned
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&ip)
+                    .is_some_and(|i| i.contains(&interface))
+            };
+            let started = tokio::time::Instant::now();
+            let mut offsets = BURST
+                .iter()
+                .copied()
+                .map(|d| started + d)
+                .collect::<Vec<_>>();
+            let mut next_refresh = started + BURST[BURST.len() - 1];
+            loop {
+                let at = if let Some(first) = offsets.first().copied() {
+                    offsets.remove(0);
+                    first
+                } else if refresh.is_zero() {
+                    return;
+                } else {
+                    next_refresh += refresh;
+                    next_refresh
+                };
+                tokio::time::sleep_until(at).await;
+                if !still_owned() {
+                    return;
+                }
+                let frames = match ip {
+                    IpAddr::V4(v4) => vec![
+                        gratuitous_arp_request(mac, v4),
+                        gratuitous_arp_reply(mac, v4),
+                    ],
+                    IpAddr::V6(v6) => vec![unsolicited_neighbor_advertisement(
+                        mac,
+                        v6,
+                        link_local.unwrap_or(v6),
+                    )],
+                };
+                for frame in frames {
+                    match socket.send(&frame) {
+                        Ok(()) => {
+                            metrics.gratuitous_sent.get_or_create(&ip_label(ip)).inc();
+                        }
+                        Err(e) => {
+                            tracing::warn!(%ip, %interface, error = %e, "announcement not sent")
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// What a responder thread needs.
+struct ResponderThread {
+    name: String,
+    mac: MacAddr,
+    link_local: Option<Ipv6Addr>,
+    socket: Arc<PacketSocket>,
+    stop: Arc<AtomicBool>,
+    owned: Arc<RwLock<Owned>>,
+    metrics: Metrics,
+}
+
+impl ResponderThread {
+    fn run(self) {
+        let mut buf = vec![0u8; 2048];
+        while !self.stop.load(Ordering::Relaxed) {
+            let len = match self.socket.recv(&mut buf) {
+                Ok(Some(len)) => len,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(interface = %self.name, error = %e, "receive failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let request = match packet::parse(&buf[..len]) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.metrics
+                        .malformed_frames
+                        .get_or_create(&vec![("reason", e.kind().to_string())])
+                        .inc();
+                    continue;
+                }
+            };
+            let ip = request.target();
+            let ours = self
+                .owned
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&ip)
+                .is_some_and(|i| i.contains(&self.name));
+            if !ours {
+                continue;
+            }
+            self.metrics
+                .requests_received
+                .get_or_create(&ip_label(ip))
+                .inc();
+            let reply = match &request {
+                // A gratuitous request announces the sender; it asks nothing.
+                Request::Arp(arp) if arp.is_gratuitous() => continue,
+                Request::Arp(arp) => arp_reply(arp, self.mac),
+                Request::NeighborSolicitation(ns) => {
+                    neighbor_advertisement(ns, self.mac, self.link_local.unwrap_or(ns.target))
+                }
+            };
+            match self.socket.send(&reply) {
+                Ok(()) => {
+                    self.metrics
+                        .responses_sent
+                        .get_or_create(&ip_label(ip))
+                        .inc();
+                }
+                Err(e) => tracing::warn!(interface = %self.name, %ip, error = %e, "reply not sent"),
+            }
+        }
+    }
+}

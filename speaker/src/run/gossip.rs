@@ -1,0 +1,232 @@
+//! Sends and receives the speakers' heartbeats over UDP (see `ferrolb_speaker::l2::liveness`
+//! for the protocol and the rules).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use ferrolb_speaker::l2::liveness::{Heartbeat, HeartbeatError, Member, Membership};
+use tokio::net::UdpSocket;
+use tokio::sync::Notify;
+
+use super::metrics::Metrics;
+
+/// What this speaker says about itself.
+#[derive(Clone, Debug, Default)]
+struct Local {
+    ready: bool,
+    leaving: bool,
+    interfaces: BTreeSet<String>,
+}
+
+/// The heartbeat exchange: the live peers, and what this speaker announces about itself.
+pub struct Gossip {
+    node: String,
+    key: Vec<u8>,
+    port: u16,
+    boot: u64,
+    seq: Mutex<u64>,
+    local: Mutex<Local>,
+    peers: Mutex<Vec<SocketAddr>>,
+    membership: Mutex<Membership>,
+    socket: UdpSocket,
+    changed: Arc<Notify>,
+    metrics: Metrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere must not stop the heartbeats; the data stays consistent per field.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A random number per process start, from the kernel.
+fn boot_id() -> u64 {
+    let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
+    let hex: String = uuid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    u64::from_str_radix(&hex, 16).unwrap_or_else(|_| unix_ms() ^ u64::from(std::process::id()))
+}
+
+impl Gossip {
+    /// Binds the heartbeat port and starts sending and receiving. `changed` is notified when
+    /// the live peers may have changed.
+    pub async fn start(
+        node: String,
+        key: Vec<u8>,
+        port: u16,
+        interval: Duration,
+        timeout: Duration,
+        changed: Arc<Notify>,
+        metrics: Metrics,
+    ) -> anyhow::Result<Arc<Self>> {
+        // One dual-stack socket takes IPv4 heartbeats as mapped addresses; nodes without IPv6
+        // fall back to IPv4 only.
+        let socket =
+            match UdpSocket::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)).await {
+                Ok(s) => s,
+                Err(_) => UdpSocket::bind(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port))
+                    .await
+                    .with_context(|| format!("binding heartbeat port {port}"))?,
+            };
+        let gossip = Arc::new(Gossip {
+            membership: Mutex::new(Membership::new(node.clone(), timeout)),
+            node,
+            key,
+            port,
+            boot: boot_id(),
+            seq: Mutex::new(0),
+            local: Mutex::new(Local::default()),
+            peers: Mutex::new(Vec::new()),
+            socket,
+            changed,
+            metrics,
+        });
+        let sender = gossip.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                sender.beat().await;
+            }
+        });
+        let receiver = gossip.clone();
+        tokio::spawn(async move { receiver.receive().await });
+        Ok(gossip)
+    }
+
+    /// Sets where the other speakers are (their nodes' addresses).
+    pub fn set_peers(&self, addresses: impl IntoIterator<Item = IpAddr>) {
+        let mut list: Vec<SocketAddr> = addresses
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, self.port))
+            .collect();
+        list.sort();
+        list.dedup();
+        *lock(&self.peers) = list;
+    }
+
+    /// Sets what this speaker says about itself; a change goes out at once.
+    pub async fn set_local(&self, ready: bool, interfaces: BTreeSet<String>) {
+        let changed = {
+            let mut local = lock(&self.local);
+            let changed = local.ready != ready || local.interfaces != interfaces;
+            local.ready = ready;
+            local.interfaces = interfaces;
+            changed
+        };
+        if changed {
+            self.beat().await;
+        }
+    }
+
+    /// Tells the others this speaker leaves, so they take its IPs over without waiting for the
+    /// failure timeout. Sent three times: UDP may drop one.
+    pub async fn leave(&self) {
+        lock(&self.local).leaving = true;
+        for _ in 0..3 {
+            self.beat().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Live peers at `now`.
+    pub fn alive(&self, now: Instant) -> BTreeMap<String, Member> {
+        lock(&self.membership).alive(now)
+    }
+
+    /// When the next live peer would time out.
+    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        lock(&self.membership).next_expiry(now)
+    }
+
+    async fn beat(&self) {
+        let beat = {
+            let local = lock(&self.local).clone();
+            let mut seq = lock(&self.seq);
+            *seq += 1;
+            Heartbeat {
+                node: self.node.clone(),
+                boot: self.boot,
+                seq: *seq,
+                unix_ms: unix_ms(),
+                ready: local.ready && !local.leaving,
+                leaving: local.leaving,
+                interfaces: local.interfaces,
+            }
+        };
+        let bytes = match beat.encode(&self.key) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode a heartbeat");
+                return;
+            }
+        };
+        let peers = lock(&self.peers).clone();
+        for peer in peers {
+            let target = match peer {
+                SocketAddr::V4(v4) if self.socket.local_addr().is_ok_and(|a| a.is_ipv6()) => {
+                    SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+                }
+                other => other,
+            };
+            if let Err(e) = self.socket.send_to(&bytes, target).await {
+                tracing::debug!(%peer, error = %e, "heartbeat not sent");
+            }
+        }
+    }
+
+    async fn receive(&self) {
+        let mut buf = vec![0u8; 2048];
+        let mut last_warning: Option<Instant> = None;
+        loop {
+            let (len, from) = match self.socket.recv_from(&mut buf).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat receive failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            let result = Heartbeat::decode(&buf[..len], &self.key)
+                .and_then(|beat| lock(&self.membership).receive(beat, now, unix_ms()));
+            match result {
+                Ok(true) => self.changed.notify_one(),
+                Ok(false) => {}
+                Err(e) => {
+                    let reason = match e {
+                        HeartbeatError::Malformed | HeartbeatError::TooLong(_) => "malformed",
+                        HeartbeatError::BadTag => "authentication",
+                        HeartbeatError::Clock { .. } => "clock",
+                        HeartbeatError::Replay => "replay",
+                    };
+                    self.metrics
+                        .heartbeats_refused
+                        .get_or_create(&vec![("reason", reason.to_string())])
+                        .inc();
+                    // Duplicates are normal; everything else is worth a (rate-limited) warning.
+                    if reason != "replay"
+                        && last_warning
+                            .is_none_or(|t| now.duration_since(t) > Duration::from_secs(30))
+                    {
+                        last_warning = Some(now);
+                        tracing::warn!(%from, error = %e, "heartbeat refused");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The speaker's Prometheus metrics: MetalLB's names (users' dashboards expect them) plus
+//! `ferrolb_*` extras.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Label set of the per-IP layer 2 counters.
+pub type IpLabel = Vec<(&'static str, String)>;
+/// Label set of `metallb_speaker_announced`.
+pub type AnnouncedLabels = Vec<(&'static str, String)>;
+
+/// Every metric of the speaker.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    /// `metallb_speaker_announced{service,protocol,node,ip}`: 1 while this node announces.
+    pub announced: Family<AnnouncedLabels, Gauge>,
+    /// `metallb_layer2_requests_received{ip}`.
+    pub requests_received: Family<IpLabel, Counter>,
+    /// `metallb_layer2_responses_sent{ip}`.
+    pub responses_sent: Family<IpLabel, Counter>,
+    /// `metallb_layer2_gratuitous_sent{ip}`.
+    pub gratuitous_sent: Family<IpLabel, Counter>,
+    /// Frames dropped as malformed, by reason.
+    pub malformed_frames: Family<Vec<(&'static str, String)>, Counter>,
+    /// Heartbeats refused, by reason.
+    pub heartbeats_refused: Family<Vec<(&'static str, String)>, Counter>,
+    /// Other speakers alive.
+    pub peers_alive: Gauge,
+    /// IPs this node took over (became owner of).
+    pub takeovers: Counter,
+    /// 1 when the configuration was read.
+    pub config_loaded: Gauge,
+    /// 1 when some configuration objects are left out.
+    pub config_stale: Gauge,
+}
+
+impl Metrics {
+    /// The metrics and a registry that serves them.
+    pub fn new() -> (Self, Registry) {
+        let m = Metrics::default();
+        let mut r = Registry::default();
+        r.register(
+            "metallb_speaker_announced",
+            "Services being announced from this node",
+            m.announced.clone(),
+        );
+        r.register(
+            "metallb_layer2_requests_received",
+            "Number of layer2 requests received for owned IPs",
+            m.requests_received.clone(),
+        );
+        r.register(
+            "metallb_layer2_responses_sent",
+            "Number of layer2 responses sent for owned IPs",
+            m.responses_sent.clone(),
+        );
+        r.register(
+            "metallb_layer2_gratuitous_sent",
+            "Number of gratuitous layer2 packets sent for owned IPs",
+            m.gratuitous_sent.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_malformed_frames",
+            "ARP/NDP frames dropped as malformed",
+            m.malformed_frames.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_heartbeats_refused",
+            "Heartbeats refused (authentication, replay, clock)",
+            m.heartbeats_refused.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_peers_alive",
+            "Other speakers heard within the failure timeout",
+            m.peers_alive.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_takeovers",
+            "IPs this node became the owner of",
+            m.takeovers.clone(),
+        );
+        r.register(
+            "metallb_k8s_client_config_loaded_bool",
+            "1 if the configuration was loaded",
+            m.config_loaded.clone(),
+        );
+        r.register(
+            "metallb_k8s_client_config_stale_bool",
+            "1 if some configuration objects are left out",
+            m.config_stale.clone(),
+        );
+        (m, r)
+    }
+}
+
+/// The label set of one IP.
+pub fn ip_label(ip: std::net::IpAddr) -> IpLabel {
+    vec![("ip", ip.to_string())]
+}
