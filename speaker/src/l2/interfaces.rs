@@ -3,8 +3,6 @@
 //! The driver reads interfaces from `/sys/class/net`; the rules that pick the usable ones are
 //! here, so they are tested without a network.
 
-use std::net::Ipv6Addr;
-
 /// Name prefixes of interfaces never announced on (MetalLB's list): container, bridge, tunnel and
 /// virtual interfaces that no client's ARP or NDP reaches.
 pub const DEFAULT_IGNORED_PREFIXES: &[&str] = &[
@@ -45,8 +43,6 @@ pub struct Interface {
     pub oper_up: bool,
     /// Enslaved to a bond or bridge (the master answers, not the slave).
     pub enslaved: bool,
-    /// The interface's IPv6 link-local address, the source of Neighbor Advertisements.
-    pub link_local: Option<Ipv6Addr>,
 }
 
 impl Interface {
@@ -85,25 +81,6 @@ pub fn oper_up(operstate: &str) -> bool {
     matches!(operstate.trim(), "up" | "unknown")
 }
 
-/// Link-local addresses by interface index, from `/proc/net/if_inet6` (one line per address:
-/// address hex, index hex, prefix length, scope, flags, name).
-pub fn parse_if_inet6(text: &str) -> Vec<(u32, Ipv6Addr)> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let hex = fields.next()?;
-            let index = u32::from_str_radix(fields.next()?, 16).ok()?;
-            let _prefix = fields.next()?;
-            let scope = fields.next()?;
-            if scope != "20" || hex.len() != 32 {
-                return None;
-            }
-            let value = u128::from_str_radix(hex, 16).ok()?;
-            Some((index, Ipv6Addr::from(value)))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -118,7 +95,6 @@ mod tests {
             flags: 0x1003,
             oper_up: true,
             enslaved: false,
-            link_local: None,
         }
     }
 
@@ -176,11 +152,5 @@ mod tests {
         assert_eq!(parse_mac("02:00:c6:12:00:0b:00:01"), None);
         assert_eq!(parse_flags("0x1003\n"), Some(0x1003));
         assert!(oper_up("up\n") && oper_up("unknown") && !oper_up("lowerlayerdown"));
-        let inet6 = "fe80000000000000000000fffe000001 02 40 20 80     eth0\n\
-                     fd000018000000000000000000000011 02 80 00 80     eth0\n";
-        assert_eq!(
-            parse_if_inet6(inet6),
-            vec![(2, "fe80::ff:fe00:1".parse().unwrap())]
-        );
     }
 }

@@ -36,8 +36,6 @@ type Owned = HashMap<IpAddr, BTreeSet<String>>;
 struct Responder {
     index: u32,
     mac: MacAddr,
-    /// Source of Neighbor Advertisements: the link-local address, else the target itself.
-    link_local: Option<Ipv6Addr>,
     socket: Arc<PacketSocket>,
     stop: Arc<AtomicBool>,
     multicast: MulticastMembership,
@@ -179,7 +177,6 @@ impl Announcer {
         let ctx = ResponderThread {
             name: iface.name.clone(),
             mac,
-            link_local: iface.link_local,
             socket: socket.clone(),
             stop: stop.clone(),
             owned: self.owned.clone(),
@@ -193,7 +190,6 @@ impl Announcer {
         Ok(Responder {
             index: iface.index,
             mac,
-            link_local: iface.link_local,
             socket,
             stop,
             multicast,
@@ -205,7 +201,6 @@ impl Announcer {
         let owned = self.owned.clone();
         let socket = r.socket.clone();
         let mac = r.mac;
-        let link_local = r.link_local;
         let metrics = self.metrics.clone();
         let refresh = self.refresh;
         tokio::spawn(async move {
@@ -242,11 +237,9 @@ impl Announcer {
                         gratuitous_arp_request(mac, v4),
                         gratuitous_arp_reply(mac, v4),
                     ],
-                    IpAddr::V6(v6) => vec![unsolicited_neighbor_advertisement(
-                        mac,
-                        v6,
-                        link_local.unwrap_or(v6),
-                    )],
+                    // From the target itself, as Linux does: some hosts (ndisc6, for one)
+                    // ignore advertisements from another source.
+                    IpAddr::V6(v6) => vec![unsolicited_neighbor_advertisement(mac, v6, v6)],
                 };
                 for frame in frames {
                     match socket.send(&frame) {
@@ -267,7 +260,6 @@ impl Announcer {
 struct ResponderThread {
     name: String,
     mac: MacAddr,
-    link_local: Option<Ipv6Addr>,
     socket: Arc<PacketSocket>,
     stop: Arc<AtomicBool>,
     owned: Arc<RwLock<Owned>>,
@@ -317,7 +309,7 @@ impl ResponderThread {
                 Request::Arp(arp) if arp.is_gratuitous() => continue,
                 Request::Arp(arp) => arp_reply(arp, self.mac),
                 Request::NeighborSolicitation(ns) => {
-                    neighbor_advertisement(ns, self.mac, self.link_local.unwrap_or(ns.target))
+                    neighbor_advertisement(ns, self.mac, ns.target)
                 }
             };
             match self.socket.send(&reply) {

@@ -1,19 +1,15 @@
-//! Reads the node's network interfaces from sysfs and procfs. Polled (every 100 ms): reading a
+//! Reads the node's network interfaces from sysfs. Polled (every 100 ms): reading a
 //! few small files costs microseconds, and a cut link is then noticed well within the failure
 //! timeout without a netlink dependency.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ferrolb_speaker::l2::interfaces::{Interface, oper_up, parse_flags, parse_if_inet6, parse_mac};
+use ferrolb_speaker::l2::interfaces::{Interface, oper_up, parse_flags, parse_mac};
 
 /// Every interface of the node's network namespace, by name. Interfaces that vanish while
 /// being read are skipped.
 pub fn read() -> BTreeMap<String, Interface> {
-    let link_local: BTreeMap<u32, std::net::Ipv6Addr> =
-        std::fs::read_to_string("/proc/net/if_inet6")
-            .map(|t| parse_if_inet6(&t).into_iter().collect())
-            .unwrap_or_default();
     let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
         return BTreeMap::new();
     };
@@ -29,7 +25,6 @@ pub fn read() -> BTreeMap<String, Interface> {
                 flags: read("flags").as_deref().and_then(parse_flags)?,
                 oper_up: read("operstate").as_deref().is_some_and(oper_up),
                 enslaved: Path::new(&dir.join("master")).exists(),
-                link_local: link_local.get(&index).copied(),
                 index,
                 name: name.clone(),
             };
