@@ -30,18 +30,6 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
-const CONFIG: &str = "apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: bench, namespace: metallb-system}
-spec:
-  addresses: [198.18.200.0/25, 'fd00:18::c8:0/113']
----
-apiVersion: metallb.io/v1beta1
-kind: L2Advertisement
-metadata: {name: bench, namespace: metallb-system}
-spec:
-  ipAddressPools: [bench]
-";
 
 async fn answering(lab: &Lab, ip: &str) -> anyhow::Result<String> {
     let mac = wait_for(
@@ -123,7 +111,10 @@ async fn main() -> anyhow::Result<()> {
     let kubeconfig = ferrolb::install(&lab)?;
     let controller = ferrolb::start_controller(&lab, &kubeconfig, "bench", 7472)?;
     let credentials = ferrolb::install_speaker(&lab)?;
-    lab.apply(CONFIG)?;
+    lab.apply(&ferrolb::l2_pool(
+        "bench",
+        &["198.18.200.0/25", "fd00:18::c8:0/113"],
+    ))?;
     let mut speakers: BTreeMap<&str, process::LabProcess> = BTreeMap::new();
     for node in NODES {
         speakers.insert(

@@ -16,18 +16,6 @@ use crate::lab::Lab;
 use crate::topology::Options;
 
 const DEMO_NS: &str = "demo";
-const POOL: &str = "apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: demo, namespace: metallb-system}
-spec:
-  addresses: [198.18.200.0/28, 'fd00:18::c8:0/124']
----
-apiVersion: metallb.io/v1beta1
-kind: L2Advertisement
-metadata: {name: demo, namespace: metallb-system}
-spec:
-  ipAddressPools: [demo]
-";
 
 /// Runs the demonstration; leaves the lab up for a look (`e2e/lab down` removes it).
 pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
@@ -45,7 +33,10 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         let speaker = ferrolb::start_speaker(&lab, &credentials, node, &[])?;
         lab.track_process(speaker)?;
     }
-    lab.apply(POOL)?;
+    lab.apply(&ferrolb::l2_pool(
+        "demo",
+        &["198.18.200.0/28", "fd00:18::c8:0/124"],
+    ))?;
     let client = lab.client().await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {

@@ -81,6 +81,30 @@ pub fn start_controller(
     )
 }
 
+/// An IPAddressPool `name` with `addresses` and an L2Advertisement of the same name for it, as
+/// YAML for [`Lab::apply`].
+pub fn l2_pool(name: &str, addresses: &[&str]) -> String {
+    let list = addresses
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: {name}, namespace: {NAMESPACE}}}
+spec:
+  addresses: [{list}]
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {{name: {name}, namespace: {NAMESPACE}}}
+spec:
+  ipAddressPools: [{name}]
+"
+    )
+}
+
 /// What speakers need to run in the lab: their ServiceAccount's kubeconfig and the gossip key.
 #[derive(Clone, Debug)]
 pub struct SpeakerCredentials {

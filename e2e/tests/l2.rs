@@ -22,20 +22,6 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 
-/// Pools and advertisements of the suite. Tests that need more add their own and remove them.
-const CONFIG: &str = "apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: l2, namespace: metallb-system}
-spec:
-  addresses: [198.18.200.0/25, 'fd00:18::c8:0/113']
----
-apiVersion: metallb.io/v1beta1
-kind: L2Advertisement
-metadata: {name: l2, namespace: metallb-system}
-spec:
-  ipAddressPools: [l2]
-";
-
 /// The speakers of the run, restartable one by one.
 struct Speakers {
     lab: Lab,
@@ -409,76 +395,54 @@ async fn failover(ctx: Ctx) -> anyhow::Result<()> {
         ensure!(answering_node(lab, ip).await? == first);
     }
 
-    // The link: cut from the bridge side.
-    lab.set_link(&first, false)?;
-    let outcome = async {
-        for ip in &ips {
-            let now = answering_node(lab, ip).await?;
-            ensure!(
-                now != first,
-                "{ip} still answered by {first} with its link down"
-            );
+    // The link, cut from the bridge side; the speaker, SIGKILLed without a goodbye; then a
+    // clean stop, which hands over before exiting.
+    let first_node = first.as_str();
+    let fault = |what: &str, on: bool| -> anyhow::Result<()> {
+        match (what, on) {
+            ("its link is down", true) => lab.set_link(first_node, false),
+            ("its link is down", false) => lab.set_link(first_node, true),
+            ("its speaker was killed", true) => {
+                ctx.speakers.kill(first_node);
+                Ok(())
+            }
+            ("its speaker stopped", true) => {
+                ctx.speakers.stop(first_node);
+                Ok(())
+            }
+            _ => ctx.speakers.start(first_node),
         }
-        anyhow::Ok(())
-    }
-    .await;
-    lab.set_link(&first, true)?;
-    outcome?;
-    for ip in &ips {
-        wait_for(
-            &format!("{first} to take {ip} back"),
-            Duration::from_secs(30),
-            || async {
-                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
-                if n == first { Ok(Some(())) } else { Err(n) }
-            },
-        )
-        .await?;
-    }
-
-    // The speaker: SIGKILL, no goodbye.
-    ctx.speakers.kill(&first);
-    let outcome = async {
-        for ip in &ips {
-            let now = answering_node(lab, ip).await?;
-            ensure!(
-                now != first,
-                "{ip} still answered by {first} without a speaker"
-            );
+    };
+    for what in [
+        "its link is down",
+        "its speaker was killed",
+        "its speaker stopped",
+    ] {
+        fault(what, true)?;
+        let outcome = async {
+            for ip in &ips {
+                let now = answering_node(lab, ip).await?;
+                ensure!(now != first, "{ip} still answered by {first} when {what}");
+                http(lab, ip)?;
+            }
+            anyhow::Ok(())
         }
-        anyhow::Ok(())
-    }
-    .await;
-    ctx.speakers.start(&first)?;
-    outcome?;
-    for ip in &ips {
-        wait_for(
-            &format!("{first}'s restarted speaker to take {ip} back"),
-            Duration::from_secs(30),
-            || async {
-                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
-                if n == first { Ok(Some(())) } else { Err(n) }
-            },
-        )
-        .await?;
-    }
-
-    // A clean shutdown hands over before exiting.
-    ctx.speakers.stop(&first);
-    let outcome = async {
+        .await;
+        fault(what, false)?;
+        outcome?;
         for ip in &ips {
-            let now = answering_node(lab, ip).await?;
-            ensure!(
-                now != first,
-                "{ip} still answered by {first} after its speaker stopped"
-            );
-            http(lab, ip)?;
+            wait_for(
+                &format!("{first} to take {ip} back after {what}"),
+                Duration::from_secs(30),
+                || async {
+                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                    if n == first { Ok(Some(())) } else { Err(n) }
+                },
+            )
+            .await?;
         }
-        anyhow::Ok(())
     }
-    .await;
-    ctx.speakers.start(&first)?;
-    outcome
+    Ok(())
 }
 
 /// The owner's metrics count requests and answers for its IPs; health and readiness answer.
@@ -567,7 +531,11 @@ fn main() -> std::process::ExitCode {
         let kubeconfig = ferrolb::install(&lab)?;
         let controller = ferrolb::start_controller(&lab, &kubeconfig, "l2", 7472)?;
         let credentials = ferrolb::install_speaker(&lab)?;
-        lab.apply(CONFIG)?;
+        // The suite's pool; tests that need more add their own and remove them.
+        lab.apply(&ferrolb::l2_pool(
+            "l2",
+            &["198.18.200.0/25", "fd00:18::c8:0/113"],
+        ))?;
         let speakers = Arc::new(Speakers {
             lab: lab.clone(),
             credentials,

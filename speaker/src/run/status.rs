@@ -127,26 +127,15 @@ async fn sync(
         }
         written.insert(name, Some(owned.clone()));
         if newly_taken {
-            let event = Event {
-                type_: EventType::Normal,
-                reason: "nodeAssigned".into(),
-                note: Some(format!(
-                    "announcing from node \"{node}\" with protocol \"layer2\""
-                )),
-                action: "Announce".into(),
-                secondary: None,
-            };
-            let reference = ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Service".into()),
-                namespace: Some(key.namespace().to_string()),
-                name: Some(key.name().to_string()),
-                uid: owned.uid.clone(),
-                ..Default::default()
-            };
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::debug!(error = %e, "recording an Event failed");
-            }
+            publish(
+                recorder,
+                key,
+                owned.uid.clone(),
+                EventType::Normal,
+                "nodeAssigned",
+                format!("announcing from node \"{node}\" with protocol \"layer2\""),
+            )
+            .await;
         }
     }
 }
@@ -201,10 +190,30 @@ pub async fn announce_failed(
     uid: Option<String>,
     why: String,
 ) {
+    publish(
+        recorder,
+        key,
+        uid,
+        EventType::Warning,
+        "announceFailed",
+        why,
+    )
+    .await;
+}
+
+/// Records an Event on a Service (best effort: a lost Event must not stop announcing).
+async fn publish(
+    recorder: &Recorder,
+    key: &ServiceKey,
+    uid: Option<String>,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
-        type_: EventType::Warning,
-        reason: "announceFailed".into(),
-        note: Some(why),
+        type_,
+        reason: reason.into(),
+        note: Some(note),
         action: "Announce".into(),
         secondary: None,
     };
