@@ -6,9 +6,16 @@
 //!   allocates at most a small multiple of its input on any input.
 //! - [`fsm`] is the RFC 4271 §8 finite state machine as a pure function from (state, event) to
 //!   (state, actions). Timers and TCP are actions for the driver; there is no clock inside.
+//! - [`plan`] decides what this node advertises to each peer; [`adj_out`] turns a change of
+//!   plan into UPDATEs for one session. Both pure.
+//! - [`driver`] is the I/O: one tokio task per peer owning its TCP connection, timers and
+//!   socket options (TTL, TCP MD5).
 //!
 //! The decision to write our own codec rather than use a crate is recorded in
 //! `docs/decisions/0010-bgp-codec.md`.
 
+pub mod adj_out;
+pub mod driver;
 pub mod fsm;
 pub mod packet;
+pub mod plan;

@@ -8,6 +8,8 @@ use prometheus_client::registry::Registry;
 
 /// Label set of the per-IP layer 2 counters.
 pub type IpLabel = Vec<(&'static str, String)>;
+/// Label set of the per-peer BGP metrics.
+pub type PeerLabel = Vec<(&'static str, String)>;
 /// Label set of `metallb_speaker_announced`.
 pub type AnnouncedLabels = Vec<(&'static str, String)>;
 
@@ -34,6 +36,12 @@ pub struct Metrics {
     pub config_loaded: Gauge,
     /// 1 when some configuration objects are left out.
     pub config_stale: Gauge,
+    /// `metallb_bgp_session_up{peer}`: 1 while the session is Established.
+    pub bgp_session_up: Family<PeerLabel, Gauge>,
+    /// `metallb_bgp_updates_total{peer}`: UPDATEs sent.
+    pub bgp_updates: Family<PeerLabel, Counter>,
+    /// `metallb_bgp_announced_prefixes_total{peer}`: prefixes the peer holds from us.
+    pub bgp_announced_prefixes: Family<PeerLabel, Gauge>,
 }
 
 impl Metrics {
@@ -91,6 +99,22 @@ impl Metrics {
             "1 if some configuration objects are left out",
             m.config_stale.clone(),
         );
+        r.register(
+            "metallb_bgp_session_up",
+            "BGP session state (1 is up, 0 is down)",
+            m.bgp_session_up.clone(),
+        );
+        // A counter's exposition adds `_total`: this is `metallb_bgp_updates_total`.
+        r.register(
+            "metallb_bgp_updates",
+            "Number of BGP UPDATE messages sent",
+            m.bgp_updates.clone(),
+        );
+        r.register(
+            "metallb_bgp_announced_prefixes_total",
+            "Number of prefixes currently being advertised on the BGP session",
+            m.bgp_announced_prefixes.clone(),
+        );
         (m, r)
     }
 }
@@ -98,4 +122,9 @@ impl Metrics {
 /// The label set of one IP.
 pub fn ip_label(ip: std::net::IpAddr) -> IpLabel {
     vec![("ip", ip.to_string())]
+}
+
+/// The label set of one BGP peer.
+pub fn peer_label(peer: &str) -> PeerLabel {
+    vec![("peer", peer.to_string())]
 }

@@ -2,6 +2,7 @@
 //! around the pure planning of the library.
 
 mod announce;
+mod bgp;
 mod gossip;
 mod interfaces;
 mod metrics;
@@ -83,6 +84,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         settled_at: None,
         announced: BTreeMap::new(),
         reported_failures: BTreeSet::new(),
+        bgp: bgp::Bgp::new(metrics.clone()),
         metrics,
         args,
     };
@@ -126,6 +128,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     gossip.leave().await;
     tokio::time::sleep(HANDOVER).await;
     speaker.announcer.apply(&BTreeMap::new(), &BTreeMap::new());
+    speaker.bgp.shutdown().await;
     status_tx.send_replace(status::Desired::new());
     drop(status_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), status_task).await;
@@ -169,6 +172,8 @@ struct Speaker {
     /// `metallb_speaker_announced` label sets currently set.
     announced: BTreeMap<(ServiceKey, IpAddr), ()>,
     reported_failures: BTreeSet<(String, String)>,
+    /// BGP sessions and their routes.
+    bgp: bgp::Bgp,
     metrics: Metrics,
 }
 
@@ -268,6 +273,11 @@ impl Speaker {
             &views,
         );
 
+        // BGP: every eligible node advertises (ECMP), independent of the layer 2 owner choice.
+        let bgp_plan = self
+            .bgp
+            .apply(&config, &nodes, &self.args.node_name, &views);
+
         let failures = self.announcer.apply(&plan.announce, &usable);
         for f in failures {
             tracing::warn!(interface = %f.interface, error = %f.error, "cannot announce");
@@ -333,6 +343,7 @@ impl Speaker {
             services = plan.services.len(),
             unannounced,
             owned = plan.announce.len(),
+            bgp_services = bgp_plan.services.len(),
             members = members.len(),
             "planned"
         );

@@ -127,6 +127,7 @@ async fn sync(
         }
         written.insert(name, Some(owned.clone()));
         if newly_taken {
+            remove_others(api, key, node).await;
             publish(
                 recorder,
                 key,
@@ -136,6 +137,24 @@ async fn sync(
                 format!("announcing from node \"{node}\" with protocol \"layer2\""),
             )
             .await;
+        }
+    }
+}
+
+/// Deletes the status objects other nodes wrote for a Service this node now announces: a node
+/// that died or lost its link cannot delete its own, and one announcer is what the plan says.
+async fn remove_others(api: &Api<ServiceL2Status>, key: &ServiceKey, node: &str) {
+    let selector = format!(
+        "{SERVICE_NAME_LABEL}={},{SERVICE_NAMESPACE_LABEL}={},{NODE_LABEL}!={node}",
+        key.name(),
+        key.namespace()
+    );
+    let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
+        return;
+    };
+    for name in list.items.into_iter().filter_map(|o| o.metadata.name) {
+        if let Err(e) = api.delete(&name, &DeleteParams::default()).await {
+            tracing::debug!(object = %name, error = %e, "deleting another node's ServiceL2Status");
         }
     }
 }

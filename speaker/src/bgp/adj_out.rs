@@ -1,0 +1,282 @@
+//! What was sent to one peer (Adj-RIB-Out) and the UPDATEs that bring the peer to a new plan:
+//! pure, so the packing and the withdrawals are tested without sockets.
+//!
+//! Prefixes with equal attributes travel in one UPDATE (as many as fit in 4096 octets); a
+//! prefix whose attributes change is simply announced again (an implicit withdraw, RFC 4271
+//! §3.1); prefixes that left the plan are withdrawn.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::packet::{
+    AfiSafi, AsPath, CodecContext, EncodeError, MpNextHop, Origin, PathAttributes, Update,
+};
+use super::plan::RouteAttributes;
+
+/// What an established session needs to build UPDATEs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionContext {
+    /// Our AS as sent in the OPEN.
+    pub local_as: u32,
+    /// iBGP: empty AS_PATH, LOCAL_PREF allowed.
+    pub internal: bool,
+    /// Families negotiated with the peer.
+    pub families: Vec<AfiSafi>,
+    /// Next hop of IPv4 prefixes: the session's local IPv4 address (or the node's over an IPv6
+    /// session). `None`: IPv4 prefixes cannot be sent.
+    pub next_hop_v4: Option<Ipv4Addr>,
+    /// Next hop of IPv6 prefixes: the session's local IPv6 address (or the node's over an IPv4
+    /// session). `None`: IPv6 prefixes cannot be sent.
+    pub next_hop_v6: Option<Ipv6Addr>,
+    /// Codec settings negotiated in the OPENs.
+    pub codec: CodecContext,
+}
+
+impl SessionContext {
+    /// Whether a prefix of this family can be sent on the session.
+    pub fn can_send(&self, prefix: &IpNet) -> bool {
+        match prefix {
+            IpNet::V4(_) => {
+                self.next_hop_v4.is_some() && self.families.contains(&AfiSafi::IPV4_UNICAST)
+            }
+            IpNet::V6(_) => {
+                self.next_hop_v6.is_some() && self.families.contains(&AfiSafi::IPV6_UNICAST)
+            }
+        }
+    }
+
+    fn attributes(&self, route: &RouteAttributes) -> PathAttributes {
+        PathAttributes {
+            origin: Some(Origin::Igp),
+            as_path: Some(if self.internal {
+                AsPath::sequence(&[])
+            } else {
+                AsPath::sequence(&[self.local_as])
+            }),
+            local_pref: route.local_pref.filter(|_| self.internal),
+            communities: route.communities.iter().copied().collect(),
+            large_communities: route.large_communities.iter().copied().collect(),
+            ..PathAttributes::default()
+        }
+    }
+}
+
+/// The routes a peer holds from us.
+pub type AdjRibOut = BTreeMap<IpNet, RouteAttributes>;
+
+/// The UPDATEs that take the peer from `sent` to `desired`, and the new Adj-RIB-Out (which
+/// leaves out prefixes the session cannot carry).
+pub fn diff(
+    sent: &AdjRibOut,
+    desired: &AdjRibOut,
+    ctx: &SessionContext,
+) -> Result<(Vec<Update>, AdjRibOut), EncodeError> {
+    let next: AdjRibOut = desired
+        .iter()
+        .filter(|(p, _)| ctx.can_send(p))
+        .map(|(p, a)| (*p, a.clone()))
+        .collect();
+    let mut withdraw4: Vec<Ipv4Net> = Vec::new();
+    let mut withdraw6: Vec<Ipv6Net> = Vec::new();
+    for prefix in sent.keys().filter(|p| !next.contains_key(p)) {
+        match prefix {
+            IpNet::V4(p) => withdraw4.push(*p),
+            IpNet::V6(p) => withdraw6.push(*p),
+        }
+    }
+    // Group new or changed prefixes by attributes, so equal ones share UPDATEs.
+    let mut groups: BTreeMap<&RouteAttributes, (Vec<Ipv4Net>, Vec<Ipv6Net>)> = BTreeMap::new();
+    for (prefix, attrs) in &next {
+        if sent.get(prefix) == Some(attrs) {
+            continue;
+        }
+        let g = groups.entry(attrs).or_default();
+        match prefix {
+            IpNet::V4(p) => g.0.push(*p),
+            IpNet::V6(p) => g.1.push(*p),
+        }
+    }
+    let mut updates = Vec::new();
+    if !withdraw4.is_empty() {
+        updates.extend(Update::withdraw_ipv4(&withdraw4));
+    }
+    if !withdraw6.is_empty() {
+        updates.extend(Update::withdraw_ipv6(&withdraw6));
+    }
+    for (attrs, (v4, v6)) in groups {
+        let base = ctx.attributes(attrs);
+        if let (false, Some(nh)) = (v4.is_empty(), ctx.next_hop_v4) {
+            let mut a = base.clone();
+            a.next_hop = Some(nh);
+            updates.extend(Update::announce_ipv4(&a, &v4, &ctx.codec)?);
+        }
+        if let (false, Some(global)) = (v6.is_empty(), ctx.next_hop_v6) {
+            let nh = MpNextHop::Ipv6 {
+                global,
+                link_local: None,
+            };
+            updates.extend(Update::announce_ipv6(&base, nh, &v6, &ctx.codec)?);
+        }
+    }
+    Ok((updates, next))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::bgp::packet::{Community, Message, Nlri};
+    use proptest::prelude::*;
+
+    fn ctx() -> SessionContext {
+        SessionContext {
+            local_as: 64512,
+            internal: false,
+            families: vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
+            next_hop_v4: Some("198.18.0.1".parse().unwrap()),
+            next_hop_v6: Some("fd00:18::1".parse().unwrap()),
+            codec: CodecContext::default(),
+        }
+    }
+
+    fn attrs(c: u16) -> RouteAttributes {
+        RouteAttributes {
+            local_pref: Some(100),
+            communities: [Community::new(64512, c)].into(),
+            ..Default::default()
+        }
+    }
+
+    /// Applies UPDATEs (after an encode/decode round trip) to a table, as a peer would.
+    fn apply(table: &mut BTreeMap<IpNet, PathAttributes>, updates: &[Update]) {
+        for u in updates {
+            let bytes = Message::Update(u.clone())
+                .to_bytes(&CodecContext::default())
+                .unwrap();
+            let Message::Update(u) = Message::decode(&bytes, &CodecContext::default()).unwrap()
+            else {
+                panic!("not an update")
+            };
+            assert!(bytes.len() <= 4096);
+            for p in &u.withdrawn {
+                table.remove(&IpNet::V4(*p));
+            }
+            if let Some(un) = &u.attributes.mp_unreach
+                && let Nlri::Ipv6Unicast(ps) = &un.withdrawn
+            {
+                for p in ps {
+                    table.remove(&IpNet::V6(*p));
+                }
+            }
+            let mut a = u.attributes.clone();
+            a.mp_reach = None;
+            a.mp_unreach = None;
+            for p in &u.nlri {
+                table.insert(IpNet::V4(*p), a.clone());
+            }
+            if let Some(r) = &u.attributes.mp_reach
+                && let Nlri::Ipv6Unicast(ps) = &r.nlri
+            {
+                assert_eq!(
+                    r.next_hop,
+                    MpNextHop::Ipv6 {
+                        global: "fd00:18::1".parse().unwrap(),
+                        link_local: None
+                    }
+                );
+                for p in ps {
+                    table.insert(IpNet::V6(*p), a.clone());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn equal_attributes_share_one_update_and_ebgp_drops_local_pref() {
+        let desired: AdjRibOut = [
+            ("198.18.200.1/32", 1),
+            ("198.18.200.2/32", 1),
+            ("198.18.200.3/32", 2),
+            ("fd00:18::c8:1/128", 1),
+        ]
+        .into_iter()
+        .map(|(p, c)| (p.parse().unwrap(), attrs(c)))
+        .collect();
+        let (updates, sent) = diff(&AdjRibOut::new(), &desired, &ctx()).unwrap();
+        // Community 1: one IPv4 UPDATE with two prefixes and one IPv6; community 2: one IPv4.
+        assert_eq!(updates.len(), 3);
+        assert_eq!(updates[0].nlri.len(), 2);
+        assert_eq!(
+            updates[0].attributes.as_path,
+            Some(AsPath::sequence(&[64512]))
+        );
+        assert_eq!(updates[0].attributes.local_pref, None);
+        assert_eq!(sent, desired);
+        // Nothing changed: nothing to send.
+        let (again, _) = diff(&sent, &desired, &ctx()).unwrap();
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn withdraws_what_is_gone_and_skips_what_cannot_be_sent() {
+        let mut c = ctx();
+        c.next_hop_v6 = None;
+        c.internal = true;
+        let desired: AdjRibOut = [("198.18.200.1/32", 1), ("fd00:18::c8:1/128", 1)]
+            .into_iter()
+            .map(|(p, c)| (p.parse().unwrap(), attrs(c)))
+            .collect();
+        let (updates, sent) = diff(&AdjRibOut::new(), &desired, &c).unwrap();
+        assert_eq!(updates.len(), 1);
+        assert_eq!(updates[0].attributes.local_pref, Some(100));
+        assert_eq!(updates[0].attributes.as_path, Some(AsPath::sequence(&[])));
+        assert_eq!(sent.len(), 1);
+        let (updates, sent) = diff(&sent, &AdjRibOut::new(), &c).unwrap();
+        assert_eq!(updates.len(), 1);
+        assert_eq!(
+            updates[0].withdrawn,
+            vec!["198.18.200.1/32".parse().unwrap()]
+        );
+        assert!(sent.is_empty());
+    }
+
+    fn table_strategy() -> impl Strategy<Value = AdjRibOut> {
+        proptest::collection::btree_map(
+            prop_oneof![
+                (any::<u32>(), 8u8..=32).prop_map(|(a, l)| IpNet::V4(
+                    Ipv4Net::new(Ipv4Addr::from(a), l).unwrap().trunc()
+                )),
+                (any::<u128>(), 16u8..=128).prop_map(|(a, l)| IpNet::V6(
+                    Ipv6Net::new(Ipv6Addr::from(a), l).unwrap().trunc()
+                )),
+            ],
+            (0u16..3).prop_map(attrs),
+            0..400,
+        )
+    }
+
+    proptest! {
+        /// After any sequence of plans, the peer's table (built from the encoded UPDATEs) holds
+        /// exactly the last plan, with the attributes it asks for.
+        #[test]
+        fn peer_table_follows_the_plans(plans in proptest::collection::vec(table_strategy(), 1..4)) {
+            let mut sent = AdjRibOut::new();
+            let mut table = BTreeMap::new();
+            for desired in &plans {
+                let (updates, next) = diff(&sent, desired, &ctx()).unwrap();
+                apply(&mut table, &updates);
+                sent = next;
+                prop_assert_eq!(table.keys().collect::<Vec<_>>(), desired.keys().collect::<Vec<_>>());
+                for (p, a) in &table {
+                    let want = &desired[p];
+                    prop_assert_eq!(&a.communities, &want.communities.iter().copied().collect::<Vec<_>>());
+                    prop_assert_eq!(a.local_pref, None);
+                    prop_assert_eq!(a.next_hop.is_some(), matches!(p, IpNet::V4(_)));
+                }
+            }
+        }
+    }
+}
