@@ -1,5 +1,6 @@
 //! BGP in the work loop: the plan of this node turned into sessions and routes for the driver,
-//! and the driver's reports turned into MetalLB's metrics.
+//! the driver's reports turned into MetalLB's metrics, and what the node advertises into
+//! ServiceBGPStatus objects and `metallb_speaker_announced{protocol="bgp"}`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -9,22 +10,35 @@ use ferrolb_config::model::Config;
 use ferrolb_speaker::bgp::driver::{Driver, Observer, PeerSettings};
 use ferrolb_speaker::bgp::plan::{self, Inputs};
 use ferrolb_speaker::view::{NodeView, ServiceView};
+use tokio::sync::watch;
 
-use super::metrics::{Metrics, peer_label};
+use super::bgp_status;
+use super::metrics::{AnnouncedLabels, Metrics, peer_label};
 
 /// The BGP half of the speaker.
 pub struct Bgp {
     driver: Driver,
     /// Peers already reported as unusable, with the reason, so each is logged once.
     reported: BTreeSet<(String, String)>,
+    metrics: Metrics,
+    /// `metallb_speaker_announced{protocol="bgp"}` label sets currently set.
+    announced: BTreeSet<AnnouncedLabels>,
+    /// The ServiceBGPStatus writer.
+    status: watch::Sender<bgp_status::Desired>,
+    status_task: tokio::task::JoinHandle<()>,
 }
 
 impl Bgp {
-    /// No sessions yet.
-    pub fn new(metrics: Metrics) -> Self {
+    /// No sessions yet; starts the ServiceBGPStatus writer for `node` in `namespace`.
+    pub fn new(metrics: Metrics, client: kube::Client, namespace: String, node: String) -> Self {
+        let (status, status_task) = bgp_status::spawn(client, namespace, node);
         Self {
-            driver: Driver::new(Arc::new(MetricsObserver(metrics))),
+            driver: Driver::new(Arc::new(MetricsObserver(metrics.clone()))),
             reported: BTreeSet::new(),
+            metrics,
+            announced: BTreeSet::new(),
+            status,
+            status_task,
         }
     }
 
@@ -60,12 +74,57 @@ impl Bgp {
             }
         }
         self.driver.apply(desired);
+        self.report(&plan, me, services);
         plan
     }
 
-    /// Closes every session with a Cease NOTIFICATION.
+    /// Metrics and ServiceBGPStatus objects for what `plan` advertises.
+    fn report(&mut self, plan: &plan::Plan, me: &str, services: &[ServiceView]) {
+        let views: BTreeMap<_, _> = services.iter().map(|s| (&s.key, s)).collect();
+        let mut announced = BTreeSet::new();
+        for key in plan.services.keys() {
+            let Some(view) = views.get(key) else {
+                continue;
+            };
+            // An IP is announced when some peer gets a prefix holding it.
+            for ip in view.ips.iter().filter(|ip| {
+                plan.peers
+                    .values()
+                    .any(|p| p.routes.keys().any(|prefix| prefix.contains(*ip)))
+            }) {
+                announced.insert(vec![
+                    ("service", key.to_string()),
+                    ("protocol", "bgp".to_string()),
+                    ("node", me.to_string()),
+                    ("ip", ip.to_string()),
+                ]);
+            }
+        }
+        for gone in self.announced.difference(&announced) {
+            self.metrics.announced.remove(gone);
+        }
+        for labels in &announced {
+            self.metrics.announced.get_or_create(labels).set(1);
+        }
+        self.announced = announced;
+        let desired = plan.services.clone();
+        self.status.send_if_modified(|current| {
+            if *current == desired {
+                false
+            } else {
+                *current = desired;
+                true
+            }
+        });
+    }
+
+    /// Closes every session with a Cease NOTIFICATION and deletes this node's ServiceBGPStatus
+    /// objects (it advertises nothing any more).
     pub async fn shutdown(self) {
         self.driver.shutdown(Duration::from_secs(2)).await;
+        self.status.send_replace(bgp_status::Desired::new());
+        drop(self.status);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.status_task).await;
     }
 }
 

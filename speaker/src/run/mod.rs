@@ -3,6 +3,7 @@
 
 mod announce;
 mod bgp;
+mod bgp_status;
 mod gossip;
 mod interfaces;
 mod metrics;
@@ -84,7 +85,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         settled_at: None,
         announced: BTreeMap::new(),
         reported_failures: BTreeSet::new(),
-        bgp: bgp::Bgp::new(metrics.clone()),
+        bgp: bgp::Bgp::new(
+            metrics.clone(),
+            client.clone(),
+            args.namespace.clone(),
+            args.node_name.clone(),
+        ),
         metrics,
         args,
     };

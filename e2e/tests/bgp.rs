@@ -1,0 +1,567 @@
+//! ferrolb-speaker in BGP mode, end to end: the controller and one speaker per lab node, each
+//! peering with the lab router (FRR, AS 64500, dynamic eBGP neighbours for the lab segment); the
+//! router's table is read with vtysh and traffic comes from the external client behind it.
+//! Tests run one at a time (they share the speakers); each works in its own namespace.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::ferrolb::{self, SpeakerCredentials};
+use ferrolb_e2e::process::{self, LabProcess};
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
+use ferrolb_e2e::{Lab, Options};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, PostParams};
+use libtest_mimic::{Arguments, Failed, Trial};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const NODES: [&str; 3] = ["node1", "node2", "node3"];
+/// The suite's pool: outside the lab segment's layer 2 ranges.
+const POOL: [&str; 2] = ["198.18.201.0/24", "fd00:18::c9:0/112"];
+/// How long a route change may take to reach the router: UPDATEs are sent at once, so this is
+/// generous; a hold timer expiry (9 s) plus reconnect (connectTime 1 s, doubling) fits too.
+const ROUTE_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// BGPPeer, pool and advertisement of the suite.
+fn bgp_config() -> String {
+    let ns = ferrolb::NAMESPACE;
+    let list = POOL
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {{name: router, namespace: {ns}}}
+spec:
+  myASN: 64512
+  peerASN: 64500
+  peerAddress: 198.18.0.254
+  holdTime: 9s
+  keepaliveTime: 3s
+  connectTime: 1s
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: bgp, namespace: {ns}}}
+spec:
+  addresses: [{list}]
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {{name: bgp, namespace: {ns}}}
+spec:
+  ipAddressPools: [bgp]
+"
+    )
+}
+
+/// The speakers of the run, restartable one by one.
+struct Speakers {
+    lab: Lab,
+    credentials: SpeakerCredentials,
+    running: Mutex<BTreeMap<String, LabProcess>>,
+}
+
+impl Speakers {
+    fn start(&self, node: &str) -> anyhow::Result<()> {
+        let p = ferrolb::start_speaker(&self.lab, &self.credentials, node, &[])?;
+        self.running.lock().unwrap().insert(node.to_string(), p);
+        Ok(())
+    }
+
+    fn kill(&self, node: &str) {
+        if let Some(p) = self.running.lock().unwrap().remove(node) {
+            process::kill_now(&p);
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a frozen speaker keeps its TCP connections open
+    /// but sends nothing, so only the router's hold timer can notice.
+    fn freeze(&self, node: &str, frozen: bool) -> anyhow::Result<()> {
+        let pid = self
+            .running
+            .lock()
+            .unwrap()
+            .get(node)
+            .map(|p| p.pid)
+            .context("no speaker")?;
+        let signal = if frozen {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        kill(Pid::from_raw(pid), signal)?;
+        Ok(())
+    }
+
+    fn stop_all(&self) {
+        for (_, p) in std::mem::take(&mut *self.running.lock().unwrap()) {
+            // A frozen speaker would not see SIGTERM.
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGCONT);
+            process::stop(&p, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Everything a test gets.
+#[derive(Clone)]
+struct Ctx {
+    lab: Lab,
+    speakers: Arc<Speakers>,
+}
+
+/// The prefix of a Service IP (host route).
+fn prefix(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("{ip}/128")
+    } else {
+        format!("{ip}/32")
+    }
+}
+
+/// The lab node owning an address (either family) on the lab segment.
+fn node_of_address(lab: &Lab, address: &str) -> Option<String> {
+    NODES.iter().find_map(|n| {
+        let i = &lab.topology.host(n)?.interfaces[0];
+        (i.ipv4.to_string() == address || i.ipv6.to_string() == address).then(|| n.to_string())
+    })
+}
+
+/// The router's paths for the host route of `ip`: for each, the node it came from (the BGP
+/// neighbour) and the nodes its next hops name.
+fn router_paths(lab: &Lab, ip: &str) -> anyhow::Result<Vec<(String, BTreeSet<String>)>> {
+    let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
+    let socket = lab.dir.join("frr").display().to_string();
+    let command = format!("show bgp {family} unicast {} json", prefix(ip));
+    let out = lab.exec(
+        "router",
+        "vtysh",
+        &["--vty_socket", &socket, "-c", &command],
+    )?;
+    // A prefix not in the table prints `{}` (or a warning object): no paths.
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let mut paths = Vec::new();
+    for path in json["paths"].as_array().into_iter().flatten() {
+        let peer = path["peer"]["peerId"].as_str().unwrap_or_default();
+        let from = node_of_address(lab, peer).unwrap_or_else(|| format!("?{peer}"));
+        let next_hops = path["nexthops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["ip"].as_str())
+            // IPv6 paths may carry the neighbour's link-local address beside the global one.
+            .filter(|a| !a.starts_with("fe80:"))
+            .map(|a| node_of_address(lab, a).unwrap_or_else(|| format!("?{a}")))
+            .collect();
+        paths.push((from, next_hops));
+    }
+    Ok(paths)
+}
+
+/// Waits until the router's paths for `ip` come from exactly `nodes`, each with its own address
+/// as next hop.
+async fn wait_advertised_by(lab: &Lab, ip: &str, nodes: &[&str]) -> anyhow::Result<()> {
+    let want: BTreeSet<String> = nodes.iter().map(|n| n.to_string()).collect();
+    wait_for(
+        &format!("the router's paths for {ip} to come from {want:?}"),
+        ROUTE_TIMEOUT,
+        || async {
+            let paths = router_paths(lab, ip).map_err(|e| e.to_string())?;
+            let from: BTreeSet<String> = paths.iter().map(|(f, _)| f.clone()).collect();
+            let hops_ok = paths
+                .iter()
+                .all(|(f, hops)| hops.contains(f) && hops.iter().all(|h| h == f));
+            if from == want && paths.len() == want.len() && hops_ok {
+                Ok(Some(()))
+            } else {
+                Err(format!("paths (neighbour, next hops): {paths:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// HTTP through `ip` from the external client: the answering pod.
+fn http_from_ext(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    let url = ferrolb_e2e::lab::http_url(ip);
+    let out = lab.exec("ext", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
+    Ok(out
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// Waits until HTTP from the external client through `ip` has been answered by `want` different
+/// pods (kube-proxy programs the Service's rules a little after its endpoints are ready: until
+/// then requests are dropped or rejected, so failures are retried).
+async fn wait_http_pods(lab: &Lab, ip: &str, want: usize) -> anyhow::Result<BTreeSet<String>> {
+    let mut pods = BTreeSet::new();
+    wait_for(
+        &format!("{want} pod(s) to answer through {ip} from ext"),
+        Duration::from_secs(30),
+        || {
+            let answer = http_from_ext(lab, ip);
+            if let Ok(pod) = &answer {
+                pods.insert(pod.clone());
+            }
+            let seen = format!("pods {pods:?}, last {answer:?}");
+            let done = pods.len() >= want;
+            async move { if done { Ok(Some(())) } else { Err(seen) } }
+        },
+    )
+    .await?;
+    Ok(pods)
+}
+
+/// Waits until the router installed the route in its kernel table: for IPv4 with every node as
+/// next hop; for IPv6 with as many next hops (zebra may prefer link-local next hops).
+async fn wait_installed(lab: &Lab, ip: &str, nodes: &[&str]) -> anyhow::Result<()> {
+    let v6 = ip.contains(':');
+    let family = if v6 { "-6" } else { "-4" };
+    let want: Vec<String> = nodes
+        .iter()
+        .map(|n| lab.topology.host(n).unwrap().interfaces[0].ipv4.to_string())
+        .collect();
+    wait_for(
+        &format!("the router to install {ip} via {nodes:?}"),
+        ROUTE_TIMEOUT,
+        || async {
+            let out = lab
+                .exec("router", "ip", &[family, "route", "show", &prefix(ip)])
+                .map_err(|e| e.to_string())?;
+            let hops_ok = if v6 {
+                // One next hop is written inline, several as `nexthop via` lines.
+                nodes.len() == 1 || out.matches("nexthop via").count() == nodes.len()
+            } else {
+                want.iter().all(|a| out.contains(&format!("via {a} ")))
+            };
+            if out.contains("proto bgp") && hops_ok {
+                Ok(Some(()))
+            } else {
+                Err(format!("router route: {out:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// The (node, peers) of each ServiceBGPStatus of Service `ns/name`.
+fn bgp_statuses(lab: &Lab, ns: &str, name: &str) -> anyhow::Result<BTreeSet<(String, String)>> {
+    let out = lab.kubectl(&[
+        "get",
+        "servicebgpstatuses",
+        "-n",
+        ferrolb::NAMESPACE,
+        "-l",
+        &format!("metallb.io/service-namespace={ns},metallb.io/service-name={name}"),
+        "-o",
+        "jsonpath={range .items[*]}{.status.node}={.status.peers}{\"\\n\"}{end}",
+    ])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(n, p)| (n.to_string(), p.to_string()))
+        .collect())
+}
+
+/// Waits until the ServiceBGPStatus objects of `ns/name` are exactly one per node of `nodes`,
+/// each naming the BGPPeer `router`.
+async fn wait_statuses(lab: &Lab, ns: &str, name: &str, nodes: &[&str]) -> anyhow::Result<()> {
+    let want: BTreeSet<(String, String)> = nodes
+        .iter()
+        .map(|n| (n.to_string(), "[\"router\"]".to_string()))
+        .collect();
+    wait_for(
+        &format!("ServiceBGPStatus of {ns}/{name} from {nodes:?}"),
+        Duration::from_secs(30),
+        || async {
+            let have = bgp_statuses(lab, ns, name).map_err(|e| e.to_string())?;
+            if have == want {
+                Ok(Some(()))
+            } else {
+                Err(format!("{have:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// A LoadBalancer Service from the suite's pool (a lab kept up may hold other pools).
+fn bgp_service(name: &str, mut extra: serde_json::Value) -> anyhow::Result<Service> {
+    merge(
+        &mut extra,
+        serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "bgp"}}}),
+    );
+    lb_service(name, extra)
+}
+
+async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
+    api.create(&PostParams::default(), &svc).await?;
+    Ok(())
+}
+
+/// A dual-stack Service (externalTrafficPolicy Cluster) with pods on node1 and node2: the router
+/// has a path from each of the three nodes, installs them all, and the external client reaches
+/// both pods over IPv4 and IPv6.
+async fn cluster_policy_all_nodes_and_reachable(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-cluster").await?;
+    scope.deploy("web", &["node1", "node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 2).await?;
+    for ip in &ips {
+        wait_advertised_by(lab, ip, &NODES).await?;
+        wait_installed(lab, ip, &NODES).await?;
+        // ECMP hashes per flow and kube-proxy picks a pod per connection: both pods answer.
+        let pods = wait_http_pods(lab, ip, 2).await?;
+        ensure!(
+            pods.len() == 2 && pods.iter().all(|p| p.starts_with("web-")),
+            "{ip}: answers from {pods:?}"
+        );
+    }
+    wait_statuses(lab, &scope.namespace, "web", &NODES).await?;
+    let metrics = lab.exec(
+        "node3",
+        "curl",
+        &["-sS", "--max-time", "3", "http://127.0.0.1:7472/metrics"],
+    )?;
+    let mut needles = vec!["metallb_bgp_session_up{peer=\"router\"} 1".to_string()];
+    for ip in &ips {
+        needles.push(format!(
+            "metallb_speaker_announced{{service=\"{}/web\",protocol=\"bgp\",node=\"node3\",ip=\"{ip}\"}} 1",
+            scope.namespace
+        ));
+    }
+    for needle in needles {
+        ensure!(metrics.contains(&needle), "node3's /metrics lacks {needle}");
+    }
+    Ok(())
+}
+
+/// externalTrafficPolicy Local: only the nodes with a serving pod advertise, each with its own
+/// address as next hop.
+async fn local_policy_only_nodes_with_pods(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-local").await?;
+    scope.deploy("web", &["node1", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    scope.wait_ready_endpoints("web", 2).await?;
+    wait_advertised_by(lab, &ip, &["node1", "node3"]).await?;
+    wait_installed(lab, &ip, &["node1", "node3"]).await?;
+    wait_statuses(lab, &scope.namespace, "web", &["node1", "node3"]).await?;
+    let pods = wait_http_pods(lab, &ip, 1).await?;
+    ensure!(
+        pods.iter().all(|p| p.starts_with("web-")),
+        "{ip}: answers {pods:?}"
+    );
+    Ok(())
+}
+
+/// Deleting the Service withdraws its route from every node.
+async fn deleting_the_service_withdraws(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-delete").await?;
+    scope.deploy("web", &["node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    scope.wait_ready_endpoints("web", 1).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+    wait_statuses(lab, &scope.namespace, "web", &NODES).await?;
+    api.delete("web", &DeleteParams::default()).await?;
+    wait_advertised_by(lab, &ip, &[]).await?;
+    wait_statuses(lab, &scope.namespace, "web", &[]).await?;
+    Ok(())
+}
+
+/// A SIGKILLed speaker's paths go (its connection closes, or at the latest the router's hold
+/// timer fires) and come back when it restarts; a frozen speaker (SIGSTOP: the connection stays
+/// open, no keepalives) is withdrawn by the router's hold timer, and back after SIGCONT.
+async fn dead_speaker_is_withdrawn(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-dead").await?;
+    scope.deploy("web", &["node1", "node2", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    scope.wait_ready_endpoints("web", 3).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+
+    ctx.speakers.kill("node3");
+    let outcome = async {
+        wait_advertised_by(lab, &ip, &["node1", "node2"]).await?;
+        wait_http_pods(lab, &ip, 1).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.start("node3")?;
+    outcome.context("after SIGKILL of node3's speaker")?;
+    wait_advertised_by(lab, &ip, &NODES)
+        .await
+        .context("after restarting node3's speaker")?;
+
+    ctx.speakers.freeze("node2", true)?;
+    let outcome = async {
+        wait_advertised_by(lab, &ip, &["node1", "node3"]).await?;
+        wait_http_pods(lab, &ip, 1).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.freeze("node2", false)?;
+    outcome.context("while node2's speaker was frozen")?;
+    wait_advertised_by(lab, &ip, &NODES)
+        .await
+        .context("after thawing node2's speaker")?;
+    Ok(())
+}
+
+type Body = fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let table: Vec<(&str, Body)> = vec![
+        ("cluster_policy_all_nodes_and_reachable", |c| {
+            Box::pin(cluster_policy_all_nodes_and_reachable(c))
+        }),
+        ("local_policy_only_nodes_with_pods", |c| {
+            Box::pin(local_policy_only_nodes_with_pods(c))
+        }),
+        ("deleting_the_service_withdraws", |c| {
+            Box::pin(deleting_the_service_withdraws(c))
+        }),
+        ("dead_speaker_is_withdrawn", |c| {
+            Box::pin(dead_speaker_is_withdrawn(c))
+        }),
+    ];
+    if !ferrolb_e2e::is_root() {
+        let trials = table
+            .iter()
+            .map(|(n, _)| Trial::test(*n, || Ok(())).with_ignored_flag(true))
+            .collect();
+        eprintln!("BGP end-to-end tests need root (network namespaces); skipped");
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let setup = rt.block_on(async {
+        let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
+        let lab = Lab::up(Options::default(), &lab_exe).await?;
+        let kubeconfig = ferrolb::install(&lab)?;
+        let controller = ferrolb::start_controller(&lab, &kubeconfig, "bgp", 7472)?;
+        let credentials = ferrolb::install_speaker(&lab)?;
+        lab.apply(&bgp_config())?;
+        let speakers = Arc::new(Speakers {
+            lab: lab.clone(),
+            credentials,
+            running: Mutex::new(BTreeMap::new()),
+        });
+        for node in NODES {
+            speakers.start(node)?;
+        }
+        anyhow::Ok((lab, controller, speakers))
+    });
+    let (lab, controller, speakers) = match setup.context("setup") {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("setup failed: {e:#}");
+            let _ = ferrolb_e2e::down();
+            let msg = format!("setup failed: {e:#}");
+            let trials = table
+                .iter()
+                .map(|(n, _)| {
+                    let msg = msg.clone();
+                    Trial::test(*n, move || Err(Failed::from(msg)))
+                })
+                .collect();
+            let _ = libtest_mimic::run(&args, trials);
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let ctx = Ctx {
+        lab: lab.clone(),
+        speakers: speakers.clone(),
+    };
+    let trials: Vec<Trial> = table
+        .into_iter()
+        .map(|(name, body)| {
+            let ctx = ctx.clone();
+            Trial::test(name, move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Failed::from(e.to_string()))?;
+                rt.block_on(body(ctx))
+                    .map_err(|e| Failed::from(format!("{e:#}")))
+            })
+        })
+        .collect();
+    let mut args = args;
+    // The tests share the speakers and the router: one at a time.
+    args.test_threads = Some(1);
+    let conclusion = libtest_mimic::run(&args, trials);
+    speakers.stop_all();
+    process::stop(&controller, Duration::from_secs(5));
+    if conclusion.has_failed() {
+        // The lab's directory goes with it: keep the logs.
+        let keep = ferrolb_e2e::lab::repo_root().join("target/lab-logs-bgp");
+        let _ = std::fs::create_dir_all(&keep);
+        for entry in std::fs::read_dir(lab.dir.join("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::copy(entry.path(), keep.join(entry.file_name()));
+        }
+        eprintln!("logs: {}", keep.display());
+    }
+    if std::env::var_os("FERROLB_KEEP_LAB").is_none()
+        && let Err(e) = ferrolb_e2e::down()
+    {
+        eprintln!("lab down failed: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    conclusion.exit_code()
+}
