@@ -1709,6 +1709,8 @@ async fn installed_release_serves_and_upgrade_keeps_key_and_ips(lab: &Lab) -> an
         )
         .await?;
         let speakers = speaker_runnable()?;
+        // The speaker exists: its absence is now a failure, not a reason to fake the ARP answer.
+        ensure!(speakers, "ferrolb-speaker in the image does not run (--help lacks --node-name)");
         let nodes: Vec<String> = lab.topology.nodes().map(|n| n.name.clone()).collect();
         let mut speaker_processes = Vec::new();
         if speakers {
