@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ferrolb_runtime::LogFormat;
 
 /// ferrolb's controller: IP allocation for LoadBalancer Services, MetalLB-compatible.
 #[derive(Parser, Debug)]
@@ -100,29 +101,12 @@ struct RunArgs {
     log_level: String,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 fn duration(text: &str) -> Result<Duration, String> {
     ferrolb_config::validate::parse_go_duration(text)
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("finding the cluster (in-cluster config or kubeconfig)")?,
-    };
-    let client = kube::Client::try_from(config)?;
+    let client = ferrolb_runtime::kube_client(args.kubeconfig.as_deref()).await?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -187,7 +171,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            telemetry::init_logs(matches!(args.log_format, LogFormat::Json), &args.log_level);
+            ferrolb_runtime::init_logs(args.log_format, &args.log_level);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

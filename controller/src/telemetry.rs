@@ -1,4 +1,4 @@
-//! Logs, Prometheus metrics and the health endpoints.
+//! Prometheus metrics and the health endpoints (logs: ferrolb-runtime).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -177,20 +177,4 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, ready: Ready) -> any
         .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
     axum::serve(listener, app).await?;
     Ok(())
-}
-
-/// Sets up logging: text by default, JSON with `json`. `RUST_LOG` overrides `level`.
-pub fn init_logs(json: bool, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    if json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
 }
