@@ -151,21 +151,40 @@ impl Elector {
     }
 }
 
+/// A grant of leadership: until when, and in which term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    until: Instant,
+    /// Counts the times this replica took the Lease (created it or took it over). Renewing,
+    /// also after the deadline lapsed, keeps the term: while the Lease named this replica all
+    /// along, no other replica can have written.
+    term: u64,
+}
+
 /// Leadership as the rest of the controller sees it: a deadline, checked before every write.
 #[derive(Clone, Debug)]
 pub struct Leadership {
-    rx: watch::Receiver<Option<Instant>>,
+    rx: watch::Receiver<Option<Grant>>,
 }
 
 impl Leadership {
     /// Whether this replica may write now.
     pub fn is_leading(&self) -> bool {
-        self.rx.borrow().is_some_and(|until| Instant::now() < until)
+        self.term().is_some()
+    }
+
+    /// The current term, if this replica may write now. A new term means another replica may
+    /// have led since the last one: what this replica knows must be rebuilt from the caches.
+    pub fn term(&self) -> Option<u64> {
+        self.rx
+            .borrow()
+            .filter(|g| Instant::now() < g.until)
+            .map(|g| g.term)
     }
 
     /// Waits until leadership may have changed (a renewal, a loss, or the deadline passing).
     pub async fn changed(&mut self) {
-        let deadline = *self.rx.borrow();
+        let deadline = self.rx.borrow().map(|g| g.until);
         match deadline {
             Some(until) if Instant::now() < until => {
                 tokio::select! {
@@ -181,9 +200,10 @@ impl Leadership {
 
     /// A leadership that always leads (for a single replica started with election off).
     pub fn always() -> Self {
-        let (tx, rx) = watch::channel(Some(
-            Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600),
-        ));
+        let (tx, rx) = watch::channel(Some(Grant {
+            until: Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600),
+            term: 1,
+        }));
         std::mem::forget(tx);
         Self { rx }
     }
@@ -234,10 +254,11 @@ async fn run(
     name: String,
     identity: String,
     timing: Timing,
-    tx: watch::Sender<Option<Instant>>,
+    tx: watch::Sender<Option<Grant>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut elector = Elector::new(identity.clone(), timing);
+    let mut term = 0u64;
     let mut ticker = tokio::time::interval(timing.retry_period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -307,10 +328,13 @@ async fn run(
             Ok(()) => {
                 let was_leading = elector.is_leading(Instant::now());
                 let until = elector.succeeded(started);
-                if !was_leading {
-                    tracing::info!(lease = %name, identity = %identity, "became leader");
+                if step != Step::Renew {
+                    term += 1;
                 }
-                let _ = tx.send(Some(until));
+                if !was_leading {
+                    tracing::info!(lease = %name, identity = %identity, term, "became leader");
+                }
+                let _ = tx.send(Some(Grant { until, term }));
             }
             // A conflict means someone else wrote the Lease first; the deadline of our last
             // success still bounds how long we act.

@@ -5,8 +5,10 @@
 
 mod check_config;
 mod core;
+mod events;
 mod leader;
 mod run;
+mod slim;
 mod telemetry;
 
 use std::net::SocketAddr;

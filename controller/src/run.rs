@@ -18,16 +18,18 @@ use ferrolb_config::validate::{NodeInfo, Objects, validate};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use crate::core::{Core, Desired, Note, key_of, matches};
+use crate::core::{Core, Desired, Note, matches};
+use crate::events::{self, Recorder};
 use crate::leader::Leadership;
+use crate::slim::{self, CachedService, ServiceCache};
 use crate::telemetry::{Metrics, Ready};
 
 /// What the driver needs to know.
@@ -43,17 +45,17 @@ pub struct Settings {
 /// Work items the watches produce.
 #[derive(Debug)]
 enum Work {
-    Service(ServiceKey),
+    /// A watch event of a Service, already trimmed (boxed: it is ten times the other variants).
+    Service(Box<Event<CachedService>>),
     Config,
     Namespace(String),
     Synced(&'static str),
 }
 
-/// The watches' caches.
+/// The watches' caches, but for Services, which the work loop keeps itself.
 struct Stores {
-    services: Store<Service>,
-    namespaces: Store<Namespace>,
-    nodes: Store<kube::core::PartialObjectMeta<Node>>,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    nodes: Store<PartialObjectMeta<Node>>,
     pools: Store<IPAddressPool>,
     l2: Store<L2Advertisement>,
     bgp: Store<BGPAdvertisement>,
@@ -73,19 +75,34 @@ enum Decision {
     /// It was deleted and held IPs: waiting Services may fit now.
     Freed,
     /// Write what differs and record Events.
-    Write(Arc<Service>, crate::core::Outcome),
+    Write(Arc<CachedService>, crate::core::Outcome),
     /// Nothing to do.
     Nothing,
+}
+
+/// What became of one Service's writes.
+enum Applied {
+    /// Written (or nothing differed), Events recorded.
+    Done,
+    /// Not written: this replica's leadership had lapsed.
+    NotLeading,
 }
 
 /// Number of watches that must list before the controller acts.
 const WATCHES: usize = 9;
 
+/// Objects per page of the initial list (and of a re-list): each page is held whole while it is
+/// decoded, so it sets the peak above the caches.
+const PAGE_SIZE: u32 = 100;
+
+/// Watches `stream` into `writer`'s cache, trimming each object with `slim` first, and turns each
+/// change into work with `map`.
 fn spawn_watch<K, S, F>(
     stream: S,
     writer: reflector::store::Writer<K>,
     tx: mpsc::UnboundedSender<Work>,
     kind: &'static str,
+    slim: fn(&mut K),
     map: F,
 ) where
     K: kube::Resource + Clone + Send + Sync + 'static,
@@ -94,7 +111,7 @@ fn spawn_watch<K, S, F>(
     F: Fn(&K) -> Work + Send + 'static,
 {
     tokio::spawn(async move {
-        let stream = reflector::reflector(writer, stream).default_backoff();
+        let stream = reflector::reflector(writer, stream.modify(slim)).default_backoff();
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             let work = match event {
@@ -132,51 +149,77 @@ where
     let (reader, writer) = reflector::store();
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     spawn_watch(
-        watcher(api, watcher::Config::default()),
+        watcher(api, watcher::Config::default().page_size(PAGE_SIZE)),
         writer,
         tx.clone(),
         kind,
+        slim::config_object,
         |_| Work::Config,
     );
     reader
 }
 
+/// Watches Services, trimming each as it arrives (the full object is dropped at once), and
+/// hands the events to the work loop, which keeps the cache.
+fn spawn_service_watch(client: &Client, tx: mpsc::UnboundedSender<Work>) {
+    let stream = watcher(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default().page_size(PAGE_SIZE),
+    )
+    .default_backoff();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(Event::Apply(s)) => Event::Apply(CachedService::new(s)),
+                Ok(Event::Delete(s)) => Event::Delete(CachedService::new(s)),
+                Ok(Event::InitApply(s)) => Event::InitApply(CachedService::new(s)),
+                Ok(Event::Init) => Event::Init,
+                Ok(Event::InitDone) => Event::InitDone,
+                Err(e) => {
+                    tracing::warn!(error = %e, watch = "services", "watch failed; retrying");
+                    continue;
+                }
+            };
+            let done = matches!(event, Event::InitDone);
+            if tx.send(Work::Service(Box::new(event))).is_err()
+                || (done && tx.send(Work::Synced("services")).is_err())
+            {
+                return;
+            }
+        }
+    });
+}
+
 fn start_watches(client: &Client, namespace: &str, tx: &mpsc::UnboundedSender<Work>) -> Stores {
-    let (services, writer) = reflector::store();
-    spawn_watch(
-        watcher(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-        writer,
-        tx.clone(),
-        "services",
-        |s: &Service| Work::Service(key_of(s)),
-    );
+    spawn_service_watch(client, tx.clone());
     let (namespaces, writer) = reflector::store();
     spawn_watch(
         watcher(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            watcher::Config::default().page_size(PAGE_SIZE),
         ),
         writer,
         tx.clone(),
         "namespaces",
-        |n: &Namespace| Work::Namespace(n.metadata.name.clone().unwrap_or_default()),
+        slim::name_and_labels,
+        |n: &PartialObjectMeta<Namespace>| {
+            Work::Namespace(n.metadata.name.clone().unwrap_or_default())
+        },
     );
     let (nodes, writer) = reflector::store();
     spawn_watch(
         watcher(
-            Api::<kube::core::PartialObjectMeta<Node>>::all(client.clone()),
-            watcher::Config::default(),
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default().page_size(PAGE_SIZE),
         ),
         writer,
         tx.clone(),
         "nodes",
+        slim::name_and_labels,
         |_| Work::Config,
     );
     Stores {
-        services,
         namespaces,
         nodes,
         pools: config_watch(client, namespace, tx, "ipaddresspools"),
@@ -201,6 +244,7 @@ struct Driver {
     client: Client,
     settings: Settings,
     stores: Stores,
+    services: ServiceCache,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leadership: Leadership,
@@ -222,18 +266,13 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let stores = start_watches(&client, &settings.namespace, &tx);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "ferrolb-controller".into(),
-            instance: Some(settings.identity.clone()),
-        },
-    );
+    let recorder = Recorder::new(client.clone(), "ferrolb-controller", &settings.identity);
     let mut driver = Driver {
         core: Core::new(settings.lb_class.clone()),
         client,
         settings,
         stores,
+        services: ServiceCache::default(),
         metrics,
         recorder,
         leadership: leadership.clone(),
@@ -246,7 +285,8 @@ pub async fn run(
     let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
     let mut retry: BTreeSet<ServiceKey> = BTreeSet::new();
     let mut config_dirty = true;
-    let mut leading = false;
+    // The leadership term the core was built for.
+    let mut built_for: Option<u64> = None;
     loop {
         let retry_wait = async {
             if retry.is_empty() {
@@ -259,12 +299,12 @@ pub async fn run(
             work = rx.recv() => {
                 let Some(work) = work else { break };
                 let mut handle = |w: Work| match w {
-                    Work::Service(key) => { dirty.insert(key); }
+                    Work::Service(event) => dirty.extend(driver.services.apply(*event)),
                     Work::Config => config_dirty = true,
                     Work::Namespace(ns) => {
                         // Namespace labels feed pool admission: look at that namespace's Services again.
-                        for s in driver.stores.services.state() {
-                            if s.metadata.namespace.as_deref() == Some(ns.as_str()) { dirty.insert(key_of(&s)); }
+                        for s in driver.services.iter() {
+                            if s.key().namespace() == ns { dirty.insert(s.key().clone()); }
                         }
                     }
                     Work::Synced(kind) => { synced.insert(kind); }
@@ -280,34 +320,36 @@ pub async fn run(
             continue;
         }
         ready.set();
-        let now_leading = driver.leadership.is_leading();
-        driver.metrics.leader.set(i64::from(now_leading));
-        if !now_leading {
-            leading = false;
+        let term = driver.leadership.term();
+        driver.metrics.leader.set(i64::from(term.is_some()));
+        let Some(term) = term else {
             continue;
-        }
-        if !leading {
+        };
+        if built_for != Some(term) {
             // A new leader starts from the caches: configuration, then every Service holding
             // IPs re-claims them, then everything else.
-            tracing::info!("leading: rebuilding allocations from the Services' status");
-            leading = true;
+            tracing::info!(
+                term,
+                "leading: rebuilding allocations from the Services' status"
+            );
+            built_for = Some(term);
             driver.core = Core::new(driver.settings.lb_class.clone());
             driver.applied_pools = None;
             driver.written_state = None;
             driver.written_pool_status.clear();
             driver.apply_config().await;
             let started = Instant::now();
-            let services = driver.stores.services.state();
+            let mut sorted: Vec<Arc<CachedService>> = driver.services.iter().cloned().collect();
+            sorted.sort_by(|a, b| a.key().cmp(b.key()));
             let mut reclaimed = 0usize;
-            let mut sorted: Vec<&Arc<Service>> = services.iter().collect();
-            sorted.sort_by_key(|s| key_of(s));
-            for svc in &sorted {
-                if driver.core.reclaim(svc, &driver.namespace_labels(svc)) {
+            for cached in &sorted {
+                let svc = cached.to_service();
+                if driver.core.reclaim(&svc, &driver.namespace_labels(&svc)) {
                     reclaimed += 1;
                 }
             }
-            tracing::info!(reclaimed, services = services.len(), elapsed = ?started.elapsed(), "re-claimed existing IPs");
-            dirty.extend(sorted.iter().map(|s| key_of(s)));
+            tracing::info!(reclaimed, services = sorted.len(), elapsed = ?started.elapsed(), "re-claimed existing IPs");
+            dirty.extend(sorted.iter().map(|s| s.key().clone()));
             config_dirty = false;
         }
         if config_dirty {
@@ -330,24 +372,43 @@ pub async fn run(
                 }
             }
             let driver_ref = &driver;
-            let failed: Vec<(ServiceKey, anyhow::Error)> = futures::stream::iter(writes)
-                .map(|(key, service, outcome)| async move {
-                    driver_ref
-                        .apply(&service, &outcome)
-                        .await
-                        .err()
-                        .map(|e| (key, e))
-                })
-                .buffer_unordered(WRITE_CONCURRENCY)
-                .filter_map(futures::future::ready)
-                .collect()
-                .await;
-            for (key, e) in failed {
-                tracing::warn!(service = %format!("{}/{}", key.namespace(), key.name()), error = %format!("{e:#}"), "writing Service failed; retrying");
-                retry.insert(key);
+            let unfinished: Vec<(ServiceKey, anyhow::Result<Applied>)> =
+                futures::stream::iter(writes)
+                    .map(|(key, cached, outcome)| async move {
+                        let service = cached.to_service();
+                        (key, driver_ref.apply(&service, &outcome).await)
+                    })
+                    .buffer_unordered(WRITE_CONCURRENCY)
+                    .filter(|(_, r)| futures::future::ready(!matches!(r, Ok(Applied::Done))))
+                    .collect()
+                    .await;
+            let mut lapsed = 0usize;
+            for (key, result) in unfinished {
+                match result {
+                    Ok(Applied::Done) => {}
+                    Ok(Applied::NotLeading) => {
+                        lapsed += 1;
+                        retry.insert(key);
+                    }
+                    Err(e) => {
+                        tracing::warn!(service = %format!("{}/{}", key.namespace(), key.name()), error = %format!("{e:#}"), "writing Service failed; retrying");
+                        retry.insert(key);
+                    }
+                }
             }
             if released || driver.core.allocator().len() < held_before {
                 dirty.extend(driver.pending());
+            }
+            if lapsed > 0 {
+                // The deadline passed during the writes (a slow renewal): the unwritten Services,
+                // and those still to look at, are retried once this replica leads again; in a
+                // new term, after a rebuild.
+                tracing::warn!(
+                    unwritten = lapsed,
+                    "leadership lapsed while writing; retrying when leading again"
+                );
+                retry.append(&mut dirty);
+                break;
             }
         }
         driver.write_pool_status().await;
@@ -423,14 +484,7 @@ impl Driver {
             }
             self.applied_pools = Some(pools);
             // Services waiting for an IP may fit now.
-            for svc in self.stores.services.state() {
-                let key = key_of(&svc);
-                if is_ours(&svc, self.settings.lb_class.as_deref())
-                    && self.core.allocator().assignment(&key).is_none()
-                {
-                    requeue.push(key);
-                }
-            }
+            requeue.extend(self.pending());
         }
         requeue
     }
@@ -542,17 +596,17 @@ impl Driver {
                 namespace: Some(e.object.namespace.clone()),
                 ..Default::default()
             };
-            let event = KubeEvent {
-                type_: EventType::Warning,
-                reason: "InvalidConfiguration".into(),
-                note: Some(format!(
-                    "{}: {} (left out of the running configuration)",
-                    e.field, e.message
-                )),
-                action: "Validate".into(),
-                secondary: None,
+            let message = format!(
+                "{}: {} (left out of the running configuration)",
+                e.field, e.message
+            );
+            let note = events::Note {
+                warning: true,
+                reason: "InvalidConfiguration",
+                message: &message,
+                action: "Validate",
             };
-            if self.recorder.publish(&event, &reference).await.is_ok() {
+            if self.recorder.publish(&note, &reference).await.is_ok() {
                 self.reported_errors.insert(line);
             }
         }
@@ -562,29 +616,24 @@ impl Driver {
 
     /// Services of ours still waiting for an IP.
     fn pending(&self) -> Vec<ServiceKey> {
-        self.stores
-            .services
-            .state()
+        self.services
             .iter()
-            .filter(|s| is_ours(s, self.settings.lb_class.as_deref()))
-            .map(|s| key_of(s))
-            .filter(|k| self.core.allocator().assignment(k).is_none())
+            .filter(|s| self.core.allocator().assignment(s.key()).is_none())
+            .filter(|s| is_ours(&s.to_service(), self.settings.lb_class.as_deref()))
+            .map(|s| s.key().clone())
             .collect()
     }
 
     /// Decides what one Service should carry (allocating or releasing in the core).
     fn decide(&mut self, key: &ServiceKey) -> Decision {
-        let Some(service) = self
-            .stores
-            .services
-            .get(&ObjectRef::new(key.name()).within(key.namespace()))
-        else {
+        let Some(cached) = self.services.get(key).cloned() else {
             return if self.core.forget(key) {
                 Decision::Freed
             } else {
                 Decision::Nothing
             };
         };
+        let service = cached.to_service();
         let outcome = self
             .core
             .reconcile(&service, &self.namespace_labels(&service));
@@ -594,17 +643,22 @@ impl Driver {
         if matches(&service, &outcome.desired) && outcome.notes.is_empty() {
             Decision::Nothing
         } else {
-            Decision::Write(service, outcome)
+            // The cached form, not the Service: a batch may hold thousands until written.
+            Decision::Write(cached, outcome)
         }
     }
 
     /// Writes what differs and records the Events, if this replica still leads.
-    async fn apply(&self, service: &Service, outcome: &crate::core::Outcome) -> anyhow::Result<()> {
+    async fn apply(
+        &self,
+        service: &Service,
+        outcome: &crate::core::Outcome,
+    ) -> anyhow::Result<Applied> {
         let started = Instant::now();
+        if !self.leadership.is_leading() {
+            return Ok(Applied::NotLeading);
+        }
         if !matches(service, &outcome.desired) {
-            if !self.leadership.is_leading() {
-                return Ok(());
-            }
             self.write(service, &outcome.desired).await?;
             self.metrics
                 .allocation_seconds
@@ -613,7 +667,7 @@ impl Driver {
         for note in &outcome.notes {
             self.publish(service, note).await;
         }
-        Ok(())
+        Ok(Applied::Done)
     }
 
     async fn write(&self, service: &Service, desired: &Desired) -> anyhow::Result<()> {
@@ -632,14 +686,6 @@ impl Driver {
             ),
             Desired::Cleared => (serde_json::Value::Null, serde_json::Value::Null),
         };
-        // The IP first: the annotation only records where it came from.
-        api.patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}})),
-        )
-        .await
-        .with_context(|| format!("writing status of Service {ns}/{name}"))?;
         let mut annotations = serde_json::Map::new();
         annotations.insert(IP_ALLOCATED_FROM_POOL.into(), pool);
         if service
@@ -653,34 +699,42 @@ impl Driver {
                 serde_json::Value::Null,
             );
         }
-        api.patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({"metadata": {"annotations": annotations}})),
-        )
-        .await
-        .with_context(|| format!("annotating Service {ns}/{name}"))?;
+        // One write for the IP and the pool annotation: the status subresource of Services takes
+        // metadata too (as of Kubernetes 1.37 their status strategy resets only the spec), which
+        // halves the writes of an allocation. The answer shows whether the server
+        // took the annotation; where it did not, it gets its own write.
+        let written = api
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({
+                    "metadata": {"annotations": annotations},
+                    "status": {"loadBalancer": {"ingress": ingress}},
+                })),
+            )
+            .await
+            .with_context(|| format!("writing status of Service {ns}/{name}"))?;
+        if !annotations_applied(&written, &annotations) {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"metadata": {"annotations": annotations}})),
+            )
+            .await
+            .with_context(|| format!("annotating Service {ns}/{name}"))?;
+        }
         tracing::info!(service = %format!("{ns}/{name}"), ?desired, "wrote Service");
         Ok(())
     }
 
     async fn publish(&self, service: &Service, note: &Note) {
-        let event = KubeEvent {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.into(),
-            note: Some(note.message.clone()),
-            action: "Allocate".into(),
-            secondary: None,
+        let note = events::Note {
+            warning: note.warning,
+            reason: note.reason,
+            message: &note.message,
+            action: "Allocate",
         };
-        if let Err(e) = self
-            .recorder
-            .publish(&event, &service.object_ref(&()))
-            .await
-        {
+        if let Err(e) = self.recorder.publish(&note, &service.object_ref(&())).await {
             tracing::debug!(error = %e, "recording an Event failed");
         }
     }
@@ -735,5 +789,55 @@ impl Driver {
             }
         }
         self.written_pool_status.extend(written);
+    }
+}
+
+/// Whether `service` carries the annotation changes of a merge patch (a string sets, null removes).
+fn annotations_applied(
+    service: &Service,
+    patch: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
+    let current = service.metadata.annotations.as_ref();
+    patch.iter().all(|(key, value)| {
+        let now = current.and_then(|a| a.get(key));
+        match value {
+            serde_json::Value::String(v) => now == Some(v),
+            _ => now.is_none(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn annotated(annotations: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({"metadata": {"annotations": annotations}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn annotations_applied_checks_sets_and_removals() {
+        let patch = serde_json::json!({
+            "metallb.io/ip-allocated-from-pool": "p",
+            "metallb.universe.tf/ip-allocated-from-pool": null,
+        });
+        let patch = patch.as_object().unwrap();
+        let ok = annotated(serde_json::json!({"metallb.io/ip-allocated-from-pool": "p", "x": "y"}));
+        assert!(annotations_applied(&ok, patch));
+        let ignored =
+            annotated(serde_json::json!({"metallb.universe.tf/ip-allocated-from-pool": "p"}));
+        assert!(!annotations_applied(&ignored, patch));
+        let other_pool = annotated(serde_json::json!({"metallb.io/ip-allocated-from-pool": "q"}));
+        assert!(!annotations_applied(&other_pool, patch));
+        let clear = serde_json::json!({"metallb.io/ip-allocated-from-pool": null});
+        let clear = clear.as_object().unwrap();
+        assert!(annotations_applied(
+            &annotated(serde_json::Value::Null),
+            clear
+        ));
+        assert!(!annotations_applied(&ok, clear));
     }
 }

@@ -1,0 +1,543 @@
+//! Trimming watched objects to what the controller reads, before they enter the caches.
+//!
+//! Every replica caches every Service, Namespace and Node of the cluster; as the API server sends
+//! them, most of their bytes are `managedFields`, `kubectl.kubernetes.io/last-applied-configuration`
+//! and fields the controller never looks at. What is kept here is exactly what `core.rs`, `run.rs`
+//! and the allocator's `ServiceRequest::from_service` read, so the decisions made from a trimmed
+//! object are those made from the full one (tested below).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ferrolb_config::allocator::{ANNOTATION_PREFIX, DEPRECATED_ANNOTATION_PREFIX, ServiceKey};
+use k8s_openapi::api::core::v1::{
+    LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::Event;
+
+fn is_metallb_annotation(key: &str) -> bool {
+    key.starts_with(ANNOTATION_PREFIX) || key.starts_with(DEPRECATED_ANNOTATION_PREFIX)
+}
+
+/// Strings that recur in nearly every Service (types, policies, families, protocols, the
+/// annotation the controller writes): kept as `'static` references instead of one allocation each.
+const COMMON: &[&str] = &[
+    "LoadBalancer",
+    "ClusterIP",
+    "NodePort",
+    "ExternalName",
+    "SingleStack",
+    "PreferDualStack",
+    "RequireDualStack",
+    "IPv4",
+    "IPv6",
+    "Cluster",
+    "Local",
+    "TCP",
+    "UDP",
+    "SCTP",
+    "metallb.io/ip-allocated-from-pool",
+    "metallb.io/address-pool",
+    "metallb.io/loadBalancerIPs",
+    "metallb.io/allow-shared-ip",
+];
+
+type Text = Cow<'static, str>;
+
+/// Port numbers and protocols.
+type Ports = Box<[(i32, Option<Text>)]>;
+
+fn text(s: String) -> Text {
+    match COMMON.iter().find(|c| **c == s) {
+        Some(c) => Cow::Borrowed(c),
+        None => Cow::Owned(s),
+    }
+}
+
+/// The spec fields allocation reads.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Spec {
+    type_: Option<Text>,
+    load_balancer_class: Option<Text>,
+    ip_families: Option<Box<[Text]>>,
+    ip_family_policy: Option<Text>,
+    load_balancer_ip: Option<Text>,
+    /// Port numbers and protocols.
+    ports: Option<Ports>,
+    /// Only with `externalTrafficPolicy: Local`, the one case where it is read.
+    selector: Option<BTreeMap<String, String>>,
+    external_traffic_policy: Option<Text>,
+}
+
+/// A Service as the controller caches it: exactly what allocation reads (name, namespace, uid for
+/// Events, labels, the metallb annotations, type and class, families, requested IP, ports'
+/// numbers and protocols, traffic policy and, with `Local`, the selector, and the IPs of the
+/// ingress), in compact form. A trimmed `k8s_openapi` Service would still cost over 2 KiB (the
+/// structs' fixed size, a B-tree node for one annotation, the cache's key); this costs a
+/// few hundred bytes. [`CachedService::to_service`] rebuilds a `Service` that reads the same as
+/// the original wherever the controller looks (tested below).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedService {
+    key: ServiceKey,
+    uid: Option<Box<str>>,
+    labels: Option<BTreeMap<String, String>>,
+    /// `metallb.io/*` and `metallb.universe.tf/*` annotations, sorted by key.
+    annotations: Box<[(Text, Box<str>)]>,
+    spec: Option<Spec>,
+    /// The ingress IPs (entries without a valid IP are never read).
+    ips: Box<[IpAddr]>,
+}
+
+impl CachedService {
+    /// Keeps what the controller reads of `service`.
+    pub fn new(service: Service) -> Self {
+        let meta = service.metadata;
+        let key = ServiceKey::new(
+            meta.namespace.unwrap_or_default(),
+            meta.name.unwrap_or_default(),
+        );
+        let annotations = meta
+            .annotations
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| is_metallb_annotation(k))
+            .map(|(k, v)| (text(k), v.into_boxed_str()))
+            .collect();
+        let spec = service.spec.map(|spec| {
+            let local = spec.external_traffic_policy.as_deref() == Some("Local");
+            Spec {
+                type_: spec.type_.map(text),
+                load_balancer_class: spec.load_balancer_class.map(text),
+                ip_families: spec.ip_families.map(|f| f.into_iter().map(text).collect()),
+                ip_family_policy: spec.ip_family_policy.map(text),
+                load_balancer_ip: spec.load_balancer_ip.map(text),
+                ports: spec.ports.map(|ports| {
+                    ports
+                        .into_iter()
+                        .map(|p| (p.port, p.protocol.map(text)))
+                        .collect()
+                }),
+                selector: if local { spec.selector } else { None },
+                external_traffic_policy: spec.external_traffic_policy.map(text),
+            }
+        });
+        let ips = service
+            .status
+            .and_then(|s| s.load_balancer)
+            .and_then(|lb| lb.ingress)
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.ip?.parse().ok())
+            .collect();
+        Self {
+            key,
+            uid: meta.uid.map(String::into_boxed_str),
+            labels: meta.labels,
+            annotations,
+            spec,
+            ips,
+        }
+    }
+
+    /// The Service's namespace and name.
+    pub fn key(&self) -> &ServiceKey {
+        &self.key
+    }
+
+    /// A `Service` with what was kept, for the code that reads Services.
+    pub fn to_service(&self) -> Service {
+        let owned = |t: &Text| t.to_string();
+        Service {
+            metadata: ObjectMeta {
+                name: Some(self.key.name().to_string()),
+                namespace: Some(self.key.namespace().to_string()),
+                uid: self.uid.as_deref().map(str::to_string),
+                labels: self.labels.clone(),
+                annotations: (!self.annotations.is_empty()).then(|| {
+                    self.annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                }),
+                ..ObjectMeta::default()
+            },
+            spec: self.spec.as_ref().map(|spec| ServiceSpec {
+                type_: spec.type_.as_ref().map(owned),
+                load_balancer_class: spec.load_balancer_class.as_ref().map(owned),
+                ip_families: spec
+                    .ip_families
+                    .as_ref()
+                    .map(|f| f.iter().map(owned).collect()),
+                ip_family_policy: spec.ip_family_policy.as_ref().map(owned),
+                load_balancer_ip: spec.load_balancer_ip.as_ref().map(owned),
+                ports: spec.ports.as_ref().map(|ports| {
+                    ports
+                        .iter()
+                        .map(|(port, protocol)| ServicePort {
+                            port: *port,
+                            protocol: protocol.as_ref().map(owned),
+                            ..ServicePort::default()
+                        })
+                        .collect()
+                }),
+                selector: spec.selector.clone(),
+                external_traffic_policy: spec.external_traffic_policy.as_ref().map(owned),
+                ..ServiceSpec::default()
+            }),
+            status: (!self.ips.is_empty()).then(|| ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        self.ips
+                            .iter()
+                            .map(|ip| LoadBalancerIngress {
+                                ip: Some(ip.to_string()),
+                                ..LoadBalancerIngress::default()
+                            })
+                            .collect(),
+                    ),
+                }),
+                conditions: None,
+            }),
+        }
+    }
+}
+
+/// The Services the controller knows, kept from the watch's events by the work loop.
+///
+/// Like kube-runtime's reflector, a (re-)list replaces the cache only once it is complete; unlike
+/// it, the completed list reports what differs from before, Services deleted while the watch was
+/// down among them, so that their IPs are released.
+#[derive(Debug, Default)]
+pub struct ServiceCache {
+    current: HashMap<ServiceKey, Arc<CachedService>>,
+    /// A list in progress: what it has seen so far.
+    listing: Option<HashMap<ServiceKey, Arc<CachedService>>>,
+}
+
+impl ServiceCache {
+    /// Takes one watch event in; returns the Services it changed.
+    pub fn apply(&mut self, event: Event<CachedService>) -> Vec<ServiceKey> {
+        match event {
+            Event::Apply(service) => {
+                let key = service.key.clone();
+                self.current.insert(key.clone(), Arc::new(service));
+                vec![key]
+            }
+            Event::Delete(service) => {
+                self.current.remove(&service.key);
+                vec![service.key]
+            }
+            Event::Init => {
+                self.listing = Some(HashMap::new());
+                Vec::new()
+            }
+            Event::InitApply(service) => {
+                self.listing
+                    .get_or_insert_with(HashMap::new)
+                    .insert(service.key.clone(), Arc::new(service));
+                Vec::new()
+            }
+            Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                let old = std::mem::replace(&mut self.current, listed);
+                let mut changed: Vec<ServiceKey> = self
+                    .current
+                    .iter()
+                    .filter(|(k, s)| old.get(*k) != Some(*s))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                changed.extend(old.into_keys().filter(|k| !self.current.contains_key(k)));
+                changed
+            }
+        }
+    }
+
+    /// The Service of `key`, if it exists.
+    pub fn get(&self, key: &ServiceKey) -> Option<&Arc<CachedService>> {
+        self.current.get(key)
+    }
+
+    /// Every Service, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<CachedService>> {
+        self.current.values()
+    }
+}
+
+/// Trims the metadata of a Namespace or Node to its name and labels: namespace labels decide pool
+/// admission, node labels the validation of node selectors.
+pub fn name_and_labels<K>(object: &mut PartialObjectMeta<K>) {
+    let meta = &mut object.metadata;
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        labels: meta.labels.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+/// Drops what no one reads from a configuration object and that can be large: its field
+/// managers and kubectl's copy of the last applied object. Everything else stays: validation
+/// reads creation times, deletion marks and finalizers.
+pub fn config_object<K: kube::Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::core::{Core, current_ips, current_pool, key_of};
+    use ferrolb_config::address::IpRange;
+    use ferrolb_config::allocator::{ServiceRequest, is_ours};
+    use ferrolb_config::model::Pool;
+    use ferrolb_config::selector::Labels;
+    use kube::Resource;
+
+    /// A Service as the API server sends it, with every kind of field set.
+    fn full(extra: serde_json::Value) -> Service {
+        let mut base = serde_json::json!({
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "4a7c", "resourceVersion": "812",
+                "generation": 3, "creationTimestamp": "2026-01-02T03:04:05Z",
+                "labels": {"app": "web", "tier": "front"},
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"big\": \"json\"}",
+                    "metallb.io/address-pool": "blue",
+                    "metallb.universe.tf/allow-shared-ip": "k",
+                    "metallb.io/ip-allocated-from-pool": "blue",
+                    "example.com/other": "x"
+                },
+                "finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
+                "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:ports": {}}}}]
+            },
+            "spec": {
+                "type": "LoadBalancer", "clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1", "fd00::1"],
+                "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack",
+                "ports": [
+                    {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080},
+                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns", "appProtocol": "dns"}
+                ],
+                "selector": {"app": "web"}, "sessionAffinity": "None",
+                "externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Cluster",
+                "allocateLoadBalancerNodePorts": true
+            },
+            "status": {"loadBalancer": {"ingress": [
+                {"ip": "198.18.200.1", "ipMode": "VIP", "ports": [{"port": 80, "protocol": "TCP"}]},
+                {"ip": "fd00:18::c8:1", "ipMode": "VIP"}
+            ]}, "conditions": [{"type": "x", "status": "True", "reason": "r", "message": "m",
+                "lastTransitionTime": "2026-01-02T03:04:05Z"}]}
+        });
+        merge(&mut base, extra);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                // As a JSON merge patch: null removes.
+                for (k, v) in b {
+                    if v.is_null() {
+                        a.remove(&k);
+                    } else {
+                        merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                    }
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn slimmed(s: &Service) -> Service {
+        CachedService::new(s.clone()).to_service()
+    }
+
+    fn pools() -> Vec<Pool> {
+        ["blue", "green"]
+            .iter()
+            .zip(["198.18.200.0/24", "198.18.201.0/24"])
+            .map(|(name, range)| Pool {
+                name: (*name).into(),
+                labels: Labels::new(),
+                ranges: vec![
+                    IpRange::parse(range).unwrap(),
+                    IpRange::parse("fd00:18::c8:0/112").unwrap(),
+                ],
+                auto_assign: true,
+                avoid_buggy_ips: false,
+                allocation: None,
+            })
+            .collect()
+    }
+
+    /// The trimmed Service reads the same as the full one everywhere the controller looks.
+    fn assert_same_reading(full: &Service) {
+        let slim = slimmed(full);
+        let labels = Labels::from([("team".to_string(), "a".to_string())]);
+        assert_eq!(
+            ServiceRequest::from_service(&slim, &labels),
+            ServiceRequest::from_service(full, &labels)
+        );
+        for class in [None, Some("other")] {
+            assert_eq!(is_ours(&slim, class), is_ours(full, class));
+        }
+        assert_eq!(current_ips(&slim), current_ips(full));
+        assert_eq!(current_pool(&slim), current_pool(full));
+        assert_eq!(key_of(&slim), key_of(full));
+        assert_eq!(slim.object_ref(&()), full.object_ref(&()));
+        let (mut a, mut b) = (Core::new(None), Core::new(None));
+        a.set_pools(pools());
+        b.set_pools(pools());
+        assert_eq!(a.reclaim(&slim, &labels), b.reclaim(full, &labels));
+        assert_eq!(a.reconcile(&slim, &labels), b.reconcile(full, &labels));
+    }
+
+    #[test]
+    fn a_trimmed_service_decides_as_the_full_one() {
+        assert_same_reading(&full(serde_json::json!({})));
+        assert_same_reading(&full(
+            serde_json::json!({"spec": {"externalTrafficPolicy": "Local"}}),
+        ));
+        assert_same_reading(&full(serde_json::json!({
+            "metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.200.9,fd00:18::c8:9",
+                "metallb.io/address-pool": null}},
+            "spec": {"loadBalancerIP": null}
+        })));
+        assert_same_reading(&full(serde_json::json!({"spec": {"type": "ClusterIP"}})));
+        assert_same_reading(&full(
+            serde_json::json!({"spec": {"loadBalancerClass": "other"}}),
+        ));
+        assert_same_reading(&full(serde_json::json!({"status": null})));
+        assert_same_reading(&full(
+            serde_json::json!({"metadata": {"annotations": null, "labels": null}}),
+        ));
+    }
+
+    #[test]
+    fn a_trimmed_service_keeps_only_what_is_read() {
+        let slim = slimmed(&full(serde_json::json!({})));
+        let m = &slim.metadata;
+        assert!(m.managed_fields.is_none() && m.finalizers.is_none());
+        assert!(m.creation_timestamp.is_none() && m.generation.is_none());
+        let keys: Vec<&str> = m
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "metallb.io/address-pool",
+                "metallb.io/ip-allocated-from-pool",
+                "metallb.universe.tf/allow-shared-ip"
+            ]
+        );
+        let spec = slim.spec.as_ref().unwrap();
+        assert!(spec.cluster_ip.is_none() && spec.cluster_ips.is_none());
+        assert!(spec.selector.is_none(), "read only with Local");
+        assert!(
+            spec.ports
+                .iter()
+                .flatten()
+                .all(|p| p.name.is_none() && p.target_port.is_none())
+        );
+        let status = slim.status.as_ref().unwrap();
+        assert!(status.conditions.is_none());
+        assert!(
+            status
+                .load_balancer
+                .iter()
+                .flat_map(|lb| lb.ingress.iter().flatten())
+                .all(|i| i.ip_mode.is_none() && i.ports.is_none())
+        );
+    }
+
+    fn cached(name: &str, ip: Option<&str>) -> CachedService {
+        let status = ip.map_or(
+            serde_json::Value::Null,
+            |ip| serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
+        );
+        CachedService::new(full(serde_json::json!({
+            "metadata": {"name": name}, "status": status
+        })))
+    }
+
+    fn keys(mut k: Vec<ServiceKey>) -> Vec<String> {
+        k.sort();
+        k.iter().map(|k| k.name().to_string()).collect()
+    }
+
+    #[test]
+    fn the_cache_follows_events_and_a_relist_reports_what_differs() {
+        let mut cache = ServiceCache::default();
+        assert!(cache.apply(Event::Init).is_empty());
+        for name in ["a", "b", "c"] {
+            assert!(cache.apply(Event::InitApply(cached(name, None))).is_empty());
+        }
+        assert!(cache.iter().next().is_none(), "a list counts once complete");
+        assert_eq!(keys(cache.apply(Event::InitDone)), ["a", "b", "c"]);
+        assert_eq!(
+            keys(cache.apply(Event::Apply(cached("a", Some("198.18.200.1"))))),
+            ["a"]
+        );
+        assert_eq!(keys(cache.apply(Event::Delete(cached("c", None)))), ["c"]);
+        assert_eq!(cache.iter().count(), 2);
+        // The watch broke; meanwhile b changed, a was deleted and d created. The re-list reports
+        // exactly those, and the old state serves until it completes.
+        cache.apply(Event::Init);
+        cache.apply(Event::InitApply(cached("b", Some("198.18.200.2"))));
+        cache.apply(Event::InitApply(cached("d", None)));
+        assert!(cache.get(&cached("a", None).key).is_some());
+        assert_eq!(keys(cache.apply(Event::InitDone)), ["a", "b", "d"]);
+        assert!(cache.get(&cached("a", None).key).is_none());
+        // Nothing changed: nothing reported.
+        cache.apply(Event::Init);
+        cache.apply(Event::InitApply(cached("b", Some("198.18.200.2"))));
+        cache.apply(Event::InitApply(cached("d", None)));
+        assert!(cache.apply(Event::InitDone).is_empty());
+    }
+
+    #[test]
+    fn common_strings_are_not_allocated() {
+        let c = cached("a", Some("198.18.200.1"));
+        let spec = c.spec.as_ref().unwrap();
+        assert!(matches!(spec.type_, Some(Cow::Borrowed(_))));
+        assert!(matches!(spec.ip_family_policy, Some(Cow::Borrowed(_))));
+        assert!(c.annotations.iter().any(
+            |(k, _)| *k == "metallb.io/ip-allocated-from-pool" && matches!(k, Cow::Borrowed(_))
+        ));
+        assert_eq!(&*c.ips, [ip("198.18.200.1")]);
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn namespaces_and_nodes_keep_name_and_labels() {
+        let mut ns: PartialObjectMeta<k8s_openapi::api::core::v1::Namespace> =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                "metadata": {"name": "shop", "labels": {"team": "a"}, "uid": "1",
+                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                    "managedFields": [{"manager": "kubectl"}]}
+            }))
+            .unwrap();
+        name_and_labels(&mut ns);
+        assert_eq!(ns.metadata.name.as_deref(), Some("shop"));
+        assert_eq!(
+            ns.metadata.labels,
+            Some(BTreeMap::from([("team".into(), "a".into())]))
+        );
+        assert!(ns.metadata.annotations.is_none() && ns.metadata.managed_fields.is_none());
+    }
+}
