@@ -68,7 +68,7 @@ struct Stores {
 const BFD_FINALIZER: &str = "metallb.io/bfdprofile-in-use";
 
 /// Service writes in flight at once.
-const WRITE_CONCURRENCY: usize = 16;
+const WRITE_CONCURRENCY: usize = 48;
 
 /// What to do about one Service after the core decided.
 enum Decision {
