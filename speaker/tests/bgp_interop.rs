@@ -18,7 +18,9 @@ use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
 use ferrolb_speaker::bgp::adj_out::AdjRibOut;
 use ferrolb_speaker::bgp::driver::{Driver, NoObserver, PeerSettings};
 use ferrolb_speaker::bgp::fsm::State;
-use ferrolb_speaker::bgp::packet::{Community, LargeCommunity};
+use ferrolb_speaker::bgp::packet::{
+    AfiSafi, Capability, CodecContext, Community, LargeCommunity, Message, Notification, Open,
+};
 use ferrolb_speaker::bgp::plan::RouteAttributes;
 
 const SPEAKER_V4: &str = "10.77.0.1";
@@ -366,14 +368,11 @@ fn contains_none(text: &str, needles: &[&str]) -> Result<(), String> {
     }
 }
 
-#[test]
-fn frr_ipv4_session_with_md5_and_ipv6_session() {
-    let Some(mut lab) = Lab::new(
-        "frr",
-        &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bin/vtysh"],
-    ) else {
-        return;
-    };
+const FRR_TOOLS: &[&str] = &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bin/vtysh"];
+
+/// Writes zebra.conf and bgpd.conf (`router bgp 64500` with `neighbours` inside) and starts
+/// zebra and bgpd in the router namespace, with their sockets in the lab's directory.
+fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
     let d = lab.dir.display().to_string();
     std::fs::write(
         lab.dir.join("zebra.conf"),
@@ -384,12 +383,7 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
         lab.dir.join("bgpd.conf"),
         format!(
             "frr defaults traditional\nhostname r\n!\nrouter bgp 64500\n bgp router-id {ROUTER_V4}\n \
-             no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n \
-             neighbor {SPEAKER_V4} remote-as 64512\n neighbor {SPEAKER_V4} password s3cret\n \
-             neighbor {SPEAKER_V4} timers 3 9\n neighbor {SPEAKER_V6} remote-as 64512\n \
-             neighbor {SPEAKER_V6} timers 3 9\n \
-             address-family ipv4 unicast\n  neighbor {SPEAKER_V4} activate\n exit-address-family\n \
-             address-family ipv6 unicast\n  neighbor {SPEAKER_V4} activate\n  neighbor {SPEAKER_V6} activate\n exit-address-family\n!\n"
+             no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n {neighbours}!\n"
         ),
     )
     .unwrap();
@@ -420,6 +414,582 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
             });
         }
     }
+    lab.ctl()
+}
+
+/// The router namespace, usable from the speaker's thread.
+#[derive(Clone)]
+struct Router {
+    ns: String,
+    dir: PathBuf,
+}
+
+impl Router {
+    fn exec(&self, program: &str, args: &[&str]) -> String {
+        let mut all = vec!["netns", "exec", self.ns.as_str(), program];
+        all.extend_from_slice(args);
+        let out = Command::new("ip").args(&all).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn vtysh(&self, cmd: &str) -> String {
+        let d = self.dir.display().to_string();
+        self.exec("vtysh", &["--vty_socket", &d, "-c", cmd])
+    }
+
+    /// FRR's view of its neighbour `address`.
+    fn frr_neighbour(&self, address: &str) -> String {
+        self.vtysh(&format!("show bgp neighbors {address} json"))
+    }
+
+    fn frr_established(&self, address: &str) -> bool {
+        self.frr_neighbour(address)
+            .contains("\"bgpState\":\"Established\"")
+    }
+
+    /// FRR holds `prefix` with the speaker as next hop.
+    fn frr_has_route(&self, prefix: &str) -> Result<(), String> {
+        let out = self.vtysh(&format!("show bgp ipv4 unicast {prefix} json"));
+        contains_all(&out, &[&format!("\"ip\":\"{SPEAKER_V4}\"")])
+    }
+
+    /// Loads an nftables ruleset (`nft -f -`) in the router namespace.
+    fn nft(&self, ruleset: &str) {
+        use std::io::Write as _;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(ruleset.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "nft: {ruleset}");
+    }
+
+    /// A kernel TCP counter of the router namespace (`nstat`), 0 when absent.
+    fn tcp_counter(&self, name: &str) -> u64 {
+        self.exec("nstat", &["-asz", name])
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(name)).then(|| f.next()?.parse().ok())?
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Lab {
+    fn ctl(&self) -> Router {
+        Router {
+            ns: self.router.clone(),
+            dir: self.dir.clone(),
+        }
+    }
+
+    /// Runs `body` on a thread of its own in the speaker's namespace, on a single-threaded
+    /// runtime (so the driver and the checks interleave), and returns its result; a panic in
+    /// `body` fails the test after the lab is removed.
+    fn in_speaker<T, F>(&self, body: impl FnOnce() -> F + Send + 'static) -> T
+    where
+        T: Send + 'static,
+        F: Future<Output = T>,
+    {
+        let netns = std::fs::File::open(format!("/run/netns/{}", self.speaker)).unwrap();
+        let thread = std::thread::spawn(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(body())
+        });
+        thread
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+
+    /// A listening socket in the router namespace.
+    fn listen_in_router(&self, address: std::net::SocketAddr) -> std::net::TcpListener {
+        let netns = std::fs::File::open(format!("/run/netns/{}", self.router)).unwrap();
+        std::thread::spawn(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            std::net::TcpListener::bind(address).unwrap()
+        })
+        .join()
+        .unwrap()
+    }
+}
+
+/// Polls `check` every 200 ms without blocking the runtime; panics after `limit`.
+async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> Result<(), String>) {
+    let until = Instant::now() + limit;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) if Instant::now() > until => panic!("{what} (after {limit:?}): {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Waits until the driver's session `peer` is in a state `want` accepts; returns when it got
+/// there.
+async fn wait_state(
+    driver: &Driver,
+    peer: &str,
+    limit: Duration,
+    want: impl Fn(State) -> bool,
+) -> Instant {
+    let mut rx = driver.watch_status(peer).unwrap();
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        if want(rx.borrow_and_update().state) {
+            return Instant::now();
+        }
+        match tokio::time::timeout_at(until, rx.changed()).await {
+            Ok(r) => r.unwrap(),
+            Err(_) => panic!(
+                "session {peer} did not reach the wanted state within {limit:?}: {:?}",
+                driver.status().get(peer)
+            ),
+        }
+    }
+}
+
+fn established(s: State) -> bool {
+    s == State::Established
+}
+
+/// A peer with short timers: hold 3 s, keepalive 1 s, `connect` as first retry wait.
+fn fast_peer(name: &str, address: &str, password: Option<&str>, connect: Duration) -> Peer {
+    let mut p = peer(name, address, password);
+    p.hold_time = Duration::from_secs(3);
+    p.keepalive_time = Duration::from_secs(1);
+    p.connect_time = Some(connect);
+    p
+}
+
+/// FRR configuration for one IPv4 neighbour (the speaker) with short timers.
+fn frr_neighbour_conf(extra: &str) -> String {
+    format!(
+        "neighbor {SPEAKER_V4} remote-as 64512\n neighbor {SPEAKER_V4} timers 1 3\n \
+         neighbor {SPEAKER_V4} timers connect 1\n {extra}\
+         address-family ipv4 unicast\n  neighbor {SPEAKER_V4} activate\n exit-address-family\n"
+    )
+}
+
+/// MD5 with the wrong key: no session on either side (and the router's kernel counted MD5
+/// failures, so that is why); with the right key it comes up.
+#[test]
+fn frr_md5_mismatch_keeps_the_session_down() {
+    let Some(mut lab) = Lab::new("md5", FRR_TOOLS) else {
+        return;
+    };
+    let router = start_frr(
+        &mut lab,
+        &frr_neighbour_conf(&format!("neighbor {SPEAKER_V4} password s3cret\n ")),
+    );
+    lab.in_speaker(move || async move {
+        let mut driver = Driver::new(Arc::new(NoObserver));
+        let wrong = fast_peer("frr", ROUTER_V4, Some("wrong"), Duration::from_secs(1));
+        driver.apply(settings(&[wrong]));
+        let until = Instant::now() + Duration::from_secs(8);
+        let mut last_router_check = Instant::now();
+        while Instant::now() < until {
+            let state = driver.status()["frr"].state;
+            assert_ne!(state, State::Established, "session up with the wrong key");
+            if last_router_check.elapsed() > Duration::from_secs(1) {
+                assert!(
+                    !router.frr_established(SPEAKER_V4),
+                    "FRR established with the wrong key"
+                );
+                last_router_check = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let failures = router.tcp_counter("TcpExtTCPMD5Failure");
+        assert!(
+            failures > 0,
+            "no MD5 failure counted by the router's kernel"
+        );
+        let right = fast_peer("frr", ROUTER_V4, Some("s3cret"), Duration::from_secs(1));
+        driver.apply(settings(&[right]));
+        wait_state(&driver, "frr", Duration::from_secs(30), established).await;
+        wait_for("FRR established", Duration::from_secs(10), || {
+            router
+                .frr_established(SPEAKER_V4)
+                .then_some(())
+                .ok_or_else(|| router.frr_neighbour(SPEAKER_V4))
+        })
+        .await;
+        wait_for("route in FRR", Duration::from_secs(10), || {
+            router.frr_has_route(PREFIX_V4)
+        })
+        .await;
+        driver.shutdown(Duration::from_secs(2)).await;
+    });
+}
+
+/// The router goes silent (all BGP traffic dropped in its namespace): the driver's hold timer
+/// (3 s) ends the session with a Hold Timer Expired NOTIFICATION; while the router stays silent
+/// the driver retries with a doubling wait (counted as distinct SYN source ports at the router),
+/// and after the traffic flows again the session and the routes come back.
+#[test]
+fn frr_silent_peer_hold_timer_expires_and_session_recovers() {
+    let Some(mut lab) = Lab::new("hold", FRR_TOOLS) else {
+        return;
+    };
+    let router = start_frr(&mut lab, &frr_neighbour_conf(""));
+    lab.in_speaker(move || async move {
+        let mut driver = Driver::new(Arc::new(NoObserver));
+        driver.apply(settings(&[fast_peer(
+            "frr",
+            ROUTER_V4,
+            None,
+            Duration::from_secs(1),
+        )]));
+        wait_state(&driver, "frr", Duration::from_secs(30), established).await;
+        wait_for("route in FRR", Duration::from_secs(10), || {
+            router.frr_has_route(PREFIX_V4)
+        })
+        .await;
+        let silent_from = Instant::now();
+        router.nft(
+            "table inet flbtest {\n\
+               set attempts { type inet_service; flags dynamic; size 4096; }\n\
+               chain in { type filter hook input priority 0; policy accept;\n\
+                 tcp dport 179 tcp flags & (syn | ack) == syn add @attempts { tcp sport }\n\
+                 tcp dport 179 drop\n tcp sport 179 drop\n }\n\
+               chain out { type filter hook output priority 0; policy accept;\n\
+                 tcp dport 179 drop\n tcp sport 179 drop\n }\n\
+             }\n",
+        );
+        let down = wait_state(&driver, "frr", Duration::from_secs(10), |s| {
+            s != State::Established
+        })
+        .await;
+        let after = down - silent_from;
+        // The last KEEPALIVE arrived at most 1 s before the silence began.
+        assert!(
+            after >= Duration::from_millis(1900) && after <= Duration::from_millis(4500),
+            "session down {after:?} after the peer went silent, hold time is 3 s"
+        );
+        let why = driver.status()["frr"].last_error.clone().unwrap_or_default();
+        assert!(
+            why.contains("NotificationSent") && why.contains("code: 4,"),
+            "not a Hold Timer Expired NOTIFICATION: {why}"
+        );
+        // Stay silent 7 s: with a 1 s connect time doubling per failure the attempts start
+        // about 1, 2, 4 s after the loss (the next one at 8 s); without backoff there would be 7.
+        tokio::time::sleep_until((down + Duration::from_secs(7)).into()).await;
+        let set = router.exec(
+            "nft",
+            &["-j", "list", "set", "inet", "flbtest", "attempts"],
+        );
+        let ports: Vec<u64> = set
+            .split("\"elem\": [")
+            .nth(1)
+            .map(|e| {
+                e.split(']')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|p| p.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            (2..=4).contains(&ports.len()),
+            "{} connection attempts in 7 s of silence, want 2 to 4 (backoff 1, 2, 4 s): {set}",
+            ports.len()
+        );
+        let restored = Instant::now();
+        router.nft("delete table inet flbtest\n");
+        let up = wait_state(&driver, "frr", Duration::from_secs(20), established).await;
+        eprintln!(
+            "hold: down after {after:?}, {} attempts while silent, up again {:?} after the traffic returned",
+            ports.len(),
+            up - restored
+        );
+        wait_for("route in FRR again", Duration::from_secs(10), || {
+            router.frr_has_route(PREFIX_V4)
+        })
+        .await;
+        driver.shutdown(Duration::from_secs(2)).await;
+    });
+}
+
+/// The address of the test's own BGP "router" (a second address in the router namespace).
+const RAW_V4: &str = "10.77.0.3";
+/// Its port (FRR holds 179 on every address).
+const RAW_PORT: u16 = 1790;
+
+/// Reads whole BGP messages from a raw socket.
+struct RawPeer {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+    /// When the speaker's connection was accepted.
+    accepted: Instant,
+}
+
+impl RawPeer {
+    /// The next message, `None` at end of stream.
+    async fn next(&mut self) -> Option<Message> {
+        use tokio::io::AsyncReadExt as _;
+        loop {
+            if let Some(len) = Message::frame_len(&self.buf).unwrap()
+                && len <= self.buf.len()
+            {
+                let frame: Vec<u8> = self.buf.drain(..len).collect();
+                let ctx = CodecContext {
+                    four_octet_as: true,
+                };
+                return Some(Message::decode(&frame, &ctx).unwrap());
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt as _;
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    /// Accepts the speaker's connection and runs OPEN / KEEPALIVE until the driver reports the
+    /// session Established.
+    async fn accept(listener: &tokio::net::TcpListener, driver: &Driver, name: &str) -> Self {
+        let (stream, _) = tokio::time::timeout(Duration::from_secs(30), listener.accept())
+            .await
+            .expect("the speaker did not connect")
+            .unwrap();
+        let mut peer = RawPeer {
+            stream,
+            buf: Vec::new(),
+            accepted: Instant::now(),
+        };
+        let Some(Message::Open(_)) = peer.next().await else {
+            panic!("no OPEN from the speaker");
+        };
+        let caps = vec![
+            Capability::Multiprotocol(AfiSafi::IPV4_UNICAST),
+            Capability::Multiprotocol(AfiSafi::IPV6_UNICAST),
+        ];
+        let open = Open::new(64500, 9, RAW_V4.parse().unwrap(), caps);
+        let ctx = CodecContext::default();
+        peer.send(&Message::Open(open).to_bytes(&ctx).unwrap())
+            .await;
+        peer.send(&Message::Keepalive.to_bytes(&ctx).unwrap()).await;
+        loop {
+            match peer.next().await {
+                Some(Message::Keepalive) => break,
+                Some(_) => {}
+                None => panic!("the speaker closed during the handshake"),
+            }
+        }
+        wait_state(driver, name, Duration::from_secs(10), established).await;
+        peer
+    }
+
+    /// Reads to the end of the stream and returns the NOTIFICATIONs the speaker sent.
+    async fn notifications_until_closed(&mut self) -> Vec<Notification> {
+        let mut out = Vec::new();
+        let read_all = async {
+            while let Some(m) = self.next().await {
+                if let Message::Notification(n) = m {
+                    out.push(n);
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read_all)
+            .await
+            .expect("the speaker did not close the connection");
+        out
+    }
+}
+
+/// A header with the given marker byte, length and type, then `body`.
+fn raw_message(marker: u8, length: u16, message_type: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![0xff; 16];
+    m[15] = marker;
+    m.extend_from_slice(&length.to_be_bytes());
+    m.push(message_type);
+    m.extend_from_slice(body);
+    m
+}
+
+/// A test-controlled peer sends a malformed message after the session is up: the speaker
+/// answers with the NOTIFICATION RFC 4271 §6 names, closes, and connects again only after the
+/// connect time (2 s); a second session of the same driver, with FRR, stays Established with
+/// its routes the whole time.
+#[test]
+fn malformed_messages_get_the_right_notification_and_spare_other_sessions() {
+    let Some(mut lab) = Lab::new("malformed", FRR_TOOLS) else {
+        return;
+    };
+    run(
+        "ip",
+        &[
+            "-n",
+            &lab.router,
+            "addr",
+            "add",
+            &format!("{RAW_V4}/24"),
+            "dev",
+            "r0",
+        ],
+    );
+    let router = start_frr(&mut lab, &frr_neighbour_conf(""));
+    let listener = lab.listen_in_router(format!("{RAW_V4}:{RAW_PORT}").parse().unwrap());
+    lab.in_speaker(move || async move {
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let connect = Duration::from_secs(2);
+        let mut raw = fast_peer("raw", RAW_V4, None, connect);
+        raw.port = RAW_PORT;
+        // The raw peer proposes 9 s and sends no KEEPALIVEs of its own; each case takes less.
+        raw.hold_time = Duration::from_secs(9);
+        raw.keepalive_time = Duration::from_secs(3);
+        let frr = fast_peer("frr", ROUTER_V4, None, Duration::from_secs(1));
+        let mut driver = Driver::new(Arc::new(NoObserver));
+        driver.apply(settings(&[frr, raw]));
+        wait_state(&driver, "frr", Duration::from_secs(30), established).await;
+        wait_for("route in FRR", Duration::from_secs(10), || {
+            router.frr_has_route(PREFIX_V4)
+        })
+        .await;
+        // Any change of the FRR session's state from here on is a failure.
+        let mut frr_status = driver.watch_status("frr").unwrap();
+        frr_status.mark_unchanged();
+        let frr_changes = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while frr_status.changed().await.is_ok() {
+                let s = frr_status.borrow_and_update().clone();
+                if s.state != State::Established {
+                    seen.push(s);
+                }
+            }
+            seen
+        });
+        use ferrolb_speaker::bgp::packet::iana::{
+            error_code, header_subcode, message_type, update_subcode,
+        };
+        let cases = [
+            (
+                "bad marker",
+                raw_message(0xfe, 19, message_type::KEEPALIVE, &[]),
+                (
+                    error_code::MESSAGE_HEADER,
+                    header_subcode::CONNECTION_NOT_SYNCHRONIZED,
+                    vec![],
+                ),
+            ),
+            (
+                "bad length (KEEPALIVE of 20 octets)",
+                raw_message(0xff, 20, message_type::KEEPALIVE, &[0]),
+                (
+                    error_code::MESSAGE_HEADER,
+                    header_subcode::BAD_MESSAGE_LENGTH,
+                    vec![0, 20],
+                ),
+            ),
+            (
+                "UPDATE whose total path attribute length overruns the message",
+                // Withdrawn routes length 0, total path attribute length 100, four octets.
+                raw_message(
+                    0xff,
+                    27,
+                    message_type::UPDATE,
+                    &[0, 0, 0, 100, 0x40, 1, 1, 0],
+                ),
+                (
+                    error_code::UPDATE_MESSAGE,
+                    update_subcode::MALFORMED_ATTRIBUTE_LIST,
+                    vec![],
+                ),
+            ),
+        ];
+        let mut peer = RawPeer::accept(&listener, &driver, "raw").await;
+        for (i, (what, bytes, (code, subcode, data))) in cases.iter().enumerate() {
+            let sent = Instant::now();
+            peer.send(bytes).await;
+            let notifications = peer.notifications_until_closed().await;
+            assert_eq!(
+                notifications
+                    .iter()
+                    .map(|n| (n.code, n.subcode, n.data.clone()))
+                    .collect::<Vec<_>>(),
+                vec![(*code, *subcode, data.clone())],
+                "{what}: NOTIFICATIONs sent by the speaker"
+            );
+            assert_ne!(driver.status()["raw"].state, State::Established, "{what}");
+            if i + 1 == cases.len() {
+                break;
+            }
+            peer = RawPeer::accept(&listener, &driver, "raw").await;
+            let gap = peer.accepted - sent;
+            assert!(
+                gap >= connect,
+                "{what}: reconnected {gap:?} after the error, connect time is {connect:?}"
+            );
+            assert!(gap < connect + Duration::from_secs(3), "{what}: {gap:?}");
+            eprintln!("{what}: NOTIFICATION {code}/{subcode}, reconnected after {gap:?}");
+        }
+        // Nothing came back yet within the connect time after the last error.
+        let early =
+            tokio::time::timeout(connect - Duration::from_millis(300), listener.accept()).await;
+        assert!(early.is_err(), "reconnected before the connect time");
+        router.frr_has_route(PREFIX_V4).unwrap();
+        let frr = router.frr_neighbour(SPEAKER_V4);
+        contains_all(
+            &frr,
+            &[
+                "\"bgpState\":\"Established\"",
+                "\"connectionsEstablished\":1,",
+            ],
+        )
+        .unwrap();
+        assert_eq!(driver.status()["frr"].state, State::Established);
+        // FRR negotiates IPv4 unicast only here: the IPv4 prefix.
+        assert_eq!(driver.status()["frr"].announced, 1);
+        driver.shutdown(Duration::from_secs(2)).await;
+        let changes = frr_changes.await.unwrap();
+        // Shutdown itself takes the session down; nothing before it may have.
+        assert!(
+            changes
+                .iter()
+                .all(|s| s.last_error.as_deref() == Some("Stopped")),
+            "the FRR session changed: {changes:?}"
+        );
+    });
+}
+
+#[test]
+fn frr_ipv4_session_with_md5_and_ipv6_session() {
+    let Some(mut lab) = Lab::new(
+        "frr",
+        &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bin/vtysh"],
+    ) else {
+        return;
+    };
+    start_frr(
+        &mut lab,
+        &format!(
+            "neighbor {SPEAKER_V4} remote-as 64512\n neighbor {SPEAKER_V4} password s3cret\n \
+             neighbor {SPEAKER_V4} timers 3 9\n neighbor {SPEAKER_V6} remote-as 64512\n \
+             neighbor {SPEAKER_V6} timers 3 9\n \
+             address-family ipv4 unicast\n  neighbor {SPEAKER_V4} activate\n exit-address-family\n \
+             address-family ipv6 unicast\n  neighbor {SPEAKER_V4} activate\n  neighbor {SPEAKER_V6} activate\n exit-address-family\n"
+        ),
+    );
+    let d = lab.dir.display().to_string();
     let vtysh =
         move |lab: &Lab, cmd: &str| lab.in_router("vtysh", &["--vty_socket", &d, "-c", cmd]);
     let vtysh2 = vtysh.clone();
