@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
 use ferrolb_speaker::bgp::adj_out::AdjRibOut;
-use ferrolb_speaker::bgp::driver::{Driver, NoObserver, PeerSettings};
+use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, PeerSettings};
 use ferrolb_speaker::bgp::fsm::State;
 use ferrolb_speaker::bgp::packet::{
     AfiSafi, Capability, CodecContext, Community, LargeCommunity, Message, Notification, Open,
@@ -382,7 +382,8 @@ fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
     std::fs::write(
         lab.dir.join("bgpd.conf"),
         format!(
-            "frr defaults traditional\nhostname r\n!\nrouter bgp 64500\n bgp router-id {ROUTER_V4}\n \
+            "frr defaults traditional\nhostname r\nlog file {d}/bgpd-events.log\n\
+             debug bgp neighbor-events\n!\nrouter bgp 64500\n bgp router-id {ROUTER_V4}\n \
              no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n {neighbours}!\n"
         ),
     )
@@ -969,6 +970,173 @@ fn malformed_messages_get_the_right_notification_and_spare_other_sessions() {
             "the FRR session changed: {changes:?}"
         );
     });
+}
+
+impl Lab {
+    /// The speaker's namespace, for `ss` and `nstat`.
+    fn speaker_ctl(&self) -> Router {
+        Router {
+            ns: self.speaker.clone(),
+            dir: self.dir.clone(),
+        }
+    }
+}
+
+/// Established TCP connections on port 179 in a namespace (`ss`), as "local peer" lines.
+fn bgp_connections(ns: &Router) -> Vec<String> {
+    ns.exec(
+        "ss",
+        &[
+            "-Htn",
+            "state",
+            "established",
+            "( sport = :179 or dport = :179 )",
+        ],
+    )
+    .lines()
+    .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+    .filter(|l| !l.is_empty())
+    .collect()
+}
+
+/// FRR connects to the speaker's listener (the speaker's own attempts go to a closed port), with
+/// TCP MD5: with the wrong key on the listener nothing is accepted (the speaker's kernel counts
+/// MD5 failures), with the right one the session comes up on FRR's connection.
+#[test]
+fn frr_connects_to_the_speakers_listener_with_md5() {
+    let Some(mut lab) = Lab::new("incoming", FRR_TOOLS) else {
+        return;
+    };
+    let router = start_frr(
+        &mut lab,
+        &frr_neighbour_conf(&format!("neighbor {SPEAKER_V4} password s3cret\n ")),
+    );
+    let speaker = lab.speaker_ctl();
+    lab.in_speaker(move || async move {
+        let mut driver = Driver::new(Arc::new(NoObserver));
+        assert!(driver.listen(&DEFAULT_LISTEN).is_empty());
+        let peer = |password| {
+            let mut p = fast_peer("frr", ROUTER_V4, Some(password), Duration::from_secs(1));
+            // Nothing listens there: only FRR's connections can carry the session.
+            p.port = 1790;
+            p
+        };
+        driver.apply(settings(&[peer("wrong")]));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_ne!(driver.status()["frr"].state, State::Established);
+        assert!(!router.frr_established(SPEAKER_V4));
+        let failures = speaker.tcp_counter("TcpExtTCPMD5Failure");
+        assert!(failures > 0, "the listener's kernel saw no MD5 failure");
+        driver.apply(settings(&[peer("s3cret")]));
+        let started = Instant::now();
+        wait_state(&driver, "frr", Duration::from_secs(30), established).await;
+        eprintln!(
+            "incoming: established {:?} after the right key",
+            started.elapsed()
+        );
+        wait_for("route in FRR", Duration::from_secs(10), || {
+            router.frr_has_route(PREFIX_V4)
+        })
+        .await;
+        // FRR opened the connection: its far end is our port 179.
+        let conns = bgp_connections(&speaker);
+        assert!(
+            conns.len() == 1 && conns[0].starts_with(&format!("{SPEAKER_V4}:179 {ROUTER_V4}:")),
+            "want one connection from FRR to our port 179: {conns:?}"
+        );
+        driver.shutdown(Duration::from_secs(2)).await;
+    });
+}
+
+/// Both sides connect at once. FRR's answer on the speaker's connection is held back (nft
+/// drops FRR's data from port 179) until FRR's own connection has reached the speaker, so both
+/// connections are open together; RFC 4271 §6.8 must then keep exactly the one opened by the
+/// side with the higher BGP identifier, on both sides.
+fn collision(speaker_id: &str, keeps: &str) {
+    let Some(mut lab) = Lab::new(&format!("coll-{keeps}"), FRR_TOOLS) else {
+        return;
+    };
+    let router = start_frr(&mut lab, &frr_neighbour_conf(""));
+    let speaker = lab.speaker_ctl();
+    let speaker_id: std::net::Ipv4Addr = speaker_id.parse().unwrap();
+    let keeps = keeps.to_string();
+    lab.in_speaker(move || async move {
+        // FRR's data on connections the speaker opened (FRR's port 179) waits, and FRR's own
+        // connections wait until the speaker's one is open.
+        const HOLD_FRR_DATA: &str = "add rule inet flbtest out tcp sport 179 ip length > 80 drop\n";
+        router.nft(&format!(
+            "table inet flbtest {{\n\
+               chain out {{ type filter hook output priority 0; policy accept; }}\n\
+             }}\n\
+             add rule inet flbtest out tcp dport 179 drop\n{HOLD_FRR_DATA}"
+        ));
+        let mut driver = Driver::new(Arc::new(NoObserver));
+        assert!(driver.listen(&DEFAULT_LISTEN).is_empty());
+        let mut p = fast_peer("frr", ROUTER_V4, None, Duration::from_secs(1));
+        p.router_id = Some(speaker_id);
+        driver.apply(settings(&[p]));
+        wait_state(&driver, "frr", Duration::from_secs(10), |s| {
+            s == State::OpenSent
+        })
+        .await;
+        router.nft(&format!("flush chain inet flbtest out\n{HOLD_FRR_DATA}"));
+        let mut status = driver.watch_status("frr").unwrap();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while status.borrow_and_update().collisions == 0 {
+                status.changed().await.unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no collision: {:?}", driver.status()["frr"]));
+        router.nft("delete table inet flbtest\n");
+        let up = wait_state(&driver, "frr", Duration::from_secs(30), established).await;
+        wait_for("FRR established", Duration::from_secs(10), || {
+            router
+                .frr_established(SPEAKER_V4)
+                .then_some(())
+                .ok_or_else(|| router.frr_neighbour(SPEAKER_V4))
+        })
+        .await;
+        wait_for("route in FRR", Duration::from_secs(10), || {
+            router.frr_has_route(PREFIX_V4)
+        })
+        .await;
+        // Settled: one connection, the same session for 4 s.
+        tokio::time::sleep_until((up + Duration::from_secs(4)).into()).await;
+        let s = driver.status()["frr"].clone();
+        assert_eq!(s.state, State::Established);
+        assert_eq!(s.collisions, 1, "{s:?}");
+        let conns = bgp_connections(&speaker);
+        assert_eq!(conns.len(), 1, "connections: {conns:?}");
+        let ours = format!("{ROUTER_V4}:179");
+        let opened_by_speaker = conns[0].ends_with(&ours);
+        assert_eq!(
+            opened_by_speaker,
+            keeps == "speaker",
+            "kept {conns:?}, want the one opened by the {keeps}"
+        );
+        contains_all(
+            &router.frr_neighbour(SPEAKER_V4),
+            &[
+                "\"bgpState\":\"Established\"",
+                "\"connectionsEstablished\":1,",
+            ],
+        )
+        .unwrap();
+        eprintln!("collision: kept {conns:?} (opened by the {keeps})");
+        driver.shutdown(Duration::from_secs(2)).await;
+    });
+}
+
+#[test]
+fn collision_keeps_frrs_connection_when_frr_has_the_higher_identifier() {
+    // FRR's identifier is 10.77.0.2.
+    collision("10.77.0.1", "router");
+}
+
+#[test]
+fn collision_keeps_the_speakers_connection_when_it_has_the_higher_identifier() {
+    collision("10.77.0.9", "speaker");
 }
 
 #[test]

@@ -13,8 +13,10 @@
 //!
 //! Deliberate simplifications, all allowed by RFC 4271 §8.1: no DelayOpen timer, no peer
 //! oscillation damping, and automatic restart after a failure is the IdleHold timer with capped
-//! exponential backoff. Timer expiries that arrive in a state where that timer is not running (a
-//! race in the driver) are ignored instead of being treated as FSM errors.
+//! exponential backoff; while that timer runs, Idle takes a connection from the peer (as RFC
+//! 4271's Active state would), so the backoff only spaces our own attempts. Timer expiries that
+//! arrive in a state where that timer is not running (a race in the driver) are ignored instead
+//! of being treated as FSM errors.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -451,7 +453,16 @@ impl Session {
                 self.connect_retry_counter = 0;
                 out.push(Action::StopTimer(Timer::IdleHold));
             }
-            // Idle refuses connections.
+            // Waiting for the automatic restart (our stand-in for RFC 4271's Active state after
+            // a failure): a connection from the peer is taken, as Active would. The backoff
+            // only spaces our own attempts.
+            Event::TcpConnectionConfirmed if self.start.is_some() => {
+                out.push(Action::StopTimer(Timer::IdleHold));
+                out.push(Action::SendOpen(self.open_message()));
+                out.push(Action::StartTimer(Timer::Hold, OPEN_HOLD_TIME));
+                self.state = State::OpenSent;
+            }
+            // Idle after a ManualStop (or before any start) refuses connections.
             Event::TcpCRAcked | Event::TcpConnectionConfirmed => out.push(Action::DropTcp),
             _ => {}
         }
@@ -990,6 +1001,24 @@ mod tests {
             vec![Action::DropTcp]
         );
         assert_eq!(s.state(), State::Idle);
+    }
+
+    #[test]
+    fn idle_waiting_for_restart_takes_the_peers_connection() {
+        let mut s = session_in(config(), State::Connect);
+        s.handle(Event::TcpConnectionFails);
+        assert_eq!(s.state(), State::Idle);
+        let actions = s.handle(Event::TcpConnectionConfirmed);
+        assert_eq!(s.state(), State::OpenSent);
+        assert!(actions.contains(&Action::StopTimer(Timer::IdleHold)));
+        assert!(actions.contains(&Action::SendOpen(s.open_message())));
+        assert_eq!(timer_started(&actions, Timer::Hold), Some(OPEN_HOLD_TIME));
+        // After a ManualStop it refuses again.
+        s.handle(Event::ManualStop);
+        assert_eq!(
+            s.handle(Event::TcpConnectionConfirmed),
+            vec![Action::DropTcp]
+        );
     }
 
     #[test]

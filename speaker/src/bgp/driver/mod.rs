@@ -6,17 +6,23 @@
 //! [`PeerSettings`] are unchanged keeps its session and only gets the new routes; a changed one
 //! is stopped (Cease) and started again; a removed one is stopped. So editing one BGPPeer never
 //! resets the others.
+//!
+//! [`Driver::listen`] also accepts the peers' connections (port 179 by default): each goes to
+//! the session of the peer with that address, others are closed at once, and a connection that
+//! collides with our own is settled as RFC 4271 §6.8 says (see `session`).
 
+mod listen;
 mod session;
 pub mod socket;
 
 use std::collections::BTreeMap;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::adj_out::AdjRibOut;
@@ -30,6 +36,12 @@ const DEFAULT_CONNECT_TIME: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(120);
 /// Restart time advertised with `enableGracefulRestart` (FRR's and MetalLB's default).
 const GRACEFUL_RESTART_TIME: u16 = 120;
+
+/// Where [`Driver::listen`] usually listens: port 179 on every IPv4 and every IPv6 address.
+pub const DEFAULT_LISTEN: [SocketAddr; 2] = [
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 179),
+    SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 179),
+];
 
 /// Everything that defines one session; a change of any field restarts that session only.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,6 +171,8 @@ pub struct PeerStatus {
     pub updates_sent: u64,
     /// The last failure, for logs and tests.
     pub last_error: Option<String>,
+    /// Connection collisions resolved (RFC 4271 §6.8) since the task started.
+    pub collisions: u64,
 }
 
 impl Default for PeerStatus {
@@ -168,6 +182,7 @@ impl Default for PeerStatus {
             announced: 0,
             updates_sent: 0,
             last_error: None,
+            collisions: 0,
         }
     }
 }
@@ -196,6 +211,8 @@ struct Handle {
     routes: watch::Sender<Arc<AdjRibOut>>,
     status: watch::Receiver<PeerStatus>,
     stop: watch::Sender<bool>,
+    /// Connections the peer opened to our listener.
+    incoming: mpsc::Sender<tokio::net::TcpStream>,
     task: JoinHandle<()>,
 }
 
@@ -203,15 +220,69 @@ struct Handle {
 pub struct Driver {
     peers: BTreeMap<String, Handle>,
     observer: Arc<dyn Observer>,
+    listener: listen::Listener,
 }
 
 impl Driver {
-    /// A driver without sessions.
+    /// A driver without sessions. It only connects to its peers until [`Driver::listen`].
     pub fn new(observer: Arc<dyn Observer>) -> Self {
         Self {
             peers: BTreeMap::new(),
             observer,
+            listener: listen::Listener::new(),
         }
+    }
+
+    /// Also accepts the peers' connections on `addresses` (usually [`DEFAULT_LISTEN`]; an IPv6
+    /// address listens for IPv6 only). An address that cannot be bound (port 179 taken, no
+    /// such address) is logged and skipped: the sessions then rely on their own connections.
+    /// Returns those failures. Must be called within a tokio runtime.
+    pub fn listen(&mut self, addresses: &[SocketAddr]) -> Vec<(SocketAddr, io::Error)> {
+        let mut failed = Vec::new();
+        for address in addresses {
+            match self.listener.bind(*address) {
+                Ok(()) => tracing::info!(%address, "listening for BGP connections"),
+                Err(e) => {
+                    tracing::warn!(%address, error = %e, "cannot listen for BGP connections; connecting to the peers only");
+                    failed.push((*address, e));
+                }
+            }
+        }
+        self.update_listener();
+        failed
+    }
+
+    /// The addresses [`Driver::listen`] listens on (with the port the kernel chose for 0).
+    pub fn listening(&self) -> Vec<SocketAddr> {
+        self.listener.addresses()
+    }
+
+    /// Tells the listener who may connect and with which MD5 key. With several peers at one
+    /// address, connections go to the first by name.
+    fn update_listener(&mut self) {
+        let mut targets = BTreeMap::new();
+        let mut keys = BTreeMap::new();
+        for (name, h) in &self.peers {
+            let c = &h.settings.connect;
+            let address = c.peer.ip().to_canonical();
+            if targets.contains_key(&address) {
+                tracing::warn!(peer = %name, %address, "another BGPPeer has this address: its connections go to that one");
+                continue;
+            }
+            targets.insert(
+                address,
+                listen::Target {
+                    name: name.clone(),
+                    ttl: c.ttl,
+                    source: c.source.map(|s| s.to_canonical()),
+                    tx: h.incoming.clone(),
+                },
+            );
+            if let Some(password) = &c.password {
+                keys.insert(address, password.clone());
+            }
+        }
+        self.listener.update(targets, keys);
     }
 
     /// Brings the sessions to `desired` (by BGPPeer name: settings and routes). Must be called
@@ -246,11 +317,13 @@ impl Driver {
             let (routes_tx, routes_rx) = watch::channel(routes);
             let (status_tx, status_rx) = watch::channel(PeerStatus::default());
             let (stop_tx, stop_rx) = watch::channel(false);
+            let (incoming_tx, incoming_rx) = mpsc::channel(4);
             let task = tokio::spawn(session::run(
                 settings.clone(),
                 routes_rx,
                 status_tx,
                 stop_rx,
+                incoming_rx,
                 self.observer.clone(),
             ));
             self.peers.insert(
@@ -260,10 +333,12 @@ impl Driver {
                     routes: routes_tx,
                     status: status_rx,
                     stop: stop_tx,
+                    incoming: incoming_tx,
                     task,
                 },
             );
         }
+        self.update_listener();
     }
 
     /// The status of every session.
@@ -361,6 +436,91 @@ mod tests {
         assert_ne!(before[1], after[1], "peer b kept its old settings");
         d.apply(BTreeMap::new());
         assert!(d.status().is_empty());
+        d.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Connects to `to` from `from` and reads what the other side sends first (at most 2 s).
+    async fn connect_from(from: &str, to: SocketAddr) -> Vec<u8> {
+        use tokio::io::AsyncReadExt as _;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(from.parse().unwrap(), 0))
+            .unwrap();
+        let mut stream = socket.connect(to).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
+            .await
+            .expect("neither data nor close")
+            .unwrap_or(0);
+        buf.truncate(n);
+        buf
+    }
+
+    /// A connection from the peer's address gets our OPEN; one from any other address is
+    /// closed at once.
+    #[tokio::test]
+    async fn listener_takes_connections_from_peers_only() {
+        let mut p = peer();
+        p.target = PeerTarget::Address("127.0.0.2".parse().unwrap());
+        // Nothing listens there: our own attempts fail, only the peer's connection works.
+        p.port = 9;
+        p.router_id = Some("192.0.2.254".parse().unwrap());
+        p.password = None;
+        let mut d = Driver::new(Arc::new(NoObserver));
+        assert!(d.listen(&["127.0.0.1:0".parse().unwrap()]).is_empty());
+        let at = d.listening()[0];
+        d.apply(
+            [(
+                "r".to_string(),
+                (
+                    PeerSettings::from_peer(&p, &[], None).unwrap(),
+                    AdjRibOut::new(),
+                ),
+            )]
+            .into(),
+        );
+        assert!(
+            connect_from("127.0.0.3", at).await.is_empty(),
+            "a stranger was not closed"
+        );
+        let first = connect_from("127.0.0.2", at).await;
+        assert_eq!(first.get(18), Some(&1), "no OPEN for the peer: {first:?}");
+        d.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A taken port is reported and the driver keeps working without a listener.
+    #[tokio::test]
+    async fn listen_on_a_taken_port_is_reported() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = taken.local_addr().unwrap();
+        let mut d = Driver::new(Arc::new(NoObserver));
+        let failed = d.listen(&[at]);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].1.kind(), io::ErrorKind::AddrInUse);
+        assert!(d.listening().is_empty());
+        let mut p = peer();
+        p.target = PeerTarget::Address("127.0.0.1".parse().unwrap());
+        p.port = at.port();
+        p.router_id = Some("192.0.2.254".parse().unwrap());
+        p.password = None;
+        d.apply(
+            [(
+                "r".to_string(),
+                (
+                    PeerSettings::from_peer(&p, &[], None).unwrap(),
+                    AdjRibOut::new(),
+                ),
+            )]
+            .into(),
+        );
+        // Our own connection still goes out (to the listener that holds the port).
+        let (_conn, _) = tokio::time::timeout(Duration::from_secs(5), async {
+            taken.set_nonblocking(true).unwrap();
+            let l = tokio::net::TcpListener::from_std(taken).unwrap();
+            l.accept().await.unwrap()
+        })
+        .await
+        .expect("the driver did not connect");
         d.shutdown(Duration::from_secs(1)).await;
     }
 

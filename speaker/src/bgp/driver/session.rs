@@ -1,5 +1,12 @@
-//! One peer's task: the TCP connection, the timers and the Adj-RIB-Out around a pure
-//! [`Session`].
+//! One peer's task: the TCP connections, the timers and the Adj-RIB-Out around pure
+//! [`Session`]s.
+//!
+//! The task runs one [`Link`] (a `Session` with its connection and timers) that carries the
+//! BGP session, and while that one is in OpenSent or OpenConfirm possibly a second one for a
+//! connection the peer opened at the same time. As soon as one of them knows the peer's BGP
+//! identifier, [`fsm::collision_survivor`] picks the connection to keep (RFC 4271 §6.8) and
+//! the other gets [`Event::OpenCollisionDump`]; so at most one connection ever reaches
+//! Established.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -9,12 +16,12 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::{Observer, PeerSettings, PeerStatus, socket};
 use crate::bgp::adj_out::{self, AdjRibOut, SessionContext};
-use crate::bgp::fsm::{Action, Event, Session, State, Timer};
+use crate::bgp::fsm::{self, Action, Event, Initiator, OPEN_HOLD_TIME, Session, State, Timer};
 use crate::bgp::packet::{AfiSafi, CodecContext, Message, Update};
 
 type Connecting = Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>;
@@ -26,19 +33,165 @@ struct Conn {
     buf: Vec<u8>,
 }
 
-struct Task {
-    settings: PeerSettings,
+impl Conn {
+    fn new(stream: TcpStream) -> std::io::Result<Self> {
+        let local = stream.local_addr()?;
+        let (reader, writer) = stream.into_split();
+        Ok(Self {
+            reader,
+            writer,
+            local,
+            buf: Vec::new(),
+        })
+    }
+}
+
+/// One TCP connection with the state machine that runs it and that machine's timers.
+struct Link {
     session: Session,
+    /// Who opened the connection: we (also while still connecting) or the peer.
+    initiator: Initiator,
     conn: Option<Conn>,
     connecting: Option<Connecting>,
     timers: BTreeMap<TimerKey, Instant>,
     codec: CodecContext,
+    pending: VecDeque<Event>,
+}
+
+impl Link {
+    fn new(session: Session, initiator: Initiator) -> Self {
+        Self {
+            session,
+            initiator,
+            conn: None,
+            connecting: None,
+            timers: BTreeMap::new(),
+            codec: CodecContext::default(),
+            pending: VecDeque::new(),
+        }
+    }
+
+    fn connection_lost(&mut self, name: &str, status: &watch::Sender<PeerStatus>, why: String) {
+        tracing::debug!(peer = %name, why, "BGP connection lost");
+        status.send_modify(|s| s.last_error = Some(why));
+        self.conn = None;
+        self.pending.push_back(Event::TcpConnectionFails);
+    }
+
+    /// Frames and decodes what arrived; each message becomes one event.
+    fn received(&mut self, bytes: &[u8]) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        conn.buf.extend_from_slice(bytes);
+        loop {
+            match Message::frame_len(&conn.buf) {
+                Ok(Some(len)) if len <= conn.buf.len() => {
+                    let frame: Vec<u8> = conn.buf.drain(..len).collect();
+                    self.pending
+                        .push_back(Event::from_decoded(Message::decode(&frame, &self.codec)));
+                }
+                Ok(_) => break,
+                Err(e) => {
+                    // A bad header poisons the stream: nothing after it can be framed.
+                    conn.buf.clear();
+                    self.pending.push_back(Event::from_decoded(Err(e)));
+                    break;
+                }
+            }
+        }
+    }
+
+    async fn write(&mut self, name: &str, status: &watch::Sender<PeerStatus>, message: Message) {
+        // A peer that stops reading (while its kernel still acknowledges) must not block the
+        // task: past the hold time the session would have ended anyway.
+        let limit = self
+            .session
+            .negotiated()
+            .map(|n| n.hold_time)
+            .filter(|h| !h.is_zero())
+            .unwrap_or(OPEN_HOLD_TIME);
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let bytes = match message.to_bytes(&self.codec) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(peer = %name, error = %e, "cannot encode message");
+                return;
+            }
+        };
+        match tokio::time::timeout(limit, conn.writer.write_all(&bytes)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.connection_lost(name, status, format!("write: {e}")),
+            Err(_) => self.connection_lost(
+                name,
+                status,
+                format!("write: the peer read nothing for {limit:?}"),
+            ),
+        }
+    }
+
+    /// Carries out the actions that concern this connection; returns the others (session up
+    /// or down, route refresh) for the task.
+    async fn io(
+        &mut self,
+        action: Action,
+        settings: &PeerSettings,
+        status: &watch::Sender<PeerStatus>,
+    ) -> Option<Action> {
+        let name = settings.name.as_str();
+        match action {
+            Action::ConnectTcp => {
+                self.conn = None;
+                self.initiator = Initiator::Local;
+                let options = settings.connect.clone();
+                self.connecting = Some(Box::pin(async move { socket::connect(&options).await }));
+            }
+            Action::DropTcp => {
+                if let Some(mut c) = self.conn.take() {
+                    let _ = c.writer.shutdown().await;
+                }
+                self.connecting = None;
+                self.codec = CodecContext::default();
+            }
+            Action::SendOpen(open) => self.write(name, status, Message::Open(open)).await,
+            Action::SendKeepalive => self.write(name, status, Message::Keepalive).await,
+            Action::SendNotification(n) => {
+                tracing::info!(peer = %name, code = n.code, subcode = n.subcode, "sending NOTIFICATION");
+                self.write(name, status, Message::Notification(n)).await;
+            }
+            Action::SendUpdate(u) => self.write(name, status, Message::Update(u)).await,
+            Action::StartTimer(timer, after) => {
+                self.timers.insert(timer.into(), Instant::now() + after);
+            }
+            Action::StopTimer(timer) => {
+                self.timers.remove(&timer.into());
+            }
+            Action::SessionEstablished(n) => {
+                self.codec = n.codec;
+                return Some(Action::SessionEstablished(n));
+            }
+            other @ (Action::SessionDown(_) | Action::RouteRefreshRequested(_)) => {
+                return Some(other);
+            }
+        }
+        None
+    }
+}
+
+struct Task {
+    settings: PeerSettings,
+    /// The connection that carries (or will carry) the session.
+    primary: Link,
+    /// A connection the peer opened while `primary` was in OpenSent or OpenConfirm, until the
+    /// collision is resolved.
+    secondary: Option<Link>,
     /// Set while Established.
     context: Option<SessionContext>,
     sent: AdjRibOut,
     status: watch::Sender<PeerStatus>,
     observer: Arc<dyn Observer>,
-    pending: VecDeque<Event>,
     /// Families whose End-of-RIB marker follows the initial table.
     pending_eor: Vec<AfiSafi>,
 }
@@ -74,12 +227,30 @@ impl TimerKey {
     }
 }
 
-/// Runs the session until `stop` turns true.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Which {
+    Primary,
+    Secondary,
+}
+
+async fn read(conn: Option<&mut Conn>) -> std::io::Result<Vec<u8>> {
+    match conn {
+        Some(c) => {
+            let mut chunk = [0u8; 4096];
+            c.reader.read(&mut chunk).await.map(|n| chunk[..n].to_vec())
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the session until `stop` turns true. `incoming` delivers the connections the peer
+/// opened to our listener.
 pub(super) async fn run(
     settings: PeerSettings,
     mut routes: watch::Receiver<Arc<AdjRibOut>>,
     status: watch::Sender<PeerStatus>,
     mut stop: watch::Receiver<bool>,
+    mut incoming: mpsc::Receiver<TcpStream>,
     observer: Arc<dyn Observer>,
 ) {
     let session = match Session::new(settings.fsm.clone()) {
@@ -90,52 +261,53 @@ pub(super) async fn run(
             return;
         }
     };
+    let mut primary = Link::new(session, Initiator::Local);
+    primary.pending.push_back(Event::ManualStart);
     let mut t = Task {
         settings,
-        session,
-        conn: None,
-        connecting: None,
-        timers: BTreeMap::new(),
-        codec: CodecContext::default(),
+        primary,
+        secondary: None,
         context: None,
         sent: AdjRibOut::new(),
         status,
         observer,
-        pending: VecDeque::from([Event::ManualStart]),
         pending_eor: Vec::new(),
     };
+    let mut incoming_open = true;
     loop {
         let desired: Arc<AdjRibOut> = routes.borrow_and_update().clone();
         t.process(&desired).await;
         if *stop.borrow() {
-            t.pending.push_back(Event::ManualStop);
-            t.process(&AdjRibOut::new()).await;
+            t.stop().await;
             return;
         }
-        let deadline = t
-            .timers
-            .iter()
-            .min_by_key(|(_, at)| **at)
-            .map(|(k, at)| (*k, *at));
+        let deadline = [
+            (Which::Primary, Some(&t.primary)),
+            (Which::Secondary, t.secondary.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(w, l)| l.map(|l| (w, l)))
+        .flat_map(|(w, l)| l.timers.iter().map(move |(k, at)| (w, *k, *at)))
+        .min_by_key(|(_, _, at)| *at);
         let sleep = async {
             match deadline {
-                Some((_, at)) => tokio::time::sleep_until(at).await,
+                Some((_, _, at)) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
         let connecting = async {
-            match t.connecting.as_mut() {
+            match t.primary.connecting.as_mut() {
                 Some(c) => c.await,
                 None => std::future::pending().await,
             }
         };
-        let read = async {
-            match t.conn.as_mut() {
-                Some(c) => {
-                    let mut chunk = [0u8; 4096];
-                    c.reader.read(&mut chunk).await.map(|n| chunk[..n].to_vec())
-                }
-                None => std::future::pending().await,
+        let read_primary = read(t.primary.conn.as_mut());
+        let read_secondary = read(t.secondary.as_mut().and_then(|l| l.conn.as_mut()));
+        let accept = async {
+            if incoming_open {
+                incoming.recv().await
+            } else {
+                std::future::pending().await
             }
         };
         tokio::select! {
@@ -143,102 +315,244 @@ pub(super) async fn run(
             r = routes.changed() => {
                 if r.is_err() {
                     // The driver is gone: stop.
-                    t.pending.push_back(Event::ManualStop);
-                    t.process(&AdjRibOut::new()).await;
+                    t.stop().await;
                     return;
                 }
             }
             () = sleep => {
-                if let Some((key, _)) = deadline {
-                    t.timers.remove(&key);
-                    t.pending.push_back(key.event());
+                if let Some((which, key, _)) = deadline
+                    && let Some(link) = t.link(which)
+                {
+                    link.timers.remove(&key);
+                    link.pending.push_back(key.event());
                 }
             }
             r = connecting => {
-                t.connecting = None;
-                match r.and_then(|s| {
-                    let local = s.local_addr()?;
-                    Ok((s, local))
-                }) {
-                    Ok((stream, local)) => {
-                        let (reader, writer) = stream.into_split();
-                        t.conn = Some(Conn { reader, writer, local, buf: Vec::new() });
-                        t.pending.push_back(Event::TcpCRAcked);
+                t.primary.connecting = None;
+                match r.and_then(Conn::new) {
+                    Ok(conn) => {
+                        t.primary.conn = Some(conn);
+                        t.primary.pending.push_back(Event::TcpCRAcked);
                     }
                     Err(e) => {
                         tracing::debug!(peer = %t.settings.name, error = %e, "BGP connect failed");
                         t.status.send_modify(|s| s.last_error = Some(format!("connect: {e}")));
-                        t.pending.push_back(Event::TcpConnectionFails);
+                        t.primary.pending.push_back(Event::TcpConnectionFails);
                     }
                 }
             }
-            r = read => match r {
-                Ok(bytes) if !bytes.is_empty() => t.received(&bytes),
-                Ok(_) => t.connection_lost("connection closed by peer".into()),
-                Err(e) => t.connection_lost(format!("read: {e}")),
+            r = read_primary => t.read_result(Which::Primary, r),
+            r = read_secondary => t.read_result(Which::Secondary, r),
+            s = accept => match s {
+                Some(stream) => t.accepted(stream).await,
+                None => incoming_open = false,
             }
         }
     }
 }
 
 impl Task {
-    fn connection_lost(&mut self, why: String) {
-        tracing::debug!(peer = %self.settings.name, why, "BGP connection lost");
-        self.status.send_modify(|s| s.last_error = Some(why));
-        self.conn = None;
-        self.pending.push_back(Event::TcpConnectionFails);
+    fn link(&mut self, which: Which) -> Option<&mut Link> {
+        match which {
+            Which::Primary => Some(&mut self.primary),
+            Which::Secondary => self.secondary.as_mut(),
+        }
     }
 
-    /// Frames and decodes what arrived; each message becomes one event.
-    fn received(&mut self, bytes: &[u8]) {
-        let Some(conn) = self.conn.as_mut() else {
+    fn read_result(&mut self, which: Which, r: std::io::Result<Vec<u8>>) {
+        let name = self.settings.name.clone();
+        let status = self.status.clone();
+        let Some(link) = self.link(which) else {
             return;
         };
-        conn.buf.extend_from_slice(bytes);
-        loop {
-            match Message::frame_len(&conn.buf) {
-                Ok(Some(len)) if len <= conn.buf.len() => {
-                    let frame: Vec<u8> = conn.buf.drain(..len).collect();
-                    self.pending
-                        .push_back(Event::from_decoded(Message::decode(&frame, &self.codec)));
+        match r {
+            Ok(bytes) if !bytes.is_empty() => link.received(&bytes),
+            Ok(_) => link.connection_lost(&name, &status, "connection closed by peer".into()),
+            Err(e) => link.connection_lost(&name, &status, format!("read: {e}")),
+        }
+    }
+
+    /// ManualStop on every connection, then Cease goes out on each.
+    async fn stop(&mut self) {
+        self.primary.pending.push_back(Event::ManualStop);
+        if let Some(l) = self.secondary.as_mut() {
+            l.pending.push_back(Event::ManualStop);
+        }
+        self.process(&AdjRibOut::new()).await;
+    }
+
+    /// A connection the peer opened to our listener.
+    async fn accepted(&mut self, stream: TcpStream) {
+        let name = self.settings.name.clone();
+        let conn = match Conn::new(stream) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(peer = %name, error = %e, "accepted BGP connection is gone");
+                return;
+            }
+        };
+        match self.primary.session.state() {
+            State::Established => {
+                // RFC 4271 §6.8: an Established session survives; the new connection is closed.
+                tracing::info!(peer = %name, "closing the peer's connection: session already established");
+            }
+            State::Idle | State::Connect | State::Active => {
+                // No connection of ours yet: the peer's one carries the session (the state
+                // machine refuses it when stopped).
+                tracing::info!(peer = %name, "accepted BGP connection from the peer");
+                self.primary.connecting = None;
+                self.primary.conn = Some(conn);
+                self.primary.initiator = Initiator::Remote;
+                self.primary.codec = CodecContext::default();
+                self.primary
+                    .pending
+                    .push_back(Event::TcpConnectionConfirmed);
+            }
+            State::OpenSent | State::OpenConfirm => {
+                // A collision: run the peer's connection beside ours until one is chosen.
+                if let Some(old) = self.secondary.take() {
+                    self.dump(old).await;
                 }
-                Ok(_) => break,
-                Err(e) => {
-                    // A bad header poisons the stream: nothing after it can be framed.
-                    conn.buf.clear();
-                    self.pending.push_back(Event::from_decoded(Err(e)));
-                    break;
-                }
+                let Ok(mut session) = Session::new(self.settings.fsm.clone()) else {
+                    return;
+                };
+                // Started like ours (so that it reconnects itself should it become the session
+                // and fail later), but on the peer's connection instead of a connect.
+                let _ = session.handle(Event::ManualStart);
+                let mut link = Link::new(session, Initiator::Remote);
+                link.conn = Some(conn);
+                link.pending.push_back(Event::TcpConnectionConfirmed);
+                tracing::info!(peer = %name, "accepted BGP connection from the peer while ours is opening");
+                self.secondary = Some(link);
             }
         }
     }
 
-    /// Feeds pending events to the state machine and carries out its actions; then, when
+    /// Ends a connection that lost a collision: Cease / Connection Collision Resolution.
+    async fn dump(&mut self, mut link: Link) {
+        let actions = link.session.handle(Event::OpenCollisionDump);
+        for a in actions {
+            // Only the NOTIFICATION and the close matter: the link is dropped afterwards.
+            if matches!(a, Action::SendNotification(_) | Action::DropTcp) {
+                let _ = link.io(a, &self.settings, &self.status).await;
+            }
+        }
+    }
+
+    /// RFC 4271 §6.8 between the two connections, once the peer's identifier is known.
+    async fn settle(&mut self) {
+        let Some(second) = self.secondary.as_ref() else {
+            return;
+        };
+        let (p, s) = (self.primary.session.state(), second.session.state());
+        match s {
+            // It failed (its actions already ran): forget it.
+            State::Idle => {
+                self.secondary = None;
+                return;
+            }
+            State::OpenSent | State::OpenConfirm => {}
+            // Its OPEN has not gone out yet.
+            State::Connect | State::Active | State::Established => return,
+        }
+        if p == State::Established {
+            if let Some(second) = self.secondary.take() {
+                self.dump(second).await;
+            }
+            return;
+        }
+        if matches!(p, State::Idle | State::Connect | State::Active) {
+            // Ours failed meanwhile: the peer's connection carries the session now.
+            if let Some(second) = self.secondary.take() {
+                self.primary = second;
+            }
+            return;
+        }
+        let Some(peer) = self
+            .primary
+            .session
+            .peer_identity()
+            .or_else(|| second.session.peer_identity())
+        else {
+            return;
+        };
+        // The identifier is the peer's whichever connection brought it, so a connection still
+        // in OpenSent is settled too (§6.8 allows that when the identifier is known).
+        let keep_primary = if self.primary.initiator == second.initiator {
+            // The peer opened both: it gave up on the older one.
+            false
+        } else {
+            let local = (self.settings.fsm.bgp_id, self.settings.fsm.local_as);
+            fsm::collision_survivor(local, peer) == self.primary.initiator
+        };
+        let Some(second) = self.secondary.take() else {
+            return;
+        };
+        let kept = if keep_primary {
+            self.primary.initiator
+        } else {
+            second.initiator
+        };
+        tracing::info!(peer = %self.settings.name, ?kept, "connection collision resolved");
+        self.status.send_modify(|s| s.collisions += 1);
+        if keep_primary {
+            self.dump(second).await;
+        } else {
+            let old = std::mem::replace(&mut self.primary, second);
+            self.dump(old).await;
+        }
+    }
+
+    /// Feeds one pending event of `which` to its state machine and carries out the actions.
+    /// False when it had none.
+    async fn step(&mut self, which: Which) -> bool {
+        let Some(link) = self.link(which) else {
+            return false;
+        };
+        let Some(event) = link.pending.pop_front() else {
+            return false;
+        };
+        let actions = link.session.handle(event);
+        for a in actions {
+            let link = match which {
+                Which::Primary => &mut self.primary,
+                Which::Secondary => match self.secondary.as_mut() {
+                    Some(l) => l,
+                    None => break,
+                },
+            };
+            if let Some(task_action) = link.io(a, &self.settings, &self.status).await {
+                self.act(which, task_action);
+            }
+        }
+        self.settle().await;
+        true
+    }
+
+    /// Feeds pending events to the state machines and carries out their actions; then, when
     /// established, brings the peer to `desired`.
     async fn process(&mut self, desired: &AdjRibOut) {
         loop {
-            while let Some(event) = self.pending.pop_front() {
-                let actions = self.session.handle(event);
-                for a in actions {
-                    self.act(a).await;
-                }
-            }
-            if self.session.state() == State::Established
+            while self.step(Which::Primary).await || self.step(Which::Secondary).await {}
+            if self.primary.session.state() == State::Established
                 && let Some(ctx) = self.context.clone()
             {
                 if self.sent != *desired {
                     self.send_routes(&ctx, desired);
                 }
                 for family in std::mem::take(&mut self.pending_eor) {
-                    self.pending
+                    self.primary
+                        .pending
                         .push_back(Event::Announce(Update::end_of_rib_marker(family)));
                 }
             }
-            if self.pending.is_empty() {
+            let idle = self.primary.pending.is_empty()
+                && self.secondary.as_ref().is_none_or(|l| l.pending.is_empty());
+            if idle {
                 break;
             }
         }
-        let state = self.session.state();
+        let state = self.primary.session.state();
         self.status.send_if_modified(|s| {
             let changed = s.state != state;
             s.state = state;
@@ -250,7 +564,8 @@ impl Task {
         match adj_out::diff(&self.sent, desired, ctx) {
             Ok((updates, next)) => {
                 let n = updates.len() as u64;
-                self.pending
+                self.primary
+                    .pending
                     .extend(updates.into_iter().map(Event::Announce));
                 self.sent = next;
                 self.observer.updates_sent(&self.settings.name, n);
@@ -268,52 +583,18 @@ impl Task {
         }
     }
 
-    async fn write(&mut self, message: Message) {
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
-        let bytes = match message.to_bytes(&self.codec) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(peer = %self.settings.name, error = %e, "cannot encode message");
-                return;
-            }
-        };
-        if let Err(e) = conn.writer.write_all(&bytes).await {
-            self.connection_lost(format!("write: {e}"));
-        }
-    }
-
-    async fn act(&mut self, action: Action) {
+    /// The actions that concern the session rather than one connection.
+    fn act(&mut self, which: Which, action: Action) {
         match action {
-            Action::ConnectTcp => {
-                self.conn = None;
-                let options = self.settings.connect.clone();
-                self.connecting = Some(Box::pin(async move { socket::connect(&options).await }));
-            }
-            Action::DropTcp => {
-                if let Some(mut c) = self.conn.take() {
-                    let _ = c.writer.shutdown().await;
-                }
-                self.connecting = None;
-                self.codec = CodecContext::default();
-            }
-            Action::SendOpen(open) => self.write(Message::Open(open)).await,
-            Action::SendKeepalive => self.write(Message::Keepalive).await,
-            Action::SendNotification(n) => {
-                tracing::info!(peer = %self.settings.name, code = n.code, subcode = n.subcode, "sending NOTIFICATION");
-                self.write(Message::Notification(n)).await;
-            }
-            Action::SendUpdate(u) => self.write(Message::Update(u)).await,
-            Action::StartTimer(timer, after) => {
-                self.timers.insert(timer.into(), Instant::now() + after);
-            }
-            Action::StopTimer(timer) => {
-                self.timers.remove(&timer.into());
-            }
             Action::SessionEstablished(n) => {
-                self.codec = n.codec;
-                let local = self.conn.as_ref().map(|c| c.local.ip());
+                if which == Which::Secondary {
+                    // `settle` never lets the peer's second connection get this far.
+                    tracing::error!(peer = %self.settings.name, "second connection established");
+                }
+                let local = self
+                    .link(which)
+                    .and_then(|l| l.conn.as_ref())
+                    .map(|c| c.local.ip());
                 let ctx = SessionContext {
                     local_as: self.settings.fsm.local_as,
                     internal: n.internal,
@@ -360,12 +641,16 @@ impl Task {
                 if let Some(ctx) = self.context.clone()
                     && let Ok((updates, _)) = adj_out::diff(&AdjRibOut::new(), &again, &ctx)
                 {
-                    self.pending
+                    self.primary
+                        .pending
                         .extend(updates.into_iter().map(Event::Announce));
-                    self.pending
+                    self.primary
+                        .pending
                         .push_back(Event::Announce(Update::end_of_rib_marker(family)));
                 }
             }
+            // Connection-level actions never reach here.
+            _ => {}
         }
     }
 }
