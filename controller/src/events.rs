@@ -7,8 +7,12 @@
 //! an Event repeated within [`SERIES_WINDOW`] still becomes one Event with a growing `series`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -16,6 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+
+use crate::leader::Leadership;
 
 /// Entries the de-duplication cache keeps at most.
 pub const CACHE_ENTRIES: usize = 1024;
@@ -173,6 +179,85 @@ impl Recorder {
     }
 }
 
+/// Events waiting for the writer, at most; more are dropped and counted.
+pub const QUEUE_CAPACITY: usize = 4096;
+
+/// Event writes in flight at once. Few, so that status writes, which carry the allocation,
+/// get most of the API server when both compete (a backlog makes one Event per Service).
+pub const WRITERS: usize = 4;
+
+/// An Event waiting to be written.
+#[derive(Debug)]
+pub struct Queued {
+    /// `Warning` or `Normal`.
+    pub warning: bool,
+    /// Machine-readable reason.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// What the controller was doing.
+    pub action: &'static str,
+    /// The object the Event is about.
+    pub regarding: ObjectReference,
+}
+
+/// Hands Events to a background writer, so that an allocation never waits for its Event.
+///
+/// Events are best effort, as client-go's broadcaster treats them: when the queue is full the
+/// Event is dropped and counted (`ferrolb_controller_events_dropped_total`). Queued Events
+/// are written only while this replica leads.
+#[derive(Clone, Debug)]
+pub struct EventQueue {
+    tx: mpsc::Sender<Queued>,
+    dropped: Counter,
+}
+
+impl EventQueue {
+    /// Starts the writer task.
+    pub fn spawn(recorder: Arc<Recorder>, leadership: Leadership, dropped: Counter) -> Self {
+        let (tx, rx) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
+        let stream = tokio_stream_of(rx);
+        tokio::spawn(async move {
+            stream
+                .map(|q| {
+                    let recorder = Arc::clone(&recorder);
+                    let leadership = leadership.clone();
+                    async move {
+                        if !leadership.is_leading() {
+                            return;
+                        }
+                        let note = Note {
+                            warning: q.warning,
+                            reason: q.reason,
+                            message: &q.message,
+                            action: q.action,
+                        };
+                        if let Err(e) = recorder.publish(&note, &q.regarding).await {
+                            tracing::debug!(error = %e, reason = q.reason, "recording an Event failed");
+                        }
+                    }
+                })
+                .buffer_unordered(WRITERS)
+                .for_each(|()| async {})
+                .await;
+        });
+        Self { tx, dropped }
+    }
+
+    /// Queues an Event; drops it (counted) when the queue is full.
+    pub fn push(&self, event: Queued) {
+        if let Err(e) = self.tx.try_send(event) {
+            self.dropped.inc();
+            tracing::debug!(error = %e, "Event queue full; Event dropped");
+        }
+    }
+}
+
+/// The receiver as a stream (without pulling in tokio-stream for one adapter).
+fn tokio_stream_of(rx: mpsc::Receiver<Queued>) -> impl futures::Stream<Item = Queued> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|q| (q, rx)) })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -226,5 +311,27 @@ mod tests {
         let later = start + SERIES_WINDOW + Duration::from_secs(1);
         r.remember(key(CACHE_ENTRIES), "new".into(), 1, later);
         assert_eq!(r.cached(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        // The current-thread runtime runs the writer only when this test yields, so the
+        // pushes below meet a queue nobody drains yet.
+        let dropped = Counter::default();
+        let queue = EventQueue::spawn(
+            Arc::new(recorder()),
+            Leadership::always(),
+            dropped.clone(),
+        );
+        for i in 0..QUEUE_CAPACITY + 10 {
+            queue.push(Queued {
+                warning: false,
+                reason: "IPAllocated",
+                message: format!("m{i}"),
+                action: "Allocate",
+                regarding: ObjectReference::default(),
+            });
+        }
+        assert_eq!(dropped.get(), 10);
     }
 }

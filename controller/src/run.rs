@@ -27,7 +27,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
 use crate::core::{Core, Desired, Note, matches};
-use crate::events::{self, Recorder};
+use crate::events::{self, EventQueue, Recorder};
 use crate::leader::Leadership;
 use crate::slim::{self, CachedService, ServiceCache};
 use crate::telemetry::{Metrics, Ready};
@@ -246,7 +246,10 @@ struct Driver {
     stores: Stores,
     services: ServiceCache,
     metrics: Arc<Metrics>,
-    recorder: Recorder,
+    /// For configuration errors, whose reporting is remembered only once written.
+    recorder: Arc<Recorder>,
+    /// For allocation Events, written in the background.
+    events: EventQueue,
     leadership: Leadership,
     core: Core,
     applied_pools: Option<Vec<Pool>>,
@@ -266,7 +269,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let stores = start_watches(&client, &settings.namespace, &tx);
-    let recorder = Recorder::new(client.clone(), "ferrolb-controller", &settings.identity);
+    let recorder = Arc::new(Recorder::new(
+        client.clone(),
+        "ferrolb-controller",
+        &settings.identity,
+    ));
+    let events = EventQueue::spawn(
+        Arc::clone(&recorder),
+        leadership.clone(),
+        metrics.events_dropped.clone(),
+    );
     let mut driver = Driver {
         core: Core::new(settings.lb_class.clone()),
         client,
@@ -275,6 +287,7 @@ pub async fn run(
         services: ServiceCache::default(),
         metrics,
         recorder,
+        events,
         leadership: leadership.clone(),
         applied_pools: None,
         written_state: None,
@@ -665,7 +678,7 @@ impl Driver {
                 .observe(started.elapsed().as_secs_f64());
         }
         for note in &outcome.notes {
-            self.publish(service, note).await;
+            self.publish(service, note);
         }
         Ok(Applied::Done)
     }
@@ -727,16 +740,15 @@ impl Driver {
         Ok(())
     }
 
-    async fn publish(&self, service: &Service, note: &Note) {
-        let note = events::Note {
+    /// Queues an Event about `service`; the Event writer sends it without holding up writes.
+    fn publish(&self, service: &Service, note: &Note) {
+        self.events.push(events::Queued {
             warning: note.warning,
             reason: note.reason,
-            message: &note.message,
+            message: note.message.clone(),
             action: "Allocate",
-        };
-        if let Err(e) = self.recorder.publish(&note, &service.object_ref(&())).await {
-            tracing::debug!(error = %e, "recording an Event failed");
-        }
+            regarding: service.object_ref(&()),
+        });
     }
 
     /// Writes pool counters to IPAddressPool status (and metrics) when they changed.

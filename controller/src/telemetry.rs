@@ -10,6 +10,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -43,6 +44,8 @@ pub struct Metrics {
     pub allocation_seconds: Histogram,
     /// Services holding IPs.
     pub services_assigned: Gauge,
+    /// Events dropped because the Event queue was full.
+    pub events_dropped: Counter,
 }
 
 impl Metrics {
@@ -61,6 +64,7 @@ impl Metrics {
             leader: Gauge::default(),
             allocation_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             services_assigned: Gauge::default(),
+            events_dropped: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -117,6 +121,11 @@ impl Metrics {
             "ferrolb_controller_services_assigned",
             "Services holding IPs",
             m.services_assigned.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_events_dropped",
+            "Events dropped because the Event queue was full (Events are best effort)",
+            m.events_dropped.clone(),
         );
         Metrics { registry, ..m }
     }
