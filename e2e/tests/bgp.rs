@@ -456,6 +456,108 @@ async fn dead_speaker_is_withdrawn(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The router's bgpd, reconfigured through vtysh.
+fn router_config(lab: &Lab, lines: &[&str]) -> anyhow::Result<()> {
+    let socket = lab.dir.join("frr").display().to_string();
+    let mut args = vec!["--vty_socket", socket.as_str(), "-c", "configure terminal"];
+    for l in lines {
+        args.extend(["-c", l]);
+    }
+    lab.exec("router", "vtysh", &args)?;
+    Ok(())
+}
+
+/// `passwordSecret`: once the router demands TCP MD5 from the nodes, the sessions fall and stay
+/// down; a basic-auth Secret named by the BGPPeer brings every node back with the password.
+async fn password_secret_signs_the_sessions(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-md5").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    scope.wait_ready_endpoints("web", 1).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+
+    let ns = ferrolb::NAMESPACE;
+    let outcome = async {
+        router_config(
+            lab,
+            &["router bgp 64500", "neighbor nodes password lab-md5-key"],
+        )?;
+        wait_advertised_by(lab, &ip, &[])
+            .await
+            .context("the router demands MD5; the speakers have no password yet")?;
+        // Several reconnect attempts (connectTime 1 s) later, still nothing gets in unsigned.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let paths = router_paths(lab, &ip)?;
+        ensure!(paths.is_empty(), "unsigned sessions got in: {paths:?}");
+        lab.apply(&format!(
+            "apiVersion: v1
+kind: Secret
+metadata: {{name: bgp-password, namespace: {ns}}}
+type: kubernetes.io/basic-auth
+stringData: {{password: lab-md5-key}}
+"
+        ))?;
+        lab.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "bgppeers.metallb.io",
+            "router",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"spec":{{"passwordSecret":{{"name":"bgp-password","namespace":"{ns}"}}}}}}"#
+            ),
+        ])?;
+        wait_advertised_by(lab, &ip, &NODES)
+            .await
+            .context("with the password from the Secret")?;
+        anyhow::Ok(())
+    }
+    .await;
+    // Back to the suite's unsigned sessions, also when the test failed. The router first:
+    // FRR removes the per-neighbour MD5 keys from its listening socket only for neighbours that
+    // still exist when the password goes (a neighbour that went while signed leaves its key
+    // behind, and that address could never connect unsigned again).
+    let restored = async {
+        router_config(lab, &["router bgp 64500", "no neighbor nodes password"])?;
+        lab.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "bgppeers.metallb.io",
+            "router",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"passwordSecret":null}}"#,
+        ])?;
+        lab.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "secret",
+            "bgp-password",
+            "--ignore-not-found",
+        ])?;
+        wait_advertised_by(lab, &ip, &NODES)
+            .await
+            .context("after removing the password again")
+    }
+    .await;
+    outcome?;
+    restored
+}
+
 type Body = fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
 
 fn main() -> std::process::ExitCode {
@@ -472,6 +574,9 @@ fn main() -> std::process::ExitCode {
         }),
         ("dead_speaker_is_withdrawn", |c| {
             Box::pin(dead_speaker_is_withdrawn(c))
+        }),
+        ("password_secret_signs_the_sessions", |c| {
+            Box::pin(password_secret_signs_the_sessions(c))
         }),
     ];
     if !ferrolb_e2e::is_root() {

@@ -445,10 +445,17 @@ fn speaker_has_host_network_and_only_net_raw() -> anyhow::Result<()> {
             .to_string()
             .contains("node-role.kubernetes.io/control-plane")
     );
-    // NET_ADMIN only for BGP passwords; the other ci files change env as documented.
+    // NET_ADMIN only for BGP passwords, NET_BIND_SERVICE only for a BGP listener; the other ci
+    // files change env as documented.
     let docs = render("ferrolb", "metallb-system", &["-f", &ci("bgp-values.yaml")])?;
     let c = container(find(&docs, "DaemonSet", "ferrolb-speaker")?, "speaker")?;
-    ensure!(strings(&c["securityContext"]["capabilities"]["add"]) == ["NET_RAW", "NET_ADMIN"]);
+    ensure!(
+        strings(&c["securityContext"]["capabilities"]["add"])
+            == ["NET_RAW", "NET_ADMIN", "NET_BIND_SERVICE"]
+    );
+    ensure!(
+        env_of(c).get("FERROLB_BGP_LISTEN").map(String::as_str) == Some("0.0.0.0:179,[::]:179")
+    );
     let docs = render("ferrolb", "metallb-system", &["-f", &ci("l2-values.yaml")])?;
     let c = container(find(&docs, "DaemonSet", "ferrolb-speaker")?, "speaker")?;
     let env = env_of(c);

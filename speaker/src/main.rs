@@ -68,6 +68,11 @@ pub struct Args {
     /// burst (Go duration; 0s: never), for switches and hosts that forget.
     #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "0s", value_parser = duration)]
     pub garp_refresh: Duration,
+    /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
+    /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
+    /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.
+    #[arg(long, env = "FERROLB_BGP_LISTEN", value_delimiter = ',')]
+    pub bgp_listen: Vec<std::net::SocketAddr>,
     /// Log format.
     #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -3,13 +3,15 @@
 //! ServiceBGPStatus objects and `metallb_speaker_announced{protocol="bgp"}`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolb_config::model::Config;
+use ferrolb_config::model::{Config, PeerPassword};
 use ferrolb_speaker::bgp::driver::{Driver, Observer, PeerSettings};
 use ferrolb_speaker::bgp::plan::{self, Inputs};
 use ferrolb_speaker::view::{NodeView, ServiceView};
+use k8s_openapi::api::core::v1::Secret;
 use tokio::sync::watch;
 
 use super::bgp_status;
@@ -29,11 +31,24 @@ pub struct Bgp {
 }
 
 impl Bgp {
-    /// No sessions yet; starts the ServiceBGPStatus writer for `node` in `namespace`.
-    pub fn new(metrics: Metrics, client: kube::Client, namespace: String, node: String) -> Self {
+    /// No sessions yet; starts the ServiceBGPStatus writer for `node` in `namespace`, and
+    /// accepts peers' connections on `listen` (an address that cannot be bound is logged and
+    /// left out: the speaker still connects out).
+    pub fn new(
+        metrics: Metrics,
+        client: kube::Client,
+        namespace: String,
+        node: String,
+        listen: &[SocketAddr],
+    ) -> Self {
         let (status, status_task) = bgp_status::spawn(client, namespace, node);
+        let mut driver = Driver::new(Arc::new(MetricsObserver(metrics.clone())));
+        if !listen.is_empty() {
+            let failed = driver.listen(listen);
+            tracing::info!(listening = ?driver.listening(), failed = failed.len(), "accepting BGP connections from configured peers");
+        }
         Self {
-            driver: Driver::new(Arc::new(MetricsObserver(metrics.clone()))),
+            driver,
             reported: BTreeSet::new(),
             metrics,
             announced: BTreeSet::new(),
@@ -43,13 +58,15 @@ impl Bgp {
     }
 
     /// Plans this node's advertisements and hands them to the driver. Returns the plan, whose
-    /// `services` say which peers each Service is advertised to.
+    /// `services` say which peers each Service is advertised to. `secret` finds a Secret of
+    /// the speaker's namespace by name (for `passwordSecret`).
     pub fn apply(
         &mut self,
         config: &Config,
         nodes: &BTreeMap<String, NodeView>,
         me: &str,
         services: &[ServiceView],
+        secret: impl Fn(&str) -> Option<Arc<Secret>>,
     ) -> plan::Plan {
         let plan = plan::plan(Inputs { config, nodes, me }, services);
         let addresses = nodes
@@ -61,9 +78,26 @@ impl Bgp {
             let Some(peer) = config.peers.get(name) else {
                 continue;
             };
-            // passwordSecret is not read yet: such a peer stays down and is reported once.
-            match PeerSettings::from_peer(peer, &addresses, None) {
+            // A passwordSecret that is missing or unusable keeps only this peer down; the
+            // Secret's watch brings the loop back here when it changes.
+            let password = match &peer.password {
+                Some(PeerPassword::Secret {
+                    name: secret_name, ..
+                }) => match secret_password(secret_name, secret(secret_name).as_deref()) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        if self.reported.insert((name.clone(), e.clone())) {
+                            tracing::warn!(peer = %name, error = %e, "BGP peer not started");
+                        }
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            match PeerSettings::from_peer(peer, &addresses, password.as_deref()) {
                 Ok(settings) => {
+                    // Report again should it break again.
+                    self.reported.retain(|(peer, _)| peer != name);
                     desired.insert(name.clone(), (settings, peer_plan.routes.clone()));
                 }
                 Err(e) => {
@@ -128,6 +162,31 @@ impl Bgp {
     }
 }
 
+/// The password in a BGPPeer's `passwordSecret`, read as MetalLB reads it: the `password` key
+/// of a `kubernetes.io/basic-auth` Secret. The error names the Secret and what is wrong.
+fn secret_password(name: &str, secret: Option<&Secret>) -> Result<String, String> {
+    let secret = secret.ok_or_else(|| format!("passwordSecret {name:?} does not exist"))?;
+    let kind = secret.type_.as_deref().unwrap_or("Opaque");
+    if kind != "kubernetes.io/basic-auth" {
+        return Err(format!(
+            "passwordSecret {name:?} has type {kind:?}, not \"kubernetes.io/basic-auth\""
+        ));
+    }
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("password"))
+        .ok_or_else(|| format!("passwordSecret {name:?} has no key \"password\""))?;
+    let password = String::from_utf8(bytes.0.clone())
+        .map_err(|_| format!("passwordSecret {name:?}: key \"password\" is not UTF-8"))?;
+    if password.is_empty() {
+        return Err(format!(
+            "passwordSecret {name:?}: key \"password\" is empty"
+        ));
+    }
+    Ok(password)
+}
+
 /// Session reports into `metallb_bgp_*`.
 struct MetricsObserver(Metrics);
 
@@ -151,5 +210,74 @@ impl Observer for MetricsObserver {
             .bgp_announced_prefixes
             .get_or_create(&peer_label(peer))
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    fn secret(kind: Option<&str>, data: &[(&str, &[u8])]) -> Secret {
+        Secret {
+            type_: kind.map(Into::into),
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_string(), ByteString(v.to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn a_basic_auth_secret_gives_its_password() {
+        let s = secret(Some("kubernetes.io/basic-auth"), &[("password", b"s3cret")]);
+        assert_eq!(secret_password("bgp", Some(&s)).unwrap(), "s3cret");
+    }
+
+    #[test]
+    fn unusable_secrets_are_refused_with_the_reason() {
+        let cases = [
+            (None, "does not exist"),
+            (
+                Some(secret(Some("Opaque"), &[("password", b"x")])),
+                "has type \"Opaque\"",
+            ),
+            (
+                Some(secret(None, &[("password", b"x")])),
+                "has type \"Opaque\"",
+            ),
+            (
+                Some(secret(
+                    Some("kubernetes.io/basic-auth"),
+                    &[("username", b"x")],
+                )),
+                "no key \"password\"",
+            ),
+            (
+                Some(secret(
+                    Some("kubernetes.io/basic-auth"),
+                    &[("password", b"\xff")],
+                )),
+                "not UTF-8",
+            ),
+            (
+                Some(secret(
+                    Some("kubernetes.io/basic-auth"),
+                    &[("password", b"")],
+                )),
+                "is empty",
+            ),
+        ];
+        for (s, want) in cases {
+            let e = secret_password("bgp", s.as_ref()).unwrap_err();
+            assert!(e.contains("\"bgp\"") && e.contains(want), "{e}");
+        }
     }
 }

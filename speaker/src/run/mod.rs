@@ -90,6 +90,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             client.clone(),
             args.namespace.clone(),
             args.node_name.clone(),
+            &args.bgp_listen,
         ),
         metrics,
         args,
@@ -282,7 +283,11 @@ impl Speaker {
         // BGP: every eligible node advertises (ECMP), independent of the layer 2 owner choice.
         let bgp_plan = self
             .bgp
-            .apply(&config, &nodes, &self.args.node_name, &views);
+            .apply(&config, &nodes, &self.args.node_name, &views, |name| {
+                stores.secrets.get(
+                    &kube::runtime::reflector::ObjectRef::new(name).within(&self.args.namespace),
+                )
+            });
 
         let failures = self.announcer.apply(&plan.announce, &usable);
         for f in failures {

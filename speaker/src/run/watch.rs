@@ -9,7 +9,7 @@ use ferrolb_config::crd::{
 };
 use ferrolb_config::validate::{NodeInfo, Objects, Validated, validate};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 /// Watches that must list before the speaker acts.
-const WATCHES: usize = 9;
+const WATCHES: usize = 10;
 
 /// The caches.
 pub struct Stores {
@@ -29,6 +29,9 @@ pub struct Stores {
     pub slices: Store<EndpointSlice>,
     /// Nodes.
     pub nodes: Store<Node>,
+    /// Secrets of the speaker's namespace, holding only the `password` key (BGPPeer
+    /// `passwordSecret`).
+    pub secrets: Store<Secret>,
     pools: Store<IPAddressPool>,
     l2: Store<L2Advertisement>,
     bgp: Store<BGPAdvertisement>,
@@ -94,11 +97,22 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
+    spawn_watch_trimmed(api, wake, |_| {})
+}
+
+/// [`spawn_watch`] with `trim` applied to every object before it is cached.
+fn spawn_watch_trimmed<K>(api: Api<K>, wake: Wake, trim: fn(&mut K)) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
     let (reader, writer) = reflector::store();
     tokio::spawn(async move {
         // The speaker never reads managedFields; dropping them roughly halves the cache.
-        let stream = watcher(api, watcher::Config::default())
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None);
+        let stream = watcher(api, watcher::Config::default()).modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        });
         let stream = reflector::reflector(writer, stream).default_backoff();
         futures::pin_mut!(stream);
         let mut counted = false;
@@ -146,7 +160,23 @@ pub fn start(client: &Client, namespace: &str, changed: Arc<Notify>) -> Stores {
         peers: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
         communities: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
         bfd: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
+        // A BGP password may arrive after its BGPPeer: the loop looks at peers again then.
+        secrets: spawn_watch_trimmed(
+            Api::namespaced(client.clone(), namespace),
+            state(false),
+            keep_only_password,
+        ),
         synced,
         config_dirty,
     }
+}
+
+/// Drops everything of a Secret but its `password` key and type: the speaker has no use for
+/// other Secrets' contents and should not hold them.
+fn keep_only_password(secret: &mut Secret) {
+    if let Some(data) = &mut secret.data {
+        data.retain(|k, _| k == "password");
+    }
+    secret.string_data = None;
+    secret.metadata.annotations = None;
 }
