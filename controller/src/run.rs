@@ -88,6 +88,96 @@ enum Applied {
     NotLeading,
 }
 
+/// How often pool counters are written while Service writes keep coming (they are written
+/// at once when the writes run out).
+const POOL_STATUS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// One Service's write, with its key.
+type WriteFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (ServiceKey, anyhow::Result<Applied>)> + Send>,
+>;
+
+/// Decided writes waiting for a slot, and the writes in flight (at most [`WRITE_CONCURRENCY`]).
+/// A Service has at most one write in flight; one that changes meanwhile is decided again when
+/// that write is done.
+#[derive(Default)]
+struct Pipeline {
+    /// Keys in decision order; a key whose entry left `decided` is skipped.
+    order: std::collections::VecDeque<ServiceKey>,
+    decided: HashMap<ServiceKey, (Arc<CachedService>, crate::core::Outcome)>,
+    in_flight: futures::stream::FuturesUnordered<WriteFuture>,
+    busy: std::collections::HashSet<ServiceKey>,
+    /// Keys that changed while their write was in flight.
+    deferred: BTreeSet<ServiceKey>,
+}
+
+impl Pipeline {
+    fn is_in_flight(&self, key: &ServiceKey) -> bool {
+        self.busy.contains(key)
+    }
+
+    fn defer(&mut self, key: ServiceKey) {
+        self.deferred.insert(key);
+    }
+
+    /// Queues (or replaces, keeping its place) the write of `key`.
+    fn queue(
+        &mut self,
+        key: ServiceKey,
+        service: Arc<CachedService>,
+        outcome: crate::core::Outcome,
+    ) {
+        if self
+            .decided
+            .insert(key.clone(), (service, outcome))
+            .is_none()
+        {
+            self.order.push_back(key);
+        }
+    }
+
+    /// Drops a queued write that the latest decision no longer needs.
+    fn unqueue(&mut self, key: &ServiceKey) {
+        self.decided.remove(key);
+    }
+
+    /// Drops every queued write (a new term decides everything again); writes in flight finish.
+    fn forget_waiting(&mut self) {
+        self.decided.clear();
+        self.order.clear();
+    }
+
+    /// Starts queued writes while slots are free.
+    fn start(&mut self, writer: &Writer) {
+        while self.in_flight.len() < WRITE_CONCURRENCY {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            let Some((service, outcome)) = self.decided.remove(&key) else {
+                continue;
+            };
+            self.busy.insert(key.clone());
+            let writer = writer.clone();
+            self.in_flight.push(Box::pin(async move {
+                let result = writer.apply(&service.to_service(), &outcome).await;
+                (key, result)
+            }));
+        }
+    }
+
+    /// Marks `key`'s write done; a change that came meanwhile makes it dirty again.
+    fn finished(&mut self, key: &ServiceKey, dirty: &mut BTreeSet<ServiceKey>) {
+        self.busy.remove(key);
+        if self.deferred.remove(key) {
+            dirty.insert(key.clone());
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight.is_empty() && self.decided.is_empty()
+    }
+}
+
 /// Number of watches that must list before the controller acts.
 const WATCHES: usize = 9;
 
@@ -297,9 +387,11 @@ pub async fn run(
     let mut synced: BTreeSet<&'static str> = BTreeSet::new();
     let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
     let mut retry: BTreeSet<ServiceKey> = BTreeSet::new();
+    let mut writes = Pipeline::default();
     let mut config_dirty = true;
     // The leadership term the core was built for.
     let mut built_for: Option<u64> = None;
+    let mut pool_status_written = Instant::now();
     loop {
         let retry_wait = async {
             if retry.is_empty() {
@@ -325,6 +417,20 @@ pub async fn run(
                 handle(work);
                 while let Ok(w) = rx.try_recv() { handle(w); }
             }
+            Some((key, result)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
+                writes.finished(&key, &mut dirty);
+                match result {
+                    Ok(Applied::Done) => {}
+                    Ok(Applied::NotLeading) => {
+                        tracing::debug!(service = %key, "leadership lapsed before the write; retrying when leading again");
+                        retry.insert(key);
+                    }
+                    Err(e) => {
+                        tracing::warn!(service = %key, error = %format!("{e:#}"), "writing Service failed; retrying");
+                        retry.insert(key);
+                    }
+                }
+            }
             _ = leadership.changed() => {}
             _ = retry_wait => { dirty.append(&mut retry); }
             _ = shutdown.changed() => break,
@@ -336,6 +442,8 @@ pub async fn run(
         let term = driver.leadership.term();
         driver.metrics.leader.set(i64::from(term.is_some()));
         let Some(term) = term else {
+            // Not leading: decisions wait for the next term, which starts from the caches.
+            writes.forget_waiting();
             continue;
         };
         if built_for != Some(term) {
@@ -350,6 +458,7 @@ pub async fn run(
             driver.applied_pools = None;
             driver.written_state = None;
             driver.written_pool_status.clear();
+            writes.forget_waiting();
             driver.apply_config().await;
             let started = Instant::now();
             let mut sorted: Vec<Arc<CachedService>> = driver.services.iter().cloned().collect();
@@ -369,62 +478,35 @@ pub async fn run(
             config_dirty = false;
             dirty.extend(driver.apply_config().await);
         }
-        // Releasing IPs can make room for Services that wait: look at those again, until a pass
-        // releases nothing.
+        // Decide in order (the allocator is sequential and deterministic); releasing IPs can
+        // make room for Services that wait, so look at those again until a pass releases
+        // nothing. Writes, not decisions, take time: they run in the pipeline while the loop
+        // goes on taking events, so a Service created during a burst does not wait for the
+        // writes of those before it to finish.
         while !dirty.is_empty() {
             let held_before = driver.core.allocator().len();
             let mut released = false;
-            // Decide in order (the allocator is sequential and deterministic), then write the
-            // changes concurrently: writes, not decisions, are what take time.
-            let mut writes = Vec::new();
             for key in std::mem::take(&mut dirty) {
+                if writes.is_in_flight(&key) {
+                    // Decided again once its write is done, on what the write left.
+                    writes.defer(key);
+                    continue;
+                }
                 match driver.decide(&key) {
                     Decision::Freed => released = true,
-                    Decision::Write(service, outcome) => writes.push((key, service, outcome)),
-                    Decision::Nothing => {}
-                }
-            }
-            let driver_ref = &driver;
-            let unfinished: Vec<(ServiceKey, anyhow::Result<Applied>)> =
-                futures::stream::iter(writes)
-                    .map(|(key, cached, outcome)| async move {
-                        let service = cached.to_service();
-                        (key, driver_ref.apply(&service, &outcome).await)
-                    })
-                    .buffer_unordered(WRITE_CONCURRENCY)
-                    .filter(|(_, r)| futures::future::ready(!matches!(r, Ok(Applied::Done))))
-                    .collect()
-                    .await;
-            let mut lapsed = 0usize;
-            for (key, result) in unfinished {
-                match result {
-                    Ok(Applied::Done) => {}
-                    Ok(Applied::NotLeading) => {
-                        lapsed += 1;
-                        retry.insert(key);
-                    }
-                    Err(e) => {
-                        tracing::warn!(service = %format!("{}/{}", key.namespace(), key.name()), error = %format!("{e:#}"), "writing Service failed; retrying");
-                        retry.insert(key);
-                    }
+                    Decision::Write(service, outcome) => writes.queue(key, service, outcome),
+                    Decision::Nothing => writes.unqueue(&key),
                 }
             }
             if released || driver.core.allocator().len() < held_before {
                 dirty.extend(driver.pending());
             }
-            if lapsed > 0 {
-                // The deadline passed during the writes (a slow renewal): the unwritten Services,
-                // and those still to look at, are retried once this replica leads again; in a
-                // new term, after a rebuild.
-                tracing::warn!(
-                    unwritten = lapsed,
-                    "leadership lapsed while writing; retrying when leading again"
-                );
-                retry.append(&mut dirty);
-                break;
-            }
         }
-        driver.write_pool_status().await;
+        writes.start(&driver.writer());
+        if writes.is_idle() || pool_status_written.elapsed() >= POOL_STATUS_INTERVAL {
+            driver.write_pool_status().await;
+            pool_status_written = Instant::now();
+        }
     }
     Ok(())
 }
@@ -661,6 +743,79 @@ impl Driver {
         }
     }
 
+    /// What the write pipeline needs of the driver.
+    fn writer(&self) -> Writer {
+        Writer {
+            client: self.client.clone(),
+            leadership: self.leadership.clone(),
+            metrics: Arc::clone(&self.metrics),
+            events: self.events.clone(),
+        }
+    }
+
+    /// Writes pool counters to IPAddressPool status (and metrics) when they changed.
+    async fn write_pool_status(&mut self) {
+        let Some(pools) = &self.applied_pools else {
+            return;
+        };
+        let names: Vec<String> = pools.iter().map(|p| p.name.clone()).collect();
+        let api: Api<IPAddressPool> =
+            Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let mut written: BTreeMap<String, IPAddressPoolStatus> = BTreeMap::new();
+        for name in names {
+            let Some(stats) = self.core.allocator().pool_stats(&name) else {
+                continue;
+            };
+            let status = IPAddressPoolStatus {
+                assigned_ipv4: stats.assigned_ipv4,
+                assigned_ipv6: stats.assigned_ipv6,
+                available_ipv4: stats.available_ipv4,
+                available_ipv6: stats.available_ipv6,
+            };
+            let label = vec![("pool", name.clone())];
+            self.metrics
+                .addresses_in_use
+                .get_or_create(&label)
+                .set(stats.assigned_ipv4.saturating_add(stats.assigned_ipv6));
+            self.metrics
+                .ipv4_in_use
+                .get_or_create(&label)
+                .set(stats.assigned_ipv4);
+            self.metrics
+                .ipv6_in_use
+                .get_or_create(&label)
+                .set(stats.assigned_ipv6);
+            if self.written_pool_status.get(&name) == Some(&status) || !self.leadership.is_leading()
+            {
+                continue;
+            }
+            let patch = serde_json::json!({"status": status});
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    written.insert(name, status);
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %name, error = %e, "writing IPAddressPool status failed")
+                }
+            }
+        }
+        self.written_pool_status.extend(written);
+    }
+}
+
+/// Writes one Service's outcome: owns what it needs, so writes run while the loop goes on.
+#[derive(Clone)]
+struct Writer {
+    client: Client,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    events: EventQueue,
+}
+
+impl Writer {
     /// Writes what differs and records the Events, if this replica still leads.
     async fn apply(
         &self,
@@ -749,58 +904,6 @@ impl Driver {
             action: "Allocate",
             regarding: service.object_ref(&()),
         });
-    }
-
-    /// Writes pool counters to IPAddressPool status (and metrics) when they changed.
-    async fn write_pool_status(&mut self) {
-        let Some(pools) = &self.applied_pools else {
-            return;
-        };
-        let names: Vec<String> = pools.iter().map(|p| p.name.clone()).collect();
-        let api: Api<IPAddressPool> =
-            Api::namespaced(self.client.clone(), &self.settings.namespace);
-        let mut written: BTreeMap<String, IPAddressPoolStatus> = BTreeMap::new();
-        for name in names {
-            let Some(stats) = self.core.allocator().pool_stats(&name) else {
-                continue;
-            };
-            let status = IPAddressPoolStatus {
-                assigned_ipv4: stats.assigned_ipv4,
-                assigned_ipv6: stats.assigned_ipv6,
-                available_ipv4: stats.available_ipv4,
-                available_ipv6: stats.available_ipv6,
-            };
-            let label = vec![("pool", name.clone())];
-            self.metrics
-                .addresses_in_use
-                .get_or_create(&label)
-                .set(stats.assigned_ipv4.saturating_add(stats.assigned_ipv6));
-            self.metrics
-                .ipv4_in_use
-                .get_or_create(&label)
-                .set(stats.assigned_ipv4);
-            self.metrics
-                .ipv6_in_use
-                .get_or_create(&label)
-                .set(stats.assigned_ipv6);
-            if self.written_pool_status.get(&name) == Some(&status) || !self.leadership.is_leading()
-            {
-                continue;
-            }
-            let patch = serde_json::json!({"status": status});
-            match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    written.insert(name, status);
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %name, error = %e, "writing IPAddressPool status failed")
-                }
-            }
-        }
-        self.written_pool_status.extend(written);
     }
 }
 

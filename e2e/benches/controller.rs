@@ -11,6 +11,10 @@
 //! * `FERROLB_BENCH_BURSTS` (default `1000`): comma-separated burst sizes; empty for none.
 //! * `FERROLB_BENCH_BACKLOG` (default 10000): Services of the backlog scenario; 0 for none.
 //! * `FERROLB_BENCH_CREATE_CONCURRENCY` (default 64): creations in flight at once.
+//! * `FERROLB_BENCH_KUBE_PROXY` (default `pause`): `pause` stops the lab's three kube-proxies
+//!   (SIGSTOP, resumed at the end, also on failure) for the run; `run` keeps them. In a cluster
+//!   kube-proxy runs on the nodes, not on the control plane's CPUs; in the lab all share 2
+//!   vCPUs, and at 10,000 Services each of their syncs rewrites the whole rule set.
 //!
 //! Prints figures, among them where the CPU went during each phase (every lab process and the
 //! controller); asserts nothing (machines here are noisy).
@@ -269,7 +273,47 @@ async fn start_serving(
     Ok(controller)
 }
 
+/// The lab's kube-proxies, stopped (SIGSTOP) until dropped.
+struct PausedKubeProxies(Vec<i32>);
+
+impl PausedKubeProxies {
+    fn pause(lab: &Lab) -> Self {
+        let pids: Vec<i32> = State::load(&lab.dir)
+            .ok()
+            .flatten()
+            .map(|s| {
+                s.processes
+                    .into_iter()
+                    .filter(|p| p.name.starts_with("kube-proxy"))
+                    .map(|p| p.pid)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGSTOP,
+            );
+        }
+        println!("kube-proxy: {} paused for the run", pids.len());
+        Self(pids)
+    }
+}
+
+impl Drop for PausedKubeProxies {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
 async fn bench(lab: &Lab) -> anyhow::Result<()> {
+    let _paused = (std::env::var("FERROLB_BENCH_KUBE_PROXY").as_deref() != Ok("run"))
+        .then(|| PausedKubeProxies::pause(lab));
     let kubeconfig = ferrolb::install(lab)?;
     let scope = TestScope::new(lab, "bench-controller").await?;
     lab.apply(&format!(
@@ -284,6 +328,13 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1000]);
     let backlog = env_usize("FERROLB_BENCH_BACKLOG", 10_000);
+    // Nothing is deleted between scenarios: all must fit the pool (a /18) and the lab's
+    // Service range (a /18 too, minus a few lab Services).
+    let total = singles + bursts.iter().sum::<usize>() + backlog + 2;
+    anyhow::ensure!(
+        total <= 16_000,
+        "{total} Services do not fit the bench's /18 pool: run the bursts and the backlog separately"
+    );
 
     if singles > 0 || !bursts.is_empty() {
         let controller = start_serving(lab, &kubeconfig, &api, &seen, "bench", 7480).await?;
