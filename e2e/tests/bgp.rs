@@ -102,6 +102,10 @@ impl Speakers {
         Ok(())
     }
 
+    fn is_running(&self, node: &str) -> bool {
+        self.running.lock().unwrap().contains_key(node)
+    }
+
     fn stop_all(&self) {
         for (_, p) in std::mem::take(&mut *self.running.lock().unwrap()) {
             // A frozen speaker would not see SIGTERM.
@@ -558,6 +562,212 @@ stringData: {{password: lab-md5-key}}
     restored
 }
 
+/// Replaces the suite's BGPPeer with one that has `enableGracefulRestart` on or off (the field
+/// is immutable, as in MetalLB).
+fn replace_peer(lab: &Lab, graceful_restart: bool) -> anyhow::Result<()> {
+    let ns = ferrolb::NAMESPACE;
+    lab.kubectl(&[
+        "-n",
+        ns,
+        "delete",
+        "bgppeers.metallb.io",
+        "router",
+        "--ignore-not-found",
+    ])?;
+    let mut yaml = bgp_config();
+    if graceful_restart {
+        yaml = yaml.replacen(
+            "  connectTime: 1s\n",
+            "  connectTime: 1s\n  enableGracefulRestart: true\n",
+            1,
+        );
+    }
+    lab.apply(&yaml)
+}
+
+/// The nodes whose path for `ip` the router keeps as stale (RFC 4724: their session went, the
+/// restart time has not run out, End-of-RIB has not come yet).
+fn stale_paths(lab: &Lab, ip: &str) -> anyhow::Result<BTreeSet<String>> {
+    let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
+    let socket = lab.dir.join("frr").display().to_string();
+    let command = format!("show bgp {family} unicast {} json", prefix(ip));
+    let out = lab.exec(
+        "router",
+        "vtysh",
+        &["--vty_socket", &socket, "-c", &command],
+    )?;
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    Ok(json["paths"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["stale"].as_bool() == Some(true))
+        .map(|p| {
+            let peer = p["peer"]["peerId"].as_str().unwrap_or_default();
+            node_of_address(lab, peer).unwrap_or_else(|| format!("?{peer}"))
+        })
+        .collect())
+}
+
+/// `enableGracefulRestart`: while a node's speaker is dead, the router keeps that node's path
+/// (stale) and traffic keeps flowing through every node; the restarted speaker refreshes the
+/// path. Without graceful restart the path goes at once (`dead_speaker_is_withdrawn`), which
+/// moves the flows hashed to that node (and breaks their TCP connections).
+async fn graceful_restart_keeps_paths_through_a_speaker_restart(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-gr").await?;
+    scope.deploy("web", &NODES).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    scope.wait_ready_endpoints("web", 3).await?;
+    replace_peer(lab, true)?;
+    let outcome = async {
+        wait_advertised_by(lab, &ip, &NODES).await?;
+        ensure!(
+            stale_paths(lab, &ip)?.is_empty(),
+            "stale paths before the restart"
+        );
+        ctx.speakers.kill("node3");
+        // Ten looks over about three seconds: a withdrawal would show at the first.
+        for look in 0..10 {
+            let paths = router_paths(lab, &ip)?;
+            ensure!(
+                paths.iter().any(|(from, _)| from == "node3"),
+                "look {look}: node3's path went with its speaker: {paths:?}"
+            );
+            let stale = stale_paths(lab, &ip)?;
+            ensure!(
+                look == 0 || stale == BTreeSet::from(["node3".to_string()]),
+                "look {look}: stale paths {stale:?}, want node3's only"
+            );
+            http_from_ext(lab, &ip).with_context(|| format!("look {look}: HTTP through {ip}"))?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        ctx.speakers.start("node3")?;
+        wait_for(
+            "the restarted speaker to refresh node3's path (End-of-RIB ends the stale state)",
+            ROUTE_TIMEOUT,
+            || async {
+                let stale = stale_paths(lab, &ip).map_err(|e| e.to_string())?;
+                if stale.is_empty() {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("stale: {stale:?}"))
+                }
+            },
+        )
+        .await?;
+        wait_advertised_by(lab, &ip, &NODES).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if !ctx.speakers.is_running("node3") {
+        ctx.speakers.start("node3")?;
+    }
+    let restored = async {
+        replace_peer(lab, false)?;
+        wait_advertised_by(lab, &ip, &NODES)
+            .await
+            .context("back on the suite's peer")
+    }
+    .await;
+    outcome?;
+    restored
+}
+
+/// Whether the ServiceBGPStatus `name` exists.
+fn status_exists(lab: &Lab, name: &str) -> anyhow::Result<bool> {
+    let out = lab.kubectl(&[
+        "get",
+        "servicebgpstatuses",
+        "-n",
+        ferrolb::NAMESPACE,
+        "--ignore-not-found",
+        "-o",
+        "name",
+        name,
+    ])?;
+    Ok(!out.trim().is_empty())
+}
+
+/// A node deleted from the cluster cannot delete its own ServiceBGPStatus objects: the first
+/// live speaker by name sweeps them, and leaves those of nodes that exist.
+async fn departed_nodes_statuses_are_swept(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let ns = ferrolb::NAMESPACE;
+    let object = |name: &str, node: &str| {
+        format!(
+            "apiVersion: metallb.io/v1beta1
+kind: ServiceBGPStatus
+metadata:
+  name: {name}
+  namespace: {ns}
+  labels: {{metallb.io/node: {node}, metallb.io/service-name: gone, metallb.io/service-namespace: gone}}
+spec: {{}}
+"
+        )
+    };
+    // Two Nodes without a speaker: one departs, one stays. (A node with a speaker would delete
+    // an object it did not write itself, when its speaker starts after the object was made.)
+    lab.apply(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: flb-departed}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: flb-staying}\n",
+    )?;
+    let outcome = async {
+        lab.apply(&object("bgp-departed-node", "flb-departed"))?;
+        lab.apply(&object("bgp-living-node", "flb-staying"))?;
+        ensure!(
+            status_exists(lab, "bgp-departed-node")? && status_exists(lab, "bgp-living-node")?,
+            "the objects were not created"
+        );
+        lab.kubectl(&["delete", "node", "flb-departed", "--wait=false"])?;
+        wait_for(
+            "the departed node's ServiceBGPStatus to be swept",
+            ROUTE_TIMEOUT,
+            || async {
+                match status_exists(lab, "bgp-departed-node") {
+                    Ok(false) => Ok(Some(())),
+                    Ok(true) => Err("still there".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await?;
+        ensure!(
+            status_exists(lab, "bgp-living-node")?,
+            "the staying node's object was swept too; left: {:?}",
+            lab.kubectl(&["get", "servicebgpstatuses", "-A", "-o", "name"])
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = lab.kubectl(&[
+        "delete",
+        "node",
+        "flb-departed",
+        "flb-staying",
+        "--ignore-not-found",
+    ]);
+    for name in ["bgp-departed-node", "bgp-living-node"] {
+        let _ = lab.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "servicebgpstatuses",
+            name,
+            "--ignore-not-found",
+        ]);
+    }
+    outcome
+}
+
 type Body = fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
 
 fn main() -> std::process::ExitCode {
@@ -578,6 +788,13 @@ fn main() -> std::process::ExitCode {
         ("password_secret_signs_the_sessions", |c| {
             Box::pin(password_secret_signs_the_sessions(c))
         }),
+        ("departed_nodes_statuses_are_swept", |c| {
+            Box::pin(departed_nodes_statuses_are_swept(c))
+        }),
+        (
+            "graceful_restart_keeps_paths_through_a_speaker_restart",
+            |c| Box::pin(graceful_restart_keeps_paths_through_a_speaker_restart(c)),
+        ),
     ];
     if !ferrolb_e2e::is_root() {
         let trials = table

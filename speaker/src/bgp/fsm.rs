@@ -96,8 +96,11 @@ pub struct Config {
     pub connect_retry: Backoff,
     /// Families we advertise in multiprotocol capabilities.
     pub families: Vec<AfiSafi>,
-    /// Advertise graceful restart (helper mode) with this restart time, in seconds
-    /// (`enableGracefulRestart`).
+    /// Advertise graceful restart with this restart time, in seconds (`enableGracefulRestart`),
+    /// with the forwarding state preserved for every family: the speaker forwards nothing
+    /// itself, the node's data path (kube-proxy) keeps working while it restarts. So a peer keeps
+    /// the routes it had until the restarted speaker's End-of-RIB replaces them (make before
+    /// break), as MetalLB's FRR mode does with `preserve-fw-state`.
     pub graceful_restart_time: Option<u16>,
 }
 
@@ -400,7 +403,9 @@ impl Session {
                     .iter()
                     .map(|f| GracefulRestartFamily {
                         afi_safi: *f,
-                        forwarding_preserved: false,
+                        // RFC 4724 §4.2: with F unset, the peer drops the stale routes as soon
+                        // as the new session opens, before our UPDATEs arrive.
+                        forwarding_preserved: true,
                     })
                     .collect(),
             }));
@@ -976,9 +981,11 @@ mod tests {
                 Capability::GracefulRestart(gr) => Some(gr),
                 _ => None,
             });
-        assert_eq!(
-            gr.map(|g| (g.restart_time, g.families.len())),
-            Some((120, 2))
+        let gr = gr.unwrap();
+        assert_eq!((gr.restart_time, gr.families.len()), (120, 2));
+        assert!(
+            gr.families.iter().all(|f| f.forwarding_preserved),
+            "the node's data path survives a speaker restart: {gr:?}"
         );
     }
 

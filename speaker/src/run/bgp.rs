@@ -28,6 +28,10 @@ pub struct Bgp {
     /// The ServiceBGPStatus writer.
     status: watch::Sender<bgp_status::Desired>,
     status_task: tokio::task::JoinHandle<()>,
+    /// The sweeper of departed nodes' ServiceBGPStatus objects (fed only while this speaker is
+    /// the sweeper).
+    sweeper: watch::Sender<Option<BTreeSet<String>>>,
+    sweeper_task: tokio::task::JoinHandle<()>,
 }
 
 impl Bgp {
@@ -41,6 +45,7 @@ impl Bgp {
         node: String,
         listen: &[SocketAddr],
     ) -> Self {
+        let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
         let (status, status_task) = bgp_status::spawn(client, namespace, node);
         let mut driver = Driver::new(Arc::new(MetricsObserver(metrics.clone())));
         if !listen.is_empty() {
@@ -54,7 +59,28 @@ impl Bgp {
             announced: BTreeSet::new(),
             status,
             status_task,
+            sweeper,
+            sweeper_task,
         }
+    }
+
+    /// Sweeps the ServiceBGPStatus objects of nodes that no longer exist, when this speaker is
+    /// the first live one by name and the set of Nodes changed (or it just became the sweeper).
+    pub fn sweep_departed<'a>(
+        &self,
+        me: &str,
+        nodes: &BTreeMap<String, NodeView>,
+        alive: impl IntoIterator<Item = &'a String>,
+    ) {
+        let wanted = bgp_status::is_sweeper(me, alive).then(|| nodes.keys().cloned().collect());
+        self.sweeper.send_if_modified(|current| {
+            if *current == wanted {
+                false
+            } else {
+                *current = wanted;
+                true
+            }
+        });
     }
 
     /// Plans this node's advertisements and hands them to the driver. Returns the plan, whose
@@ -156,6 +182,7 @@ impl Bgp {
     /// objects (it advertises nothing any more).
     pub async fn shutdown(self) {
         self.driver.shutdown(Duration::from_secs(2)).await;
+        self.sweeper_task.abort();
         self.status.send_replace(bgp_status::Desired::new());
         drop(self.status);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.status_task).await;

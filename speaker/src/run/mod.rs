@@ -280,6 +280,10 @@ impl Speaker {
             &views,
         );
 
+        if ready {
+            self.bgp
+                .sweep_departed(&self.args.node_name, &nodes, members.keys());
+        }
         // BGP: every eligible node advertises (ECMP), independent of the layer 2 owner choice.
         let bgp_plan = self
             .bgp
