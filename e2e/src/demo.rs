@@ -25,13 +25,12 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         "==> installing ferrolb's CRDs and RBAC, starting ferrolb-controller and the speakers"
     );
     let kubeconfig = ferrolb::install(&lab)?;
-    let controller = ferrolb::start_controller(&lab, &kubeconfig, "demo", 7472)?;
-    lab.track_process(controller)?;
+    // Both tracked by the lab: they keep running after the demo, until `e2e/lab down`.
+    ferrolb::start_controller(&lab, &kubeconfig, "demo", 7472)?;
     let credentials = ferrolb::install_speaker(&lab)?;
     let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
     for node in &nodes {
-        let speaker = ferrolb::start_speaker(&lab, &credentials, node, &[])?;
-        lab.track_process(speaker)?;
+        ferrolb::start_speaker(&lab, &credentials, node, &[])?;
     }
     lab.apply(&ferrolb::l2_pool(
         "demo",

@@ -72,13 +72,16 @@ pub fn start_controller(
     .map(|s| s.to_string())
     .collect();
     let exe = workspace_binary("ferrolb-controller")?;
-    process::spawn(
+    let p = process::spawn(
         &format!("controller-{identity}"),
         Some("flb-cp"),
         &exe.display().to_string(),
         &args,
         &log,
-    )
+    )?;
+    // Also in the lab's state, so `lab down` stops it should the caller die before it does.
+    lab.track_process(p.clone())?;
+    Ok(p)
 }
 
 /// An IPAddressPool `name` with `addresses` and an L2Advertisement of the same name for it, as
@@ -168,13 +171,16 @@ pub fn start_speaker(
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     let exe = workspace_binary("ferrolb-speaker")?;
-    process::spawn(
+    let p = process::spawn(
         &format!("speaker@{node}"),
         Some(&host.netns),
         &exe.display().to_string(),
         &args,
         &log,
-    )
+    )?;
+    // Also in the lab's state, so `lab down` stops it should the caller die before it does.
+    lab.track_process(p.clone())?;
+    Ok(p)
 }
 
 /// Resident memory of a process, in bytes.

@@ -20,6 +20,10 @@ pub struct LabProcess {
     pub pid: i32,
     /// Its log file.
     pub log: String,
+    /// The kernel's start time of the process (clock ticks since boot): a signal goes to `pid`
+    /// only while the process there is still this one, not a later one that reuses the PID.
+    #[serde(default)]
+    pub start_time: Option<u64>,
 }
 
 /// Starts `program args` in `netns` (or the host namespace when `None`), in a new session so it
@@ -58,7 +62,25 @@ pub fn spawn(
         name: name.into(),
         pid,
         log: log.display().to_string(),
+        start_time: start_time(pid),
     })
+}
+
+/// The start time of `pid` from /proc (field 22 of `stat`).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process at `process.pid` is still the one the lab started.
+fn is_ours(process: &LabProcess) -> bool {
+    match process.start_time {
+        Some(t) => start_time(process.pid) == Some(t),
+        // Recorded before start times were: trust the PID, as before.
+        None => true,
+    }
 }
 
 /// Whether a PID is alive (and not a zombie).
@@ -78,6 +100,11 @@ pub fn alive(pid: i32) -> bool {
 
 /// Stops a lab process: SIGTERM to its process group, then SIGKILL after `grace`.
 pub fn stop(process: &LabProcess, grace: Duration) {
+    if !is_ours(process) {
+        // Gone already (stopped by a test, or by itself); the PID may belong to another now.
+        reap(process.pid);
+        return;
+    }
     let pid = Pid::from_raw(process.pid);
     let _ = killpg(pid, Signal::SIGTERM);
     let _ = kill(pid, Signal::SIGTERM);
@@ -95,6 +122,10 @@ pub fn stop(process: &LabProcess, grace: Duration) {
 
 /// Sends SIGKILL to a process group at once (failure injection).
 pub fn kill_now(process: &LabProcess) {
+    if !is_ours(process) {
+        reap(process.pid);
+        return;
+    }
     let _ = killpg(Pid::from_raw(process.pid), Signal::SIGKILL);
     reap(process.pid);
 }

@@ -342,6 +342,21 @@ async fn cluster_policy_all_nodes_and_reachable(ctx: Ctx) -> anyhow::Result<()> 
         );
     }
     wait_statuses(lab, &scope.namespace, "web", &NODES).await?;
+    // Each node says it announces, as MetalLB's speakers do.
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        &scope.namespace,
+        "--field-selector",
+        "reason=nodeAssigned",
+        "-o",
+        "jsonpath={range .items[*]}{.note}{.message}{\"\\n\"}{end}",
+    ])?;
+    for node in NODES {
+        let want = format!("announcing from node \"{node}\" with protocol \"bgp\"");
+        ensure!(events.contains(&want), "no Event {want:?} in {events:?}");
+    }
     let metrics = lab.exec(
         "node3",
         "curl",
@@ -631,6 +646,10 @@ async fn graceful_restart_keeps_paths_through_a_speaker_restart(ctx: Ctx) -> any
     replace_peer(lab, true)?;
     let outcome = async {
         wait_advertised_by(lab, &ip, &NODES).await?;
+        // The peer was just replaced: let the router's kernel have all three next hops again
+        // and traffic flow before the fault.
+        wait_installed(lab, &ip, &NODES).await?;
+        wait_http_pods(lab, &ip, 1).await?;
         ensure!(
             stale_paths(lab, &ip)?.is_empty(),
             "stale paths before the restart"

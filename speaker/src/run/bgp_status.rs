@@ -1,7 +1,9 @@
 //! Tells the cluster what this node advertises over BGP: a ServiceBGPStatus object per Service
 //! it advertises (MetalLB's status API), naming the BGPPeers it goes to. Every eligible node
-//! advertises, so each node writes its own objects and touches no other node's. Written only when
-//! something changes, so steady-state API writes do not grow with the number of Services.
+//! advertises, so each node writes its own objects and touches no other node's, and records a
+//! `nodeAssigned` Event ("announcing from node X with protocol bgp", as MetalLB) when it starts
+//! advertising a Service. Written only when something changes, so steady-state API writes do not
+//! grow with the number of Services.
 //!
 //! The one exception: a node deleted from the cluster cannot delete its own objects, so one live
 //! speaker (the sweeper: the first by name among the live ones) deletes the objects of nodes that
@@ -13,6 +15,7 @@ use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::crd::{ServiceBGPStatus, ServiceBGPStatusSpec, ServiceBGPStatusStatus};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -44,7 +47,14 @@ pub fn spawn(
 ) -> (watch::Sender<Desired>, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = watch::channel(Desired::new());
     let handle = tokio::spawn(async move {
-        let api: Api<ServiceBGPStatus> = Api::namespaced(client, &namespace);
+        let api: Api<ServiceBGPStatus> = Api::namespaced(client.clone(), &namespace);
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "ferrolb-speaker".into(),
+                instance: Some(node.clone()),
+            },
+        );
         // Objects a previous run of this speaker left: kept if still true, deleted otherwise.
         let mut written: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
         match api
@@ -62,11 +72,11 @@ pub fn spawn(
         }
         loop {
             let desired = rx.borrow_and_update().clone();
-            sync(&api, &node, &desired, &mut written).await;
+            sync(&api, &recorder, &node, &desired, &mut written).await;
             if rx.changed().await.is_err() {
                 // Sender gone (shutdown): write the last value and stop.
                 let desired = rx.borrow().clone();
-                sync(&api, &node, &desired, &mut written).await;
+                sync(&api, &recorder, &node, &desired, &mut written).await;
                 return;
             }
         }
@@ -141,7 +151,11 @@ async fn sweep(api: &Api<ServiceBGPStatus>, node_api: &Api<Node>, nodes: &BTreeS
         .into_iter()
         .filter_map(|name| objects.iter().find(|(n, _)| *n == name).copied())
         .collect();
-    tracing::debug!(?nodes, ?candidates, "sweeping ServiceBGPStatus objects of departed nodes");
+    tracing::debug!(
+        ?nodes,
+        ?candidates,
+        "sweeping ServiceBGPStatus objects of departed nodes"
+    );
     for (name, node) in candidates {
         // The cache may lag behind a Node that just joined: ask the API server before deleting.
         match node_api.get_opt(node).await {
@@ -164,6 +178,7 @@ async fn sweep(api: &Api<ServiceBGPStatus>, node_api: &Api<Node>, nodes: &BTreeS
 
 async fn sync(
     api: &Api<ServiceBGPStatus>,
+    recorder: &Recorder,
     node: &str,
     desired: &Desired,
     written: &mut BTreeMap<String, Option<BTreeSet<String>>>,
@@ -195,11 +210,23 @@ async fn sync(
         {
             continue;
         }
+        let newly_advertised = written.get(&name).is_none_or(Option::is_none);
         if let Err(e) = write(api, &name, key, node, peers).await {
             tracing::warn!(service = %key, error = %e, "writing ServiceBGPStatus");
             continue;
         }
         written.insert(name, Some(peers.clone()));
+        if newly_advertised {
+            super::status::publish(
+                recorder,
+                key,
+                None,
+                EventType::Normal,
+                "nodeAssigned",
+                format!("announcing from node \"{node}\" with protocol \"bgp\""),
+            )
+            .await;
+        }
     }
 }
 

@@ -221,7 +221,7 @@ pub async fn announce_failed(
 }
 
 /// Records an Event on a Service (best effort: a lost Event must not stop announcing).
-async fn publish(
+pub(super) async fn publish(
     recorder: &Recorder,
     key: &ServiceKey,
     uid: Option<String>,
