@@ -318,11 +318,7 @@ mod tests {
         // The current-thread runtime runs the writer only when this test yields, so the
         // pushes below meet a queue nobody drains yet.
         let dropped = Counter::default();
-        let queue = EventQueue::spawn(
-            Arc::new(recorder()),
-            Leadership::always(),
-            dropped.clone(),
-        );
+        let queue = EventQueue::spawn(Arc::new(recorder()), Leadership::always(), dropped.clone());
         for i in 0..QUEUE_CAPACITY + 10 {
             queue.push(Queued {
                 warning: false,
