@@ -1,7 +1,8 @@
 //! The BGP driver against real routers: FRR 8, BIRD 2 and GoBGP 3, each in a network namespace
 //! of its own, the driver in another one joined by a veth pair. Each test checks the routes in
 //! the router's own table (vtysh JSON, `birdc show route all`, `gobgp global rib -j`): IPv4 and
-//! IPv6 prefixes, next hops, AS_PATH and communities; then withdraws them.
+//! IPv6 prefixes, next hops, AS_PATH and communities; then withdraws them. The namespaces use
+//! the lab's ranges only (198.19.77.0/24, fd00:77::/64) and are joined to nothing else.
 //!
 //! Needs root and the routers (`e2e/install-deps` installs frr, bird2, gobgpd); a test whose
 //! tools are missing says so and passes. Namespaces and processes are removed on drop, also
@@ -23,10 +24,10 @@ use ferrolb_speaker::bgp::packet::{
 };
 use ferrolb_speaker::bgp::plan::RouteAttributes;
 
-const SPEAKER_V4: &str = "10.77.0.1";
-const ROUTER_V4: &str = "10.77.0.2";
-const SPEAKER_V6: &str = "fd77::1";
-const ROUTER_V6: &str = "fd77::2";
+const SPEAKER_V4: &str = "198.19.77.1";
+const ROUTER_V4: &str = "198.19.77.2";
+const SPEAKER_V6: &str = "fd00:77::1";
+const ROUTER_V6: &str = "fd00:77::2";
 const PREFIX_V4: &str = "198.51.100.10/32";
 const PREFIX_V6: &str = "2001:db8:77::10/128";
 
@@ -725,7 +726,7 @@ fn frr_silent_peer_hold_timer_expires_and_session_recovers() {
 }
 
 /// The address of the test's own BGP "router" (a second address in the router namespace).
-const RAW_V4: &str = "10.77.0.3";
+const RAW_V4: &str = "198.19.77.3";
 /// Its port (FRR holds 179 on every address).
 const RAW_PORT: u16 = 1790;
 
@@ -1130,13 +1131,13 @@ fn collision(speaker_id: &str, keeps: &str) {
 
 #[test]
 fn collision_keeps_frrs_connection_when_frr_has_the_higher_identifier() {
-    // FRR's identifier is 10.77.0.2.
-    collision("10.77.0.1", "router");
+    // FRR's identifier is 198.19.77.2.
+    collision("198.19.77.1", "router");
 }
 
 #[test]
 fn collision_keeps_the_speakers_connection_when_it_has_the_higher_identifier() {
-    collision("10.77.0.9", "speaker");
+    collision("198.19.77.9", "speaker");
 }
 
 #[test]
@@ -1181,7 +1182,7 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
             )?;
             let v6 = vtysh(lab, &format!("show bgp ipv6 unicast {PREFIX_V6} json"));
             // Received twice: over the IPv4 session (next hop = the node's IPv6 address) and
-            // over the IPv6 session (next hop = the session's local address); both fd77::1.
+            // over the IPv6 session (next hop = the session's local address); both fd00:77::1.
             contains_all(
                 &v6,
                 &[
