@@ -313,6 +313,30 @@ async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A single-stack LoadBalancer Service `web` from the suite's pool in a new namespace
+/// `namespace`, with a pod on each of `nodes`: the namespace's scope (kept alive by the caller),
+/// the Services API and the IP, once every pod serves.
+async fn serve_web(
+    lab: &Lab,
+    namespace: &str,
+    nodes: &[&str],
+) -> anyhow::Result<(TestScope, Api<Service>, String)> {
+    let mut scope = TestScope::new(lab, namespace).await?;
+    scope.deploy("web", nodes).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
+    scope.wait_ready_endpoints("web", nodes.len()).await?;
+    Ok((scope, api, ip))
+}
+
 /// A dual-stack Service (externalTrafficPolicy Cluster) with pods on node1 and node2: the router
 /// has a path from each of the three nodes, installs them all, and the external client reaches
 /// both pods over IPv4 and IPv6.
@@ -406,19 +430,7 @@ async fn local_policy_only_nodes_with_pods(ctx: Ctx) -> anyhow::Result<()> {
 /// Deleting the Service withdraws its route from every node.
 async fn deleting_the_service_withdraws(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "bgp-delete").await?;
-    scope.deploy("web", &["node2"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
-    scope.wait_ready_endpoints("web", 1).await?;
+    let (scope, api, ip) = serve_web(lab, "bgp-delete", &["node2"]).await?;
     wait_advertised_by(lab, &ip, &NODES).await?;
     wait_statuses(lab, &scope.namespace, "web", &NODES).await?;
     api.delete("web", &DeleteParams::default()).await?;
@@ -432,19 +444,7 @@ async fn deleting_the_service_withdraws(ctx: Ctx) -> anyhow::Result<()> {
 /// open, no keepalives) is withdrawn by the router's hold timer, and back after SIGCONT.
 async fn dead_speaker_is_withdrawn(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "bgp-dead").await?;
-    scope.deploy("web", &["node1", "node2", "node3"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
-    scope.wait_ready_endpoints("web", 3).await?;
+    let (_scope, _api, ip) = serve_web(lab, "bgp-dead", &["node1", "node2", "node3"]).await?;
     wait_advertised_by(lab, &ip, &NODES).await?;
 
     ctx.speakers.kill("node3");
@@ -490,19 +490,7 @@ fn router_config(lab: &Lab, lines: &[&str]) -> anyhow::Result<()> {
 /// down; a basic-auth Secret named by the BGPPeer brings every node back with the password.
 async fn password_secret_signs_the_sessions(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "bgp-md5").await?;
-    scope.deploy("web", &["node1"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
-    scope.wait_ready_endpoints("web", 1).await?;
+    let (_scope, _api, ip) = serve_web(lab, "bgp-md5", &["node1"]).await?;
     wait_advertised_by(lab, &ip, &NODES).await?;
 
     let ns = ferrolb::NAMESPACE;
@@ -630,19 +618,7 @@ fn stale_paths(lab: &Lab, ip: &str) -> anyhow::Result<BTreeSet<String>> {
 /// moves the flows hashed to that node (and breaks their TCP connections).
 async fn graceful_restart_keeps_paths_through_a_speaker_restart(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "bgp-gr").await?;
-    scope.deploy("web", &NODES).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
-    scope.wait_ready_endpoints("web", 3).await?;
+    let (_scope, _api, ip) = serve_web(lab, "bgp-gr", &NODES).await?;
     replace_peer(lab, true)?;
     let outcome = async {
         wait_advertised_by(lab, &ip, &NODES).await?;
