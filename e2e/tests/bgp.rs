@@ -139,9 +139,8 @@ fn node_of_address(lab: &Lab, address: &str) -> Option<String> {
     })
 }
 
-/// The router's paths for the host route of `ip`: for each, the node it came from (the BGP
-/// neighbour) and the nodes its next hops name.
-fn router_paths(lab: &Lab, ip: &str) -> anyhow::Result<Vec<(String, BTreeSet<String>)>> {
+/// The router's BGP table entry (vtysh JSON) for the host route of `ip`.
+fn router_route(lab: &Lab, ip: &str) -> anyhow::Result<serde_json::Value> {
     let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
     let socket = lab.dir.join("frr").display().to_string();
     let command = format!("show bgp {family} unicast {} json", prefix(ip));
@@ -151,7 +150,13 @@ fn router_paths(lab: &Lab, ip: &str) -> anyhow::Result<Vec<(String, BTreeSet<Str
         &["--vty_socket", &socket, "-c", &command],
     )?;
     // A prefix not in the table prints `{}` (or a warning object): no paths.
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    Ok(serde_json::from_str(&out).unwrap_or_default())
+}
+
+/// The router's paths for the host route of `ip`: for each, the node it came from (the BGP
+/// neighbour) and the nodes its next hops name.
+fn router_paths(lab: &Lab, ip: &str) -> anyhow::Result<Vec<(String, BTreeSet<String>)>> {
+    let json = router_route(lab, ip)?;
     let mut paths = Vec::new();
     for path in json["paths"].as_array().into_iter().flatten() {
         let peer = path["peer"]["peerId"].as_str().unwrap_or_default();
@@ -591,15 +596,7 @@ fn replace_peer(lab: &Lab, graceful_restart: bool) -> anyhow::Result<()> {
 /// The nodes whose path for `ip` the router keeps as stale (RFC 4724: their session went, the
 /// restart time has not run out, End-of-RIB has not come yet).
 fn stale_paths(lab: &Lab, ip: &str) -> anyhow::Result<BTreeSet<String>> {
-    let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
-    let socket = lab.dir.join("frr").display().to_string();
-    let command = format!("show bgp {family} unicast {} json", prefix(ip));
-    let out = lab.exec(
-        "router",
-        "vtysh",
-        &["--vty_socket", &socket, "-c", &command],
-    )?;
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let json = router_route(lab, ip)?;
     Ok(json["paths"]
         .as_array()
         .into_iter()
