@@ -18,8 +18,8 @@
 #                            only what changed, and the workspace's own target/ stays untouched)
 #   SOURCE_DATE_EPOCH        creation time written into the images (default: the last commit's)
 #
-# Needs: cargo with the musl target (added with rustup when missing), musl-gcc and umoci (apt
-# packages musl-tools and umoci, installed when missing and running as root; e2e/install-deps
+# Needs: cargo with the musl target (added with rustup when missing), musl-gcc, umoci and jq (apt
+# packages musl-tools, umoci and jq, installed when missing and running as root; e2e/install-deps
 # installs them too).
 set -euo pipefail
 
@@ -59,6 +59,7 @@ esac
 ensure_tools() {
   local missing=()
   command -v umoci >/dev/null || missing+=(umoci)
+  command -v jq >/dev/null || missing+=(jq)
   if [[ $TARGET == x86_64-* ]] && ! command -v musl-gcc >/dev/null; then missing+=(musl-tools); fi
   if ((${#missing[@]})); then
     ((EUID == 0)) || die "missing ${missing[*]}: apt-get install ${missing[*]}"
@@ -66,6 +67,7 @@ ensure_tools() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
       { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
   fi
+  command -v rustup >/dev/null || die "rustup not found: the images need Rust's $TARGET target (rustup target add $TARGET)"
   if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
     log "rustup target add $TARGET"
     rustup target add "$TARGET"

@@ -25,10 +25,15 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         "==> installing ferrolb's CRDs and RBAC, starting ferrolb-controller and the speakers"
     );
     let kubeconfig = ferrolb::install(&lab)?;
+    let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
+    // A second demo on the same lab replaces the first one's processes instead of adding to them.
+    lab.stop_process("controller-demo")?;
+    for node in &nodes {
+        lab.stop_process(&format!("speaker@{node}"))?;
+    }
     // Both tracked by the lab: they keep running after the demo, until `e2e/lab down`.
     ferrolb::start_controller(&lab, &kubeconfig, "demo", 7472)?;
     let credentials = ferrolb::install_speaker(&lab)?;
-    let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
     for node in &nodes {
         ferrolb::start_speaker(&lab, &credentials, node, &[])?;
     }
@@ -195,16 +200,22 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     println!(
         "\nRequests from the client host through the LoadBalancer IPs (each answer: pod name, source seen):"
     );
+    let mut unanswered = Vec::new();
     for ip in &ips {
         let url = crate::lab::http_url(ip);
+        let mut answered = 0;
         for _ in 0..4 {
             let out = lab.exec_output("client", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
             let answer = if out.status.success() {
+                answered += 1;
                 String::from_utf8_lossy(&out.stdout).trim().to_string()
             } else {
                 String::from_utf8_lossy(&out.stderr).trim().to_string()
             };
             println!("  curl {url:28} -> {answer}");
+        }
+        if answered == 0 {
+            unanswered.push(ip.clone());
         }
     }
     let neighbours = lab.exec("client", "ip", &["neigh", "show", "dev", "eth0"])?;
@@ -218,5 +229,13 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     println!(
         "\nThe lab stays up: `sudo e2e/lab status`, `sudo e2e/lab kubectl get svc -A`, `sudo e2e/lab down`."
     );
+    // The demo's promise is answered requests: without them it has failed, whatever it printed.
+    anyhow::ensure!(
+        unanswered.is_empty(),
+        "no request through {} was answered (logs: {})",
+        unanswered.join(" and "),
+        lab.dir.join("logs").display()
+    );
+    println!("\ndemo: every LoadBalancer IP answered");
     Ok(())
 }

@@ -11,23 +11,68 @@ use crate::process::{self, LabProcess};
 /// Namespace of ferrolb's configuration objects in the lab.
 pub const NAMESPACE: &str = "metallb-system";
 
+/// The package that builds each binary the lab runs.
+fn package_of(binary: &str) -> &str {
+    match binary {
+        "ferrolb-lab" => "ferrolb-e2e",
+        other => other,
+    }
+}
+
 /// A binary of the workspace, next to the running test or bench binary (cargo builds every
-/// binary of the workspace for `cargo test --workspace` and `cargo bench`).
+/// binary of the workspace for `cargo test --workspace` and `cargo bench --workspace`, and
+/// `e2e/lab` builds the ones it runs). Refuses a missing binary, and a stale one (a source file
+/// newer than the binary, by the dep-info file cargo writes next to it): a test must never run
+/// yesterday's speaker. Both errors give the command that builds it for this profile.
 pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     // Binaries sit in target/<profile>/, test and bench binaries in target/<profile>/deps/.
     let dir = exe.parent().context("target directory")?;
-    let candidates = [
-        dir.join(name),
-        dir.parent().map(|d| d.join(name)).unwrap_or_default(),
-    ];
-    let found = candidates.iter().find(|p| p.is_file()).cloned();
-    ensure!(
-        found.is_some(),
-        "{name} is missing next to {}: run `cargo build -p {name}` first",
-        exe.display()
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().context("target directory")?
+    } else {
+        dir
+    };
+    let build = format!(
+        "cargo build{} -p {} --bin {name}",
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => String::new(),
+            // `cargo bench` uses the bench profile, which writes to target/release.
+            Some("release") => " --release".to_string(),
+            Some(other) => format!(" --profile {other}"),
+        },
+        package_of(name)
     );
-    found.context("checked above")
+    let path = profile_dir.join(name);
+    ensure!(
+        path.is_file(),
+        "{name} is missing in {}: run `{build}` first",
+        profile_dir.display()
+    );
+    if let Some(newer) = newer_source(&path) {
+        anyhow::bail!(
+            "{} is older than {} (changed since it was built): run `{build}` first",
+            path.display(),
+            newer.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A source file of `binary` (as listed in cargo's dep-info file `<binary>.d`) that is newer than
+/// the binary, if any. Without a dep-info file nothing can be said, and nothing is claimed.
+fn newer_source(binary: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(binary).and_then(|m| m.modified()).ok()?;
+    let mut dep_info = binary.as_os_str().to_owned();
+    dep_info.push(".d");
+    let text = std::fs::read_to_string(PathBuf::from(dep_info)).ok()?;
+    // `target: dep dep ...` (spaces in paths are escaped as `\ `; our paths have none).
+    let (_, deps) = text.lines().next()?.split_once(": ")?;
+    deps.split_whitespace().map(PathBuf::from).find(|dep| {
+        std::fs::metadata(dep)
+            .and_then(|m| m.modified())
+            .is_ok_and(|changed| changed > built)
+    })
 }
 
 /// Installs the CRDs, the namespace and the controller's RBAC; returns a kubeconfig with the
@@ -72,8 +117,10 @@ pub fn start_controller(
     .map(|s| s.to_string())
     .collect();
     let exe = workspace_binary("ferrolb-controller")?;
-    let p = process::spawn(
+    let p = process::spawn_kind(
+        &lab.lab_exe,
         &format!("controller-{identity}"),
+        process::Kind::Ferrolb,
         Some("flb-cp"),
         &exe.display().to_string(),
         &args,
@@ -171,8 +218,10 @@ pub fn start_speaker(
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     let exe = workspace_binary("ferrolb-speaker")?;
-    let p = process::spawn(
+    let p = process::spawn_kind(
+        &lab.lab_exe,
         &format!("speaker@{node}"),
+        process::Kind::Ferrolb,
         Some(&host.netns),
         &exe.display().to_string(),
         &args,

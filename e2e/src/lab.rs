@@ -91,6 +91,15 @@ impl State {
         dir.join("state.json")
     }
 
+    /// Infrastructure processes (see [`process::Kind`]) that no longer run: the lab is broken
+    /// while there is any.
+    pub fn dead_infrastructure(&self) -> Vec<&LabProcess> {
+        self.processes
+            .iter()
+            .filter(|p| p.kind == process::Kind::Infrastructure && !process::running(p))
+            .collect()
+    }
+
     /// Reads the state, if the lab has any.
     pub fn load(dir: &Path) -> anyhow::Result<Option<State>> {
         match std::fs::read_to_string(Self::path(dir)) {
@@ -141,12 +150,14 @@ impl Lab {
         let Some(state) = State::load(&dir)? else {
             return Ok(None);
         };
+        // ferrolb's own processes may die (that is what tests provoke, and what a user debugs):
+        // the lab stays usable while its infrastructure runs.
+        if !state.dead_infrastructure().is_empty() {
+            return Ok(None);
+        }
         let (true, Some(topology)) = (state.ready, state.topology) else {
             return Ok(None);
         };
-        if !state.processes.iter().all(|p| process::alive(p.pid)) {
-            return Ok(None);
-        }
         Ok(Some(Lab {
             dir,
             topology,
@@ -164,10 +175,23 @@ impl Lab {
         {
             return Ok(lab);
         }
-        down()?;
         let dir = lab_dir();
-        // Logs start fresh with each lab, so a failure's logs are that lab's alone.
-        let _ = std::fs::remove_dir_all(dir.join("logs"));
+        if let Some(state) = State::load(&dir)? {
+            for p in state.dead_infrastructure() {
+                eprintln!(
+                    "lab: {} died ({}); rebuilding the lab",
+                    p.name,
+                    process::exit_record(p)
+                        .unwrap_or_else(|| "no exit status recorded".to_string())
+                );
+            }
+        }
+        down()?;
+        // Logs start fresh with each lab, so a failure's logs are that lab's alone; the previous
+        // lab's are kept (the evidence of whatever made it go away), a bounded number of them.
+        if let Some(kept) = crate::logs::archive(&dir)? {
+            eprintln!("lab: the previous lab's logs are in {}", kept.display());
+        }
         std::fs::create_dir_all(dir.join("logs"))?;
         let lab = Lab {
             dir: dir.clone(),
@@ -210,6 +234,7 @@ impl Lab {
             );
         }
         let p = process::spawn(
+            &self.lab_exe,
             name,
             netns,
             &program.display().to_string(),
@@ -850,6 +875,7 @@ impl Lab {
             )?;
             let log = log_path(&self.dir, &format!("pod-{namespace}-{name}"));
             let process = process::spawn(
+                &self.lab_exe,
                 &format!("echo {namespace}/{name}"),
                 Some(&netns),
                 &self.lab_exe.display().to_string(),
@@ -1072,14 +1098,77 @@ impl Lab {
 
 impl Lab {
     /// Records a process the lab did not start itself (e.g. the demo's controller), so `down`
-    /// stops it.
+    /// stops it. A recorded process of the same name that no longer runs is forgotten: the new
+    /// one takes its place.
     pub fn track_process(&self, process: LabProcess) -> anyhow::Result<()> {
         let _guard = STATE_LOCK
             .lock()
             .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
         let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        state
+            .processes
+            .retain(|p| p.name != process.name || process::running(p));
         state.processes.push(process);
         state.save(&self.dir)
+    }
+
+    /// Stops every recorded process named `name` that still runs (by PID) and forgets it.
+    pub fn stop_process(&self, name: &str) -> anyhow::Result<()> {
+        let victims: Vec<LabProcess> = {
+            let _guard = STATE_LOCK
+                .lock()
+                .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+            let state = State::load(&self.dir)?.context("the lab is not up")?;
+            state
+                .processes
+                .iter()
+                .filter(|p| p.name == name)
+                .cloned()
+                .collect()
+        };
+        for p in &victims {
+            process::stop(p, Duration::from_secs(5));
+        }
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        state.processes.retain(|p| !victims.contains(p));
+        state.save(&self.dir)
+    }
+
+    /// Starts the recorded process `name` again with the command it was started with (stopping
+    /// it first if it still runs), appending to the same log; returns the new process.
+    pub fn restart(&self, name: &str) -> anyhow::Result<LabProcess> {
+        let state = State::load(&self.dir)?.context("the lab is not up")?;
+        let old = state
+            .processes
+            .iter()
+            .rev()
+            .find(|p| p.name == name)
+            .cloned()
+            .with_context(|| {
+                let names: Vec<&str> = state.processes.iter().map(|p| p.name.as_str()).collect();
+                format!("no lab process {name:?}; the lab has: {}", names.join(", "))
+            })?;
+        let spec = old.command.clone().with_context(|| {
+            format!("{name} was recorded without its command line: start it the way it was started")
+        })?;
+        if process::running(&old) {
+            process::stop(&old, Duration::from_secs(5));
+        }
+        let log = PathBuf::from(&old.log);
+        let new = process::start(&self.lab_exe, name, old.kind, &spec, &log)?;
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        match state.processes.iter_mut().find(|p| **p == old) {
+            Some(slot) => *slot = new.clone(),
+            None => state.processes.push(new.clone()),
+        }
+        state.save(&self.dir)?;
+        Ok(new)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod echo;
 pub mod ferrolb;
 pub mod lab;
+pub mod logs;
 pub mod pki;
 pub mod probe;
 pub mod process;

@@ -80,6 +80,7 @@ impl TestScope {
             .join("logs")
             .join(format!("{}-{name}.log", self.namespace));
         let p = process::spawn(
+            &self.lab.lab_exe,
             name,
             Some(&netns),
             &program.display().to_string(),

@@ -315,6 +315,194 @@ async fn frr_learns_route_from_gobgp(lab: &Lab) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `ferrolb-lab ARGS` as a user runs `e2e/lab ARGS`; returns its exit code, stdout and
+/// stderr.
+fn lab_command(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let out = std::process::Command::new(lab_exe())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running ferrolb-lab {}", args.join(" ")))?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// A crashed controller and speaker leave the lab usable: `exec`, `kubectl` and `status` work,
+/// `status` says how each ended and shows its last log lines, and `restart` brings one back.
+/// Runs alone (a controller would act on the other tests' Services).
+async fn dead_ferrolb_processes_leave_the_lab_usable(lab: &Lab) -> anyhow::Result<()> {
+    use ferrolb_e2e::{ferrolb, process};
+    let kubeconfig = ferrolb::install(lab)?;
+    let credentials = ferrolb::install_speaker(lab)?;
+    let controller = ferrolb::start_controller(lab, &kubeconfig, "crash", 7473)?;
+    // A speaker that cannot start (an unknown flag): it exits on its own with clap's status 2.
+    let speaker = ferrolb::start_speaker(lab, &credentials, "node1", &["--no-such-flag"])?;
+    wait_for(
+        "the controller to serve /healthz",
+        Duration::from_secs(30),
+        || {
+            let out = lab.exec_output("cp", "curl", &["-sf", "http://127.0.0.1:7473/healthz"]);
+            async move {
+                match out {
+                    Ok(o) if o.status.success() => Ok(Some(())),
+                    Ok(o) => Err(format!("curl exit {}", o.status)),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    // A crash: SIGKILL, as the OOM killer sends it.
+    process::kill_now(&controller);
+    wait_for("the bad speaker to exit", Duration::from_secs(30), || {
+        let gone = !process::running(&speaker);
+        async move {
+            if gone {
+                Ok(Some(()))
+            } else {
+                Err("still running".to_string())
+            }
+        }
+    })
+    .await?;
+
+    ensure!(
+        Lab::running(&lab_exe())?.is_some(),
+        "the lab counts as down because ferrolb processes died"
+    );
+    let (code, out, err) =
+        lab_command(&["exec", "client", "--", "ip", "-br", "addr", "show", "eth0"])?;
+    ensure!(
+        code == 0 && out.contains("eth0"),
+        "exec failed ({code}): {out}{err}"
+    );
+    let (code, out, err) = lab_command(&["kubectl", "get", "nodes", "-o", "name"])?;
+    ensure!(
+        code == 0 && out.contains("node/node1"),
+        "kubectl failed ({code}): {out}{err}"
+    );
+    let (code, status, err) = lab_command(&["status"])?;
+    ensure!(code == 0, "status failed ({code}): {err}");
+    ensure!(
+        status
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("lab: up")),
+        "status: {status}"
+    );
+    let line_of = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let line = line_of("controller-crash");
+    ensure!(
+        line.contains("DEAD (killed by signal SIGKILL)"),
+        "controller's status line: {line:?}"
+    );
+    let line = line_of("speaker@node1");
+    ensure!(
+        line.contains("DEAD (exited with status 2)"),
+        "speaker's status line: {line:?}"
+    );
+    // The speaker's last log lines are shown: clap's complaint and the supervisor's record.
+    ensure!(
+        status.contains("last lines of speaker@node1")
+            && status.contains("--no-such-flag")
+            && status.contains("[ferrolb-lab] speaker@node1 exited with status 2"),
+        "status shows no log tail of the dead speaker:\n{status}"
+    );
+
+    // One command restarts the controller with its original arguments; its log goes on.
+    let (code, out, err) = lab_command(&["restart", "controller-crash"])?;
+    ensure!(
+        code == 0 && out.contains("controller-crash restarted"),
+        "restart ({code}): {out}{err}"
+    );
+    wait_for(
+        "the restarted controller to serve /healthz",
+        Duration::from_secs(30),
+        || {
+            let out = lab.exec_output("cp", "curl", &["-sf", "http://127.0.0.1:7473/healthz"]);
+            async move {
+                match out {
+                    Ok(o) if o.status.success() => Ok(Some(())),
+                    Ok(o) => Err(format!("curl exit {}", o.status)),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    let (_, status, _) = lab_command(&["status"])?;
+    let line = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("controller-crash"))
+        .unwrap_or_default();
+    ensure!(line.contains("running"), "after restart: {line:?}");
+    let log = std::fs::read_to_string(&controller.log)?;
+    ensure!(
+        log.contains("[ferrolb-lab] controller-crash killed by signal SIGKILL"),
+        "the restart truncated the log, or the crash is not in it"
+    );
+    lab.stop_process("controller-crash")?;
+    lab.stop_process("speaker@node1")?;
+    Ok(())
+}
+
+/// When the lab's own infrastructure dies, `status` and `exec` say which process, and the next
+/// `e2e/lab up` names it and keeps that lab's logs before it rebuilds. Rebuilds the lab in
+/// `next` mode.
+fn broken_infrastructure_is_named_and_its_logs_kept(
+    lab: &Lab,
+    next: ProxyMode,
+) -> anyhow::Result<()> {
+    use ferrolb_e2e::process;
+    let state = ferrolb_e2e::lab::State::load(&lab.dir)?.context("no lab state")?;
+    let kcm = state
+        .processes
+        .iter()
+        .find(|p| p.name == "kube-controller-manager")
+        .context("no kube-controller-manager in the lab")?;
+    process::kill_now(kcm);
+    let (_, status, _) = lab_command(&["status"])?;
+    ensure!(
+        status.starts_with("lab: broken (kube-controller-manager died"),
+        "status: {status}"
+    );
+    let (code, _, err) = lab_command(&["exec", "client", "--", "true"])?;
+    ensure!(
+        code != 0 && err.contains("kube-controller-manager died"),
+        "exec in a broken lab ({code}): {err}"
+    );
+    let (code, out, err) = lab_command(&["up", "--proxy-mode", next.as_str()])?;
+    ensure!(
+        code == 0,
+        "up after the breakage failed ({code}): {out}{err}"
+    );
+    ensure!(
+        err.contains("kube-controller-manager died (killed by signal SIGKILL)"),
+        "up did not say what died:\n{err}"
+    );
+    let kept = err
+        .lines()
+        .find_map(|l| l.strip_prefix("lab: the previous lab's logs are in "))
+        .context("up did not say where the previous logs are")?;
+    let old_log =
+        std::fs::read_to_string(Path::new(kept.trim()).join("kube-controller-manager.log"))
+            .context("the broken lab's kube-controller-manager log was not kept")?;
+    ensure!(
+        old_log.contains("[ferrolb-lab] kube-controller-manager killed by signal SIGKILL"),
+        "the kept log does not end with the crash"
+    );
+    Ok(())
+}
+
 type TestFn = fn(&Lab) -> Result<(), Failed>;
 
 fn tests() -> Vec<(&'static str, TestFn)> {
@@ -359,11 +547,17 @@ fn main() -> std::process::ExitCode {
         let label = mode.as_str();
         if !ferrolb_e2e::is_root() {
             eprintln!("lab tests skipped: they need root (network namespaces)");
-            let trials = tests()
+            let mut names: Vec<String> = tests()
                 .into_iter()
-                .map(|(name, _)| {
-                    Trial::test(format!("{label}::{name}"), || Ok(())).with_ignored_flag(true)
-                })
+                .map(|(name, _)| format!("{label}::{name}"))
+                .collect();
+            if mode == ProxyMode::Iptables {
+                names.push("lab::dead_ferrolb_processes_leave_the_lab_usable".into());
+                names.push("lab::broken_infrastructure_is_named_and_its_logs_kept".into());
+            }
+            let trials = names
+                .into_iter()
+                .map(|name| Trial::test(name, || Ok(())).with_ignored_flag(true))
                 .collect();
             let _ = libtest_mimic::run(&args, trials);
             continue;
@@ -406,6 +600,37 @@ fn main() -> std::process::ExitCode {
         if conclusion.has_failed() {
             failed = true;
             save_logs(&lab.dir);
+        }
+        if mode == ProxyMode::Iptables {
+            // Tests that break the lab on purpose, one at a time, after the others; the second
+            // rebuilds the lab for the next mode.
+            let first = lab.clone();
+            let second = lab.clone();
+            let trials = vec![
+                Trial::test(
+                    "lab::dead_ferrolb_processes_leave_the_lab_usable",
+                    move || block_on(dead_ferrolb_processes_leave_the_lab_usable(&first)),
+                ),
+                Trial::test(
+                    "lab::broken_infrastructure_is_named_and_its_logs_kept",
+                    move || {
+                        broken_infrastructure_is_named_and_its_logs_kept(
+                            &second,
+                            ProxyMode::Nftables,
+                        )
+                        .map_err(|e| Failed::from(format!("{e:#}")))
+                    },
+                ),
+            ];
+            let sequential = Arguments {
+                test_threads: Some(1),
+                ..args.clone()
+            };
+            if libtest_mimic::run(&sequential, trials).has_failed() {
+                failed = true;
+                save_logs(&ferrolb_e2e::lab_dir());
+            }
+            continue;
         }
         let keep = std::env::var_os("FERROLB_KEEP_LAB").is_some() && mode == ProxyMode::Nftables;
         if !keep && let Err(e) = ferrolb_e2e::down() {

@@ -47,6 +47,12 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Start a lab process again (`restart speaker@node1`, `restart controller-demo`) with the
+    /// command it was started with, stopping it first if it still runs; its log goes on.
+    Restart {
+        /// The process's name, as `status` lists it.
+        name: String,
+    },
     /// Run kubectl against the lab's API server as admin.
     Kubectl {
         /// kubectl arguments.
@@ -69,6 +75,19 @@ enum Command {
         /// How long to probe, milliseconds.
         #[arg(long, default_value_t = 5000)]
         duration_ms: u64,
+    },
+    /// (internal) Run a lab process and record how it ended (see e2e/src/process.rs).
+    #[command(hide = true)]
+    Supervise {
+        /// The process's name in the lab.
+        #[arg(long)]
+        name: String,
+        /// Where to write how it ended.
+        #[arg(long)]
+        exit_file: PathBuf,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
     /// (internal) A pod's echo server.
     #[command(hide = true)]
@@ -99,6 +118,31 @@ async fn agent() -> anyhow::Result<()> {
     }
 }
 
+/// The running lab, or an error that says why there is none.
+fn running_lab() -> anyhow::Result<Lab> {
+    if let Some(lab) = Lab::running(&exe()?)? {
+        return Ok(lab);
+    }
+    let dead: Vec<String> = State::load(&lab_dir())?
+        .map(|s| {
+            s.dead_infrastructure()
+                .iter()
+                .map(|p| p.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if dead.is_empty() {
+        anyhow::bail!("the lab is not up: run `e2e/lab up`")
+    }
+    anyhow::bail!(
+        "the lab is broken: {} died (`e2e/lab status` shows why); `e2e/lab up` rebuilds it and keeps these logs",
+        dead.join(", ")
+    )
+}
+
+/// Lines of a dead ferrolb process's log that `status` shows.
+const TAIL_LINES: usize = 8;
+
 fn status() -> anyhow::Result<()> {
     let dir = lab_dir();
     let Some(state) = State::load(&dir)? else {
@@ -109,9 +153,21 @@ fn status() -> anyhow::Result<()> {
         println!("lab: down (state without topology)");
         return Ok(());
     };
+    let dead_infra = state.dead_infrastructure();
+    let condition = match (state.ready, dead_infra.is_empty()) {
+        (false, _) => "incomplete".to_string(),
+        (true, true) => "up".to_string(),
+        (true, false) => format!(
+            "broken ({} died; `e2e/lab up` rebuilds it)",
+            dead_infra
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
     println!(
-        "lab: {} ({} nodes, kube-proxy {}, {:?})",
-        if state.ready { "up" } else { "incomplete" },
+        "lab: {condition} ({} nodes, kube-proxy {}, {:?})",
         t.options.nodes,
         t.options.proxy_mode.as_str(),
         t.options.families
@@ -128,17 +184,32 @@ fn status() -> anyhow::Result<()> {
     }
     println!("\nprocesses:");
     for p in &state.processes {
+        let running = process::running(p);
+        let kind = match p.kind {
+            process::Kind::Infrastructure => "lab",
+            process::Kind::Ferrolb => "ferrolb",
+        };
+        let condition = if running {
+            "running".to_string()
+        } else {
+            format!(
+                "DEAD ({})",
+                process::exit_record(p).unwrap_or_else(|| "no exit status recorded".into())
+            )
+        };
         println!(
-            "  {:28} pid {:7} {}  {}",
-            p.name,
-            p.pid,
-            if process::alive(p.pid) {
-                "running"
-            } else {
-                "DEAD"
-            },
-            p.log
+            "  {:28} {kind:8} pid {:7} {condition}  {}",
+            p.name, p.pid, p.log
         );
+    }
+    for p in state.processes.iter().filter(|p| !process::running(p)) {
+        println!(
+            "\nlast lines of {} ({}); `e2e/lab restart {}` starts it again:",
+            p.name, p.log, p.name
+        );
+        for line in process::log_tail(p, TAIL_LINES) {
+            println!("  | {line}");
+        }
     }
     if !state.pods.is_empty() {
         println!("\npods:");
@@ -158,6 +229,22 @@ fn status() -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The supervisor blocks signals for itself, which holds only in a process with one thread:
+    // it runs before the runtime starts any.
+    if let Command::Supervise {
+        name,
+        exit_file,
+        command,
+    } = &cli.command
+    {
+        return match process::supervise(name, exit_file, command) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("[ferrolb-lab] supervising {name}: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let result: anyhow::Result<i32> = (|| {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -191,7 +278,7 @@ fn main() -> ExitCode {
             }
             Command::Status => status().map(|_| 0),
             Command::Exec { host, command } => {
-                let lab = Lab::running(&exe()?)?.context("the lab is not up: run `e2e/lab up`")?;
+                let lab = running_lab()?;
                 let netns = lab.netns_of(&host)?;
                 let status = std::process::Command::new("ip")
                     .args(["netns", "exec", &netns])
@@ -209,6 +296,13 @@ fn main() -> ExitCode {
                     .context("running kubectl")?;
                 Ok(status.code().unwrap_or(1))
             }
+            Command::Restart { name } => {
+                let lab = running_lab()?;
+                let p = lab.restart(&name)?;
+                println!("{} restarted: pid {}, log {}", p.name, p.pid, p.log);
+                Ok(0)
+            }
+            Command::Supervise { .. } => Ok(1), // handled above, before the runtime
             Command::Agent => rt.block_on(agent()).map(|_| 0),
             Command::Echo { name } => ferrolb_e2e::echo::serve(&name).map(|_| 0),
             Command::Probe {
