@@ -2,6 +2,7 @@
 //! controller processes.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
 
@@ -243,4 +244,89 @@ pub fn rss_bytes(pid: i32) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// The speakers of a suite, one per node, restartable one by one.
+pub struct Speakers {
+    lab: Lab,
+    credentials: SpeakerCredentials,
+    running: std::sync::Mutex<std::collections::BTreeMap<String, LabProcess>>,
+}
+
+impl Speakers {
+    /// Installs the speaker's RBAC and key ([`install_speaker`]); starts no speaker yet.
+    pub fn new(lab: &Lab) -> anyhow::Result<Self> {
+        Ok(Self {
+            lab: lab.clone(),
+            credentials: install_speaker(lab)?,
+            running: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+        })
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, LabProcess>> {
+        // A test that panicked while holding the lock leaves a map that is still valid.
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The credentials the speakers run with.
+    pub fn credentials(&self) -> &SpeakerCredentials {
+        &self.credentials
+    }
+
+    /// Starts the speaker of `node` with the standard arguments.
+    pub fn start(&self, node: &str) -> anyhow::Result<()> {
+        let p = start_speaker(&self.lab, &self.credentials, node, &[])?;
+        self.running().insert(node.to_string(), p);
+        Ok(())
+    }
+
+    /// Kills the speaker of `node` at once (SIGKILL: a crash).
+    pub fn kill(&self, node: &str) {
+        if let Some(p) = self.running().remove(node) {
+            process::kill_now(&p);
+        }
+    }
+
+    /// Stops the speaker of `node` (SIGTERM: it shuts down cleanly).
+    pub fn stop(&self, node: &str) {
+        if let Some(p) = self.running().remove(node) {
+            process::stop(&p, Duration::from_secs(5));
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a frozen speaker keeps its sockets open but sends
+    /// nothing.
+    pub fn freeze(&self, node: &str, frozen: bool) -> anyhow::Result<()> {
+        use nix::sys::signal::{Signal, kill};
+        let pid = self
+            .running()
+            .get(node)
+            .map(|p| p.pid)
+            .context("no speaker")?;
+        let signal = if frozen {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        kill(nix::unistd::Pid::from_raw(pid), signal)?;
+        Ok(())
+    }
+
+    /// Whether the suite has a speaker running on `node`.
+    pub fn is_running(&self, node: &str) -> bool {
+        self.running().contains_key(node)
+    }
+
+    /// Stops every speaker (a frozen one is resumed first: it would not see SIGTERM).
+    pub fn stop_all(&self) {
+        for (_, p) in std::mem::take(&mut *self.running()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+            process::stop(&p, Duration::from_secs(5));
+        }
+    }
 }

@@ -18,6 +18,7 @@ pub mod process;
 pub mod router;
 pub mod scope;
 pub mod service;
+pub mod suite;
 pub mod topology;
 
 pub use lab::{Lab, LabPod, down, is_root, lab_dir};

@@ -4,22 +4,21 @@
 //! Tests run one at a time (they share the speakers); each works in its own namespace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
-use ferrolb_e2e::ferrolb::{self, SpeakerCredentials};
+use ferrolb_e2e::ferrolb::{self, Speakers};
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
-use ferrolb_e2e::{Lab, Options};
+use ferrolb_e2e::suite::{self, Fixture, Suite};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use libtest_mimic::Arguments;
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 /// The suite's pool: outside the lab segment's layer 2 ranges.
@@ -63,63 +62,19 @@ spec:
     )
 }
 
-/// The speakers of the run, restartable one by one.
-struct Speakers {
-    lab: Lab,
-    credentials: SpeakerCredentials,
-    running: Mutex<BTreeMap<String, LabProcess>>,
-}
-
-impl Speakers {
-    fn start(&self, node: &str) -> anyhow::Result<()> {
-        let p = ferrolb::start_speaker(&self.lab, &self.credentials, node, &[])?;
-        self.running.lock().unwrap().insert(node.to_string(), p);
-        Ok(())
-    }
-
-    fn kill(&self, node: &str) {
-        if let Some(p) = self.running.lock().unwrap().remove(node) {
-            process::kill_now(&p);
-        }
-    }
-
-    /// SIGSTOP (`true`) or SIGCONT (`false`): a frozen speaker keeps its TCP connections open
-    /// but sends nothing, so only the router's hold timer can notice.
-    fn freeze(&self, node: &str, frozen: bool) -> anyhow::Result<()> {
-        let pid = self
-            .running
-            .lock()
-            .unwrap()
-            .get(node)
-            .map(|p| p.pid)
-            .context("no speaker")?;
-        let signal = if frozen {
-            Signal::SIGSTOP
-        } else {
-            Signal::SIGCONT
-        };
-        kill(Pid::from_raw(pid), signal)?;
-        Ok(())
-    }
-
-    fn is_running(&self, node: &str) -> bool {
-        self.running.lock().unwrap().contains_key(node)
-    }
-
-    fn stop_all(&self) {
-        for (_, p) in std::mem::take(&mut *self.running.lock().unwrap()) {
-            // A frozen speaker would not see SIGTERM.
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGCONT);
-            process::stop(&p, Duration::from_secs(5));
-        }
-    }
-}
-
 /// Everything a test gets.
 #[derive(Clone)]
 struct Ctx {
     lab: Lab,
     speakers: Arc<Speakers>,
+    controller: LabProcess,
+}
+
+impl Fixture for Ctx {
+    fn teardown(&self) {
+        self.speakers.stop_all();
+        process::stop(&self.controller, Duration::from_secs(5));
+    }
 }
 
 /// The prefix of a Service IP (host route).
@@ -760,122 +715,48 @@ spec: {{}}
     outcome
 }
 
-type Body = fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
-
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let table: Vec<(&str, Body)> = vec![
-        ("cluster_policy_all_nodes_and_reachable", |c| {
+    // The tests share the speakers and the router: one at a time.
+    let conclusion = Suite::new("bgp")
+        .one_at_a_time()
+        .test("cluster_policy_all_nodes_and_reachable", |c| {
             Box::pin(cluster_policy_all_nodes_and_reachable(c))
-        }),
-        ("local_policy_only_nodes_with_pods", |c| {
+        })
+        .test("local_policy_only_nodes_with_pods", |c| {
             Box::pin(local_policy_only_nodes_with_pods(c))
-        }),
-        ("deleting_the_service_withdraws", |c| {
+        })
+        .test("deleting_the_service_withdraws", |c| {
             Box::pin(deleting_the_service_withdraws(c))
-        }),
-        ("dead_speaker_is_withdrawn", |c| {
+        })
+        .test("dead_speaker_is_withdrawn", |c| {
             Box::pin(dead_speaker_is_withdrawn(c))
-        }),
-        ("password_secret_signs_the_sessions", |c| {
+        })
+        .test("password_secret_signs_the_sessions", |c| {
             Box::pin(password_secret_signs_the_sessions(c))
-        }),
-        ("departed_nodes_statuses_are_swept", |c| {
+        })
+        .test("departed_nodes_statuses_are_swept", |c| {
             Box::pin(departed_nodes_statuses_are_swept(c))
-        }),
-        (
+        })
+        .test(
             "graceful_restart_keeps_paths_through_a_speaker_restart",
             |c| Box::pin(graceful_restart_keeps_paths_through_a_speaker_restart(c)),
-        ),
-    ];
-    if !ferrolb_e2e::is_root() {
-        let trials = table
-            .iter()
-            .map(|(n, _)| Trial::test(*n, || Ok(())).with_ignored_flag(true))
-            .collect();
-        eprintln!("BGP end-to-end tests need root (network namespaces); skipped");
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let setup = rt.block_on(async {
-        let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
-        let lab = Lab::up(Options::default(), &lab_exe).await?;
-        let kubeconfig = ferrolb::install(&lab)?;
-        let controller = ferrolb::start_controller(&lab, &kubeconfig, "bgp", 7472)?;
-        let credentials = ferrolb::install_speaker(&lab)?;
-        lab.apply(&bgp_config())?;
-        let speakers = Arc::new(Speakers {
-            lab: lab.clone(),
-            credentials,
-            running: Mutex::new(BTreeMap::new()),
-        });
-        for node in NODES {
-            speakers.start(node)?;
-        }
-        anyhow::Ok((lab, controller, speakers))
-    });
-    let (lab, controller, speakers) = match setup.context("setup") {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("setup failed: {e:#}");
-            let _ = ferrolb_e2e::down();
-            let msg = format!("setup failed: {e:#}");
-            let trials = table
-                .iter()
-                .map(|(n, _)| {
-                    let msg = msg.clone();
-                    Trial::test(*n, move || Err(Failed::from(msg)))
+        )
+        .run(&args, |lab| {
+            Box::pin(async move {
+                let kubeconfig = ferrolb::install(&lab)?;
+                let controller = ferrolb::start_controller(&lab, &kubeconfig, "bgp", 7472)?;
+                lab.apply(&bgp_config())?;
+                let speakers = Arc::new(Speakers::new(&lab)?);
+                for node in NODES {
+                    speakers.start(node)?;
+                }
+                Ok(Ctx {
+                    lab,
+                    speakers,
+                    controller,
                 })
-                .collect();
-            let _ = libtest_mimic::run(&args, trials);
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let ctx = Ctx {
-        lab: lab.clone(),
-        speakers: speakers.clone(),
-    };
-    let trials: Vec<Trial> = table
-        .into_iter()
-        .map(|(name, body)| {
-            let ctx = ctx.clone();
-            Trial::test(name, move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| Failed::from(e.to_string()))?;
-                rt.block_on(body(ctx))
-                    .map_err(|e| Failed::from(format!("{e:#}")))
             })
-        })
-        .collect();
-    let mut args = args;
-    // The tests share the speakers and the router: one at a time.
-    args.test_threads = Some(1);
-    let conclusion = libtest_mimic::run(&args, trials);
-    speakers.stop_all();
-    process::stop(&controller, Duration::from_secs(5));
-    if conclusion.has_failed() {
-        // The lab's directory goes with it: keep the logs.
-        let keep = ferrolb_e2e::lab::repo_root().join("target/lab-logs-bgp");
-        let _ = std::fs::create_dir_all(&keep);
-        for entry in std::fs::read_dir(lab.dir.join("logs"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let _ = std::fs::copy(entry.path(), keep.join(entry.file_name()));
-        }
-        eprintln!("logs: {}", keep.display());
-    }
-    if std::env::var_os("FERROLB_KEEP_LAB").is_none()
-        && let Err(e) = ferrolb_e2e::down()
-    {
-        eprintln!("lab down failed: {e:#}");
-        return std::process::ExitCode::FAILURE;
-    }
-    conclusion.exit_code()
+        });
+    suite::exit_code(&[conclusion])
 }

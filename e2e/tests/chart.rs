@@ -22,8 +22,9 @@ use anyhow::{Context, bail, ensure};
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::lab::{bin_dir, repo_root};
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::{Lab, Options};
-use libtest_mimic::{Arguments, Failed, Trial};
+use ferrolb_e2e::suite::{self, Suite};
+use ferrolb_e2e::Lab;
+use libtest_mimic::Arguments;
 use serde_json::{Value, json};
 
 // ------------------------------------------------------------------------------------------------
@@ -1804,175 +1805,84 @@ async fn installed_release_serves_and_upgrade_keeps_key_and_ips(lab: &Lab) -> an
 
 // ------------------------------------------------------------------------------------------------
 
-type LabBody = fn(Lab) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
-
-/// An offline test body.
-type OfflineBody = fn() -> anyhow::Result<()>;
-
 fn main() -> std::process::ExitCode {
-    let mut args = Arguments::from_args();
-    // helm, the image build and the lab are shared: one test at a time.
-    args.test_threads = Some(1);
-    let offline: Vec<(&str, OfflineBody)> = vec![
-        (
-            "lint_strict_and_render_default_and_every_ci_values_file",
-            lint_default_and_ci_values,
-        ),
-        (
-            "values_schema_rejects_typos_and_unsupported_metallb_settings",
-            schema_rejects_typos_and_unsupported_settings,
-        ),
-        (
-            "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",
-            rendered_rbac_equals_the_tested_files,
-        ),
-        (
-            "controller_is_highly_available_and_passes_restricted",
-            controller_is_highly_available_and_restricted,
-        ),
-        (
-            "speaker_has_host_network_net_raw_only_and_the_gossip_key",
-            speaker_has_host_network_and_only_net_raw,
-        ),
-        (
-            "crds_match_the_generated_files_are_kept_on_uninstall_and_can_be_skipped",
-            crds_match_the_generated_files_and_can_be_skipped,
-        ),
-        (
-            "metallb_values_file_carries_over_and_load_balancer_class_separates_releases",
-            metallb_values_and_load_balancer_class,
-        ),
-        (
-            "prometheus_operator_objects_and_alerts_on_exported_metrics",
-            monitoring_objects_and_alert_metrics,
-        ),
-        (
-            "values_reference_docs_helm_values_md_is_up_to_date",
-            values_reference_is_up_to_date,
-        ),
-    ];
-    macro_rules! body {
-        ($f:ident) => {
-            (|l: Lab| Box::pin(async move { $f(&l).await })) as LabBody
-        };
-    }
-    let in_lab: Vec<(&str, LabBody)> = vec![
-        (
-            "every_rendered_object_passes_server_side_dry_run",
-            body!(every_rendered_object_passes_server_side_dry_run),
-        ),
-        (
-            "controller_passes_restricted_and_speaker_needs_privileged_pod_security",
-            body!(pod_security_levels),
-        ),
-        (
-            "installed_release_serves_a_load_balancer_ip_and_upgrade_keeps_gossip_key_and_ips",
-            body!(installed_release_serves_and_upgrade_keeps_key_and_ips),
-        ),
-    ];
-    const IMAGES: &str =
-        "oci_images_hold_one_static_binary_each_run_as_non_root_and_match_the_dockerfile";
-
-    let have_helm = helm_path().is_file();
-    let mut trials: Vec<Trial> = offline
-        .into_iter()
-        .map(|(name, f)| {
-            let needs_helm = name != "values_reference_docs_helm_values_md_is_up_to_date";
-            Trial::test(name, move || {
-                f().map_err(|e| Failed::from(format!("{e:#}")))
-            })
-            .with_ignored_flag(needs_helm && !have_helm)
-        })
-        .collect();
-    if !have_helm {
-        eprintln!(
-            "chart tests need helm ({}): run e2e/install-deps",
+    let args = Arguments::from_args();
+    let no_helm = (!helm_path().is_file()).then(|| {
+        format!(
+            "needs helm ({}): run e2e/install-deps",
             helm_path().display()
-        );
-    }
-    let root = ferrolb_e2e::is_root();
-    trials.push(
-        Trial::test(IMAGES, || {
-            images_hold_one_static_binary_each_and_run_as_non_root()
-                .map_err(|e| Failed::from(format!("{e:#}")))
-        })
-        .with_ignored_flag(!root),
-    );
-    if !root || !have_helm {
-        eprintln!(
-            "chart lab and image tests skipped: they need root (network namespaces, chroot) and helm"
-        );
-        trials.extend(
-            in_lab
-                .iter()
-                .map(|(n, _)| Trial::test(*n, || Ok(())).with_ignored_flag(true)),
-        );
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-
-    // The lab is brought up only if a lab test is selected.
-    let wanted = |name: &str| {
-        args.filter.as_ref().is_none_or(|f| {
-            if args.exact {
-                name == f
-            } else {
-                name.contains(f.as_str())
-            }
-        }) && !args.skip.iter().any(|s| name.contains(s.as_str()))
-    };
-    let lab = if in_lab.iter().any(|(n, _)| wanted(n)) && !args.list {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
-        Some(
-            rt.block_on(Lab::up(Options::default(), &lab_exe))
-                .map_err(|e| format!("{e:#}")),
         )
-    } else {
-        None
-    };
-    for (name, f) in in_lab {
-        let lab = lab.clone();
-        trials.push(Trial::test(name, move || {
-            let lab = match lab {
-                Some(Ok(lab)) => lab,
-                Some(Err(e)) => return Err(Failed::from(format!("lab up failed: {e}"))),
-                None => return Err(Failed::from("the lab was not brought up")),
-            };
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Failed::from(e.to_string()))?;
-            rt.block_on(f(lab))
-                .map_err(|e| Failed::from(format!("{e:#}")))
-        }));
-    }
-    let conclusion = libtest_mimic::run(&args, trials);
-    if let Some(Ok(lab)) = &lab {
-        if conclusion.has_failed() {
-            eprintln!("lab logs: {}", lab.dir.join("logs").display());
-            if let Ok(entries) = std::fs::read_dir(lab.dir.join("logs")) {
-                for entry in entries.flatten() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    if name.contains("chartlab") {
-                        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-                        eprintln!("---- {name} (last lines) ----");
-                        let lines: Vec<&str> = text.lines().collect();
-                        for line in &lines[lines.len().saturating_sub(30)..] {
-                            eprintln!("{line}");
-                        }
-                    }
-                }
-            }
-        }
-        if std::env::var_os("FERROLB_KEEP_LAB").is_none()
-            && let Err(e) = ferrolb_e2e::down()
-        {
-            eprintln!("lab down failed: {e:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    }
-    conclusion.exit_code()
+    });
+    // helm, the image build and the lab are shared: one test at a time.
+    let conclusion = Suite::<Lab>::new("chart")
+        .one_at_a_time()
+        .requires(no_helm.clone().map_or(Ok(()), Err))
+        .offline(
+            "lint_strict_and_render_default_and_every_ci_values_file",
+            no_helm.clone(),
+            lint_default_and_ci_values,
+        )
+        .offline(
+            "values_schema_rejects_typos_and_unsupported_metallb_settings",
+            no_helm.clone(),
+            schema_rejects_typos_and_unsupported_settings,
+        )
+        .offline(
+            "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",
+            no_helm.clone(),
+            rendered_rbac_equals_the_tested_files,
+        )
+        .offline(
+            "controller_is_highly_available_and_passes_restricted",
+            no_helm.clone(),
+            controller_is_highly_available_and_restricted,
+        )
+        .offline(
+            "speaker_has_host_network_net_raw_only_and_the_gossip_key",
+            no_helm.clone(),
+            speaker_has_host_network_and_only_net_raw,
+        )
+        .offline(
+            "crds_match_the_generated_files_are_kept_on_uninstall_and_can_be_skipped",
+            no_helm.clone(),
+            crds_match_the_generated_files_and_can_be_skipped,
+        )
+        .offline(
+            "metallb_values_file_carries_over_and_load_balancer_class_separates_releases",
+            no_helm.clone(),
+            metallb_values_and_load_balancer_class,
+        )
+        .offline(
+            "prometheus_operator_objects_and_alerts_on_exported_metrics",
+            no_helm.clone(),
+            monitoring_objects_and_alert_metrics,
+        )
+        .offline(
+            "values_reference_docs_helm_values_md_is_up_to_date",
+            None,
+            values_reference_is_up_to_date,
+        )
+        .offline(
+            "oci_images_hold_one_static_binary_each_run_as_non_root_and_match_the_dockerfile",
+            (!ferrolb_e2e::is_root())
+                .then(|| "needs root (chroot into the unpacked images)".to_string()),
+            images_hold_one_static_binary_each_and_run_as_non_root,
+        )
+        .test("every_rendered_object_passes_server_side_dry_run", |lab| {
+            Box::pin(async move { every_rendered_object_passes_server_side_dry_run(&lab).await })
+        })
+        .test(
+            "controller_passes_restricted_and_speaker_needs_privileged_pod_security",
+            |lab| Box::pin(async move { pod_security_levels(&lab).await }),
+        )
+        .test(
+            "installed_release_serves_a_load_balancer_ip_and_upgrade_keeps_gossip_key_and_ips",
+            |lab| {
+                Box::pin(async move {
+                    installed_release_serves_and_upgrade_keeps_key_and_ips(&lab).await
+                })
+            },
+        )
+        .run(&args, |lab| Box::pin(async move { Ok(lab) }));
+    suite::exit_code(&[conclusion])
 }

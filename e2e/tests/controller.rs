@@ -8,17 +8,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::ensure;
+use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, merge, wait_ips};
-use ferrolb_e2e::{Lab, Options};
+use ferrolb_e2e::suite::{self, Fixture, Suite};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 
 const NS: &str = "metallb-system";
 
@@ -769,175 +770,115 @@ async fn restart_and_failover_change_no_ip(
 }
 
 /// A test body: an async function of the lab.
-type TestBody = fn(Lab) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
+/// What every test gets: the lab and the two replicas.
+#[derive(Clone)]
+struct Ctx {
+    lab: Lab,
+    replicas: std::sync::Arc<Replicas>,
+}
 
-fn main() -> std::process::ExitCode {
-    let mut args = Arguments::from_args();
-    // The tests share the controller replicas and the configuration namespace.
-    args.test_threads = Some(1);
-    // Each test: its name and its body. The last one needs the replicas and runs separately.
-    macro_rules! body {
-        ($f:ident) => {
-            (|l: Lab| Box::pin(async move { $f(&l).await })) as TestBody
-        };
+impl Fixture for Ctx {
+    fn teardown(&self) {
+        self.replicas.stop_all();
     }
-    let table: Vec<(&str, TestBody)> = vec![
-        (
-            "allocation_from_a_pool_writes_ip_annotation_event_and_pool_status",
-            body!(allocation_from_a_pool),
-        ),
-        (
-            "requested_ips_by_annotation_and_spec_and_the_error_when_both",
-            body!(requested_ips),
-        ),
-        (
-            "pool_exhaustion_then_release",
-            body!(exhaustion_then_release),
-        ),
-        (
-            "type_change_clears_and_foreign_class_is_left_alone",
-            body!(type_change_and_foreign_class),
-        ),
-        (
-            "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
-            body!(invalid_and_overlapping_pools_are_reported),
-        ),
-        (
-            "pool_annotation_picks_an_auto_assign_false_pool_under_both_prefixes",
-            body!(pool_annotation_and_auto_assign_false),
-        ),
-        (
-            "service_allocation_by_namespace_labels_service_labels_and_priority",
-            body!(service_allocation_by_namespace_labels_and_priority),
-        ),
-        (
-            "sharing_allowed_and_refused_for_port_overlap_and_backend_mismatch",
-            body!(sharing_allowed_and_refused),
-        ),
-        (
-            "require_prefer_and_single_stack_ipv6",
-            body!(dual_stack_policies),
-        ),
-        (
-            "pool_shrink_releases_only_what_left_and_deletion_clears",
-            body!(pool_shrink_and_deletion),
-        ),
-        (
-            "a_bfd_profile_in_use_waits_for_its_peer_before_deletion",
-            body!(bfd_profile_in_use_is_not_deleted),
-        ),
-        (
-            "metrics_health_and_readiness_of_the_leader",
-            body!(metrics_and_health),
-        ),
-    ];
-    const RESTART: &str =
-        "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services";
-    let names: Vec<&str> = table.iter().map(|(n, _)| *n).chain([RESTART]).collect();
-    if !ferrolb_e2e::is_root() {
-        eprintln!("controller tests skipped: the lab needs root (network namespaces)");
-        let trials = names
-            .iter()
-            .map(|n| Trial::test(*n, || Ok(())).with_ignored_flag(true))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
-    let setup = rt.block_on(async {
-        let lab = Lab::up(Options::default(), &lab_exe).await?;
-        let kubeconfig = ferrolb_e2e::ferrolb::install(&lab)?;
-        let replicas = Replicas {
-            lab: lab.clone(),
-            kubeconfig,
-            running: std::sync::Mutex::new(Vec::new()),
-        };
-        replicas.start("a", 7472)?;
-        replicas.start("b", 7473)?;
-        leader(&lab).await?;
-        anyhow::Ok((lab, replicas))
-    });
-    let (lab, replicas) = match setup {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("setup failed: {e:#}");
-            let _ = ferrolb_e2e::down();
-            let msg = format!("setup failed: {e:#}");
-            let trials = names
-                .iter()
-                .map(|n| {
-                    let msg = msg.clone();
-                    Trial::test(*n, move || Err(Failed::from(msg)))
-                })
-                .collect();
-            let _ = libtest_mimic::run(&args, trials);
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let lab = std::sync::Arc::new(lab);
-    let replicas = std::sync::Arc::new(replicas);
-    let count: usize = std::env::var("FERROLB_RESTART_SERVICES")
+}
+
+/// How many Services the restart test allocates (`FERROLB_RESTART_SERVICES`, default 1,000).
+fn restart_services() -> usize {
+    std::env::var("FERROLB_RESTART_SERVICES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let run = |f: TestBody, lab: &std::sync::Arc<Lab>| {
-        let lab = (**lab).clone();
-        move || -> Result<(), Failed> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Failed::from(e.to_string()))?;
-            rt.block_on(f(lab))
-                .map_err(|e| Failed::from(format!("{e:#}")))
-        }
-    };
-    let mut trials: Vec<Trial> = table
-        .into_iter()
-        .map(|(name, f)| Trial::test(name, run(f, &lab)))
-        .collect();
-    {
-        let lab = (*lab).clone();
-        let replicas = replicas.clone();
-        trials.push(Trial::test(RESTART, move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Failed::from(e.to_string()))?;
-            rt.block_on(restart_and_failover_change_no_ip(&lab, &replicas, count))
-                .map_err(|e| Failed::from(format!("{e:#}")))
-        }));
-    }
-    let conclusion = libtest_mimic::run(&args, trials);
-    replicas.stop_all();
-    if conclusion.has_failed() {
-        eprintln!("controller logs: {}", lab.dir.join("logs").display());
-        for id in ["a", "b"] {
-            if let Ok(text) =
-                std::fs::read_to_string(lab.dir.join("logs").join(format!("controller-{id}.log")))
-            {
-                eprintln!("---- controller-{id} (last lines) ----");
-                for line in text
-                    .lines()
-                    .rev()
-                    .take(30)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                {
-                    eprintln!("{line}");
+        .unwrap_or(1000)
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    // The tests share the controller replicas and the configuration namespace: one at a time.
+    let conclusion = Suite::<Ctx>::new("controller")
+        .one_at_a_time()
+        .test(
+            "allocation_from_a_pool_writes_ip_annotation_event_and_pool_status",
+            |c| Box::pin(async move { allocation_from_a_pool(&c.lab).await }),
+        )
+        .test(
+            "requested_ips_by_annotation_and_spec_and_the_error_when_both",
+            |c| Box::pin(async move { requested_ips(&c.lab).await }),
+        )
+        .test("pool_exhaustion_then_release", |c| {
+            Box::pin(async move { exhaustion_then_release(&c.lab).await })
+        })
+        .test("type_change_clears_and_foreign_class_is_left_alone", |c| {
+            Box::pin(async move { type_change_and_foreign_class(&c.lab).await })
+        })
+        .test(
+            "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
+            |c| Box::pin(async move { invalid_and_overlapping_pools_are_reported(&c.lab).await }),
+        )
+        .test(
+            "pool_annotation_picks_an_auto_assign_false_pool_under_both_prefixes",
+            |c| Box::pin(async move { pool_annotation_and_auto_assign_false(&c.lab).await }),
+        )
+        .test(
+            "service_allocation_by_namespace_labels_service_labels_and_priority",
+            |c| {
+                Box::pin(async move {
+                    service_allocation_by_namespace_labels_and_priority(&c.lab).await
+                })
+            },
+        )
+        .test(
+            "sharing_allowed_and_refused_for_port_overlap_and_backend_mismatch",
+            |c| Box::pin(async move { sharing_allowed_and_refused(&c.lab).await }),
+        )
+        .test("require_prefer_and_single_stack_ipv6", |c| {
+            Box::pin(async move { dual_stack_policies(&c.lab).await })
+        })
+        .test(
+            "pool_shrink_releases_only_what_left_and_deletion_clears",
+            |c| Box::pin(async move { pool_shrink_and_deletion(&c.lab).await }),
+        )
+        .test(
+            "a_bfd_profile_in_use_waits_for_its_peer_before_deletion",
+            |c| Box::pin(async move { bfd_profile_in_use_is_not_deleted(&c.lab).await }),
+        )
+        .test("metrics_health_and_readiness_of_the_leader", |c| {
+            Box::pin(async move { metrics_and_health(&c.lab).await })
+        })
+        .test(
+            "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services",
+            |c| {
+                Box::pin(async move {
+                    restart_and_failover_change_no_ip(&c.lab, &c.replicas, restart_services()).await
+                })
+            },
+        )
+        .run(&args, |lab| {
+            Box::pin(async move {
+                let kubeconfig = ferrolb_e2e::ferrolb::install(&lab)?;
+                let replicas = Replicas {
+                    lab: lab.clone(),
+                    kubeconfig,
+                    running: std::sync::Mutex::new(Vec::new()),
+                };
+                replicas.start("a", 7472)?;
+                replicas.start("b", 7473)?;
+                let ctx = Ctx {
+                    lab: lab.clone(),
+                    replicas: std::sync::Arc::new(replicas),
+                };
+                // Stops the replicas should the wait fail (the runner tears down only a fixture
+                // it got).
+                if let Err(e) = leader(&lab).await {
+                    ctx.teardown();
+                    return Err(e);
                 }
-            }
+                Ok(ctx)
+            })
+        });
+    if conclusion.has_failed() {
+        for id in ["a", "b"] {
+            eprintln!("controller-{id}'s log: target/lab-logs/controller/controller-{id}.log");
         }
     }
-    if std::env::var_os("FERROLB_KEEP_LAB").is_none()
-        && let Err(e) = ferrolb_e2e::down()
-    {
-        eprintln!("lab down failed: {e:#}");
-        return std::process::ExitCode::FAILURE;
-    }
-    conclusion.exit_code()
+    suite::exit_code(&[conclusion])
 }

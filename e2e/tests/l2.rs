@@ -5,61 +5,37 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, ensure};
+use anyhow::ensure;
+use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
-use ferrolb_e2e::ferrolb::{self, SpeakerCredentials};
+use ferrolb_e2e::ferrolb::{self, Speakers};
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
-use ferrolb_e2e::{Lab, Options};
+use ferrolb_e2e::suite::{self, Fixture, Suite};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
-
-/// The speakers of the run, restartable one by one.
-struct Speakers {
-    lab: Lab,
-    credentials: SpeakerCredentials,
-    running: Mutex<BTreeMap<String, LabProcess>>,
-}
-
-impl Speakers {
-    fn start(&self, node: &str) -> anyhow::Result<()> {
-        let p = ferrolb::start_speaker(&self.lab, &self.credentials, node, &[])?;
-        self.running.lock().unwrap().insert(node.to_string(), p);
-        Ok(())
-    }
-
-    fn kill(&self, node: &str) {
-        if let Some(p) = self.running.lock().unwrap().remove(node) {
-            process::kill_now(&p);
-        }
-    }
-
-    fn stop(&self, node: &str) {
-        if let Some(p) = self.running.lock().unwrap().remove(node) {
-            process::stop(&p, Duration::from_secs(5));
-        }
-    }
-
-    fn stop_all(&self) {
-        for (_, p) in std::mem::take(&mut *self.running.lock().unwrap()) {
-            process::stop(&p, Duration::from_secs(5));
-        }
-    }
-}
 
 /// Everything a test gets.
 #[derive(Clone)]
 struct Ctx {
     lab: Lab,
     speakers: Arc<Speakers>,
+    controller: LabProcess,
+}
+
+impl Fixture for Ctx {
+    fn teardown(&self) {
+        self.speakers.stop_all();
+        process::stop(&self.controller, Duration::from_secs(5));
+    }
 }
 
 /// The nodes whose ServiceL2Status says they announce Service `ns/name`.
@@ -496,109 +472,45 @@ async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Body = fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
-
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let table: Vec<(&str, Body)> = vec![
-        ("reachable_through_the_owner", |c| {
-            Box::pin(reachable_through_the_owner(c))
-        }),
-        ("local_traffic_policy", |c| {
-            Box::pin(local_traffic_policy(c))
-        }),
-        ("shared_ip_one_node", |c| Box::pin(shared_ip_one_node(c))),
-        ("twenty_services_spread", |c| {
-            Box::pin(twenty_services_spread(c))
-        }),
-        ("node_selectors_and_interfaces", |c| {
-            Box::pin(node_selectors_and_interfaces(c))
-        }),
-        ("failover", |c| Box::pin(failover(c))),
-        ("metrics_and_health", |c| Box::pin(metrics_and_health(c))),
-    ];
-    if !ferrolb_e2e::is_root() {
-        let trials = table
-            .iter()
-            .map(|(n, _)| Trial::test(*n, || Ok(())).with_ignored_flag(true))
-            .collect();
-        eprintln!("layer 2 end-to-end tests need root (network namespaces); skipped");
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let setup = rt.block_on(async {
-        let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
-        let lab = Lab::up(Options::default(), &lab_exe).await?;
-        let kubeconfig = ferrolb::install(&lab)?;
-        let controller = ferrolb::start_controller(&lab, &kubeconfig, "l2", 7472)?;
-        let credentials = ferrolb::install_speaker(&lab)?;
-        // The suite's pool; tests that need more add their own and remove them.
-        lab.apply(&ferrolb::l2_pool(
-            "l2",
-            &["198.18.200.0/25", "fd00:18::c8:0/113"],
-        ))?;
-        let speakers = Arc::new(Speakers {
-            lab: lab.clone(),
-            credentials,
-            running: Mutex::new(BTreeMap::new()),
-        });
-        for node in NODES {
-            speakers.start(node)?;
-        }
-        anyhow::Ok((lab, controller, speakers))
-    });
-    let (lab, controller, speakers) = match setup.context("setup") {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("setup failed: {e:#}");
-            let _ = ferrolb_e2e::down();
-            let msg = format!("setup failed: {e:#}");
-            let trials = table
-                .iter()
-                .map(|(n, _)| {
-                    let msg = msg.clone();
-                    Trial::test(*n, move || Err(Failed::from(msg)))
-                })
-                .collect();
-            let _ = libtest_mimic::run(&args, trials);
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let ctx = Ctx {
-        lab: lab.clone(),
-        speakers: speakers.clone(),
-    };
-    let trials: Vec<Trial> = table
-        .into_iter()
-        .map(|(name, body)| {
-            let ctx = ctx.clone();
-            Trial::test(name, move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| Failed::from(e.to_string()))?;
-                rt.block_on(body(ctx))
-                    .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let mut args = args;
     // The tests share the speakers and cut links: one at a time.
-    args.test_threads = Some(1);
-    let conclusion = libtest_mimic::run(&args, trials);
-    speakers.stop_all();
-    process::stop(&controller, Duration::from_secs(5));
-    if conclusion.has_failed() {
-        eprintln!("logs: {}", lab.dir.join("logs").display());
-    }
-    if std::env::var_os("FERROLB_KEEP_LAB").is_none()
-        && let Err(e) = ferrolb_e2e::down()
-    {
-        eprintln!("lab down failed: {e:#}");
-        return std::process::ExitCode::FAILURE;
-    }
-    conclusion.exit_code()
+    let conclusion = Suite::new("l2")
+        .one_at_a_time()
+        .test("reachable_through_the_owner", |c| {
+            Box::pin(reachable_through_the_owner(c))
+        })
+        .test("local_traffic_policy", |c| {
+            Box::pin(local_traffic_policy(c))
+        })
+        .test("shared_ip_one_node", |c| Box::pin(shared_ip_one_node(c)))
+        .test("twenty_services_spread", |c| {
+            Box::pin(twenty_services_spread(c))
+        })
+        .test("node_selectors_and_interfaces", |c| {
+            Box::pin(node_selectors_and_interfaces(c))
+        })
+        .test("failover", |c| Box::pin(failover(c)))
+        .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
+        .run(&args, |lab| {
+            Box::pin(async move {
+                let kubeconfig = ferrolb::install(&lab)?;
+                let controller = ferrolb::start_controller(&lab, &kubeconfig, "l2", 7472)?;
+                // The suite's pool; tests that need more add their own and remove them.
+                lab.apply(&ferrolb::l2_pool(
+                    "l2",
+                    &["198.18.200.0/25", "fd00:18::c8:0/113"],
+                ))?;
+                let speakers = Arc::new(Speakers::new(&lab)?);
+                for node in NODES {
+                    speakers.start(node)?;
+                }
+                Ok(Ctx {
+                    lab,
+                    speakers,
+                    controller,
+                })
+            })
+        });
+    suite::exit_code(&[conclusion])
 }

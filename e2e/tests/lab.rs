@@ -1,9 +1,10 @@
 //! Proof tests of the lab: the paths ferrolb relies on work with the real components.
 //!
-//! Runs each test in iptables mode, then again in nftables mode. Needs root; without it every
-//! test is reported as ignored with the reason. The lab is brought up once per mode and taken
-//! down at the end (set FERROLB_KEEP_LAB=1 to keep it). On failure, every lab log is copied to
-//! target/lab-logs and its tail printed.
+//! Runs each test in iptables mode, then again in nftables mode; in between, tests that break the
+//! lab on purpose (a crashed controller and speaker; dead infrastructure). Needs root; without it
+//! every test is reported as ignored with the reason. On failure, every lab log is copied to
+//! target/lab-logs/<suite>/ and its tail printed (`ferrolb_e2e::suite`). FERROLB_KEEP_LAB=1
+//! keeps the last lab up.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -13,21 +14,14 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::suite::{self, BoxFuture, Suite};
 use ferrolb_e2e::{Lab, Options, ProxyMode};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 
 fn lab_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"))
-}
-
-fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failed::from(e.to_string()))?;
-    rt.block_on(f).map_err(|e| Failed::from(format!("{e:#}")))
 }
 
 fn service(name: &str, type_: &str) -> Service {
@@ -503,144 +497,64 @@ fn broken_infrastructure_is_named_and_its_logs_kept(
     Ok(())
 }
 
-type TestFn = fn(&Lab) -> Result<(), Failed>;
-
-fn tests() -> Vec<(&'static str, TestFn)> {
-    vec![
-        ("nodeport_and_clusterip_reach_both_pods", |lab| {
-            block_on(nodeport_and_clusterip(lab))
-        }),
-        (
-            "loadbalancer_ip_set_by_hand_reaches_a_pod_through_kube_proxy",
-            |lab| block_on(loadbalancer_ip_by_hand(lab)),
-        ),
-        ("frr_installs_a_route_advertised_by_gobgp", |lab| {
-            block_on(frr_learns_route_from_gobgp(lab))
-        }),
-    ]
-}
-
-fn save_logs(lab_dir: &Path) {
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lab-logs");
-    let _ = std::fs::create_dir_all(&target);
-    let Ok(entries) = std::fs::read_dir(lab_dir.join("logs")) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let _ = std::fs::copy(&path, target.join(entry.file_name()));
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
-            eprintln!("---- {} (last lines) ----", path.display());
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
-    eprintln!("lab logs copied to {}", target.display());
+/// The proof tests, in the lab of one kube-proxy mode; test names start with the mode.
+fn proof_suite(mode: ProxyMode) -> Suite<Lab> {
+    let m = mode.as_str();
+    Suite::new(&format!("lab-{m}"))
+        .options(Options {
+            proxy_mode: mode,
+            ..Options::default()
+        })
+        .test(
+            &format!("{m}::nodeport_and_clusterip_reach_both_pods"),
+            |lab| Box::pin(async move { nodeport_and_clusterip(&lab).await }),
+        )
+        .test(
+            &format!("{m}::loadbalancer_ip_set_by_hand_reaches_a_pod_through_kube_proxy"),
+            |lab| Box::pin(async move { loadbalancer_ip_by_hand(&lab).await }),
+        )
+        .test(
+            &format!("{m}::frr_installs_a_route_advertised_by_gobgp"),
+            |lab| Box::pin(async move { frr_learns_route_from_gobgp(&lab).await }),
+        )
 }
 
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let mut failed = false;
-    for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
-        let label = mode.as_str();
-        if !ferrolb_e2e::is_root() {
-            eprintln!("lab tests skipped: they need root (network namespaces)");
-            let mut names: Vec<String> = tests()
-                .into_iter()
-                .map(|(name, _)| format!("{label}::{name}"))
-                .collect();
-            if mode == ProxyMode::Iptables {
-                names.push("lab::dead_ferrolb_processes_leave_the_lab_usable".into());
-                names.push("lab::broken_infrastructure_is_named_and_its_logs_kept".into());
-            }
-            let trials = names
-                .into_iter()
-                .map(|name| Trial::test(name, || Ok(())).with_ignored_flag(true))
-                .collect();
-            let _ = libtest_mimic::run(&args, trials);
-            continue;
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let lab = match rt.block_on(Lab::up(
-            Options {
-                proxy_mode: mode,
-                ..Options::default()
-            },
-            &lab_exe(),
-        )) {
-            Ok(lab) => lab,
-            Err(e) => {
-                eprintln!("lab up ({label}) failed: {e:#}");
-                save_logs(&ferrolb_e2e::lab_dir());
-                let trials = tests()
-                    .into_iter()
-                    .map(|(name, _)| {
-                        let msg = format!("lab up failed: {e:#}");
-                        Trial::test(format!("{label}::{name}"), move || Err(Failed::from(msg)))
-                    })
-                    .collect();
-                let _ = libtest_mimic::run(&args, trials);
-                return std::process::ExitCode::FAILURE;
-            }
-        };
-        let trials = tests()
-            .into_iter()
-            .map(|(name, f)| {
-                let lab = lab.clone();
-                Trial::test(format!("{label}::{name}"), move || f(&lab))
+    let ready = |lab: Lab| -> BoxFuture<Lab> { Box::pin(async move { Ok(lab) }) };
+    let mut conclusions = Vec::new();
+    // The iptables lab stays up for the tests that break it on purpose, which run one at a time
+    // after the others; the second of them rebuilds the lab in nftables mode.
+    conclusions.push(
+        proof_suite(ProxyMode::Iptables)
+            .keep_lab()
+            .run(&args, ready),
+    );
+    conclusions.push(
+        Suite::new("lab-breakage")
+            .one_at_a_time()
+            .keep_lab()
+            .test("lab::dead_ferrolb_processes_leave_the_lab_usable", |lab| {
+                Box::pin(async move { dead_ferrolb_processes_leave_the_lab_usable(&lab).await })
             })
-            .collect();
-        let conclusion = libtest_mimic::run(&args, trials);
-        if conclusion.has_failed() {
-            failed = true;
-            save_logs(&lab.dir);
-        }
-        if mode == ProxyMode::Iptables {
-            // Tests that break the lab on purpose, one at a time, after the others; the second
-            // rebuilds the lab for the next mode.
-            let first = lab.clone();
-            let second = lab.clone();
-            let trials = vec![
-                Trial::test(
-                    "lab::dead_ferrolb_processes_leave_the_lab_usable",
-                    move || block_on(dead_ferrolb_processes_leave_the_lab_usable(&first)),
-                ),
-                Trial::test(
-                    "lab::broken_infrastructure_is_named_and_its_logs_kept",
-                    move || {
-                        broken_infrastructure_is_named_and_its_logs_kept(
-                            &second,
-                            ProxyMode::Nftables,
-                        )
-                        .map_err(|e| Failed::from(format!("{e:#}")))
-                    },
-                ),
-            ];
-            let sequential = Arguments {
-                test_threads: Some(1),
-                ..args.clone()
-            };
-            if libtest_mimic::run(&sequential, trials).has_failed() {
-                failed = true;
-                save_logs(&ferrolb_e2e::lab_dir());
-            }
-            continue;
-        }
-        let keep = std::env::var_os("FERROLB_KEEP_LAB").is_some() && mode == ProxyMode::Nftables;
-        if !keep && let Err(e) = ferrolb_e2e::down() {
-            eprintln!("lab down failed: {e:#}");
-            failed = true;
-        }
+            .test(
+                "lab::broken_infrastructure_is_named_and_its_logs_kept",
+                |lab| {
+                    Box::pin(async move {
+                        broken_infrastructure_is_named_and_its_logs_kept(&lab, ProxyMode::Nftables)
+                    })
+                },
+            )
+            .run(&args, ready),
+    );
+    conclusions.push(proof_suite(ProxyMode::Nftables).run(&args, ready));
+    // Whatever was selected, no lab is left behind (unless asked for).
+    if ferrolb_e2e::is_root()
+        && std::env::var_os("FERROLB_KEEP_LAB").is_none()
+        && let Err(e) = ferrolb_e2e::down()
+    {
+        eprintln!("lab down failed: {e:#}");
+        return std::process::ExitCode::FAILURE;
     }
-    if failed {
-        std::process::ExitCode::FAILURE
-    } else {
-        std::process::ExitCode::SUCCESS
-    }
+    suite::exit_code(&conclusions)
 }
