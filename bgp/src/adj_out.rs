@@ -29,7 +29,8 @@ pub struct RouteAttributes {
 
 impl RouteAttributes {
     /// Adds what one more advertisement asks for the same prefix. Communities add up; the
-    /// configuration's validation rejects conflicting LOCAL_PREFs, so the highest is only a tie-break.
+    /// configuration's validation rejects conflicting LOCAL_PREFs, so the highest is only a
+    /// tie-break.
     pub fn merge(&mut self, other: RouteAttributes) {
         self.local_pref = self.local_pref.max(other.local_pref);
         self.communities.extend(other.communities);
