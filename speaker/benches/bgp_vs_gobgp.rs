@@ -46,12 +46,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferrolb_bgp::adj_out::RouteAttributes;
+use ferrolb_bgp::adj_out::{self, AdjRibOut, SessionContext};
+use ferrolb_bgp::fsm::State;
+use ferrolb_bgp::packet::{AfiSafi, CodecContext, Community, LargeCommunity, Message};
 use ferrolb_config::model::{Peer, PeerAsn, PeerTarget};
-use ferrolb_speaker::bgp::adj_out::{self, AdjRibOut, SessionContext};
 use ferrolb_speaker::bgp::driver::{Driver, NoObserver, PeerSettings};
-use ferrolb_speaker::bgp::fsm::State;
-use ferrolb_speaker::bgp::packet::{AfiSafi, CodecContext, Community, LargeCommunity, Message};
-use ferrolb_speaker::bgp::plan::RouteAttributes;
 use ipnet::{IpNet, Ipv4Net};
 
 const SPEAKER_V4: &str = "198.19.0.1";

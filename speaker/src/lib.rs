@@ -1,9 +1,11 @@
-//! ferrolb-speaker as a library: the pure parts of the speaker that the binary drives.
+//! ferrolb-speaker as a library: the parts of the speaker that the binary drives, around the
+//! protocol cores `ferrolb-bgp` and `ferrolb-layer2` (which need no async runtime and no
+//! Kubernetes, docs/decisions/0010).
 //!
-//! [`bgp`] holds the BGP-4 message codec and the session state machine; both are free of I/O,
-//! clocks and global state, so the tokio driver that owns sockets and timers stays thin.
-//! [`l2`] holds layer 2 planning, owner choice, speaker liveness and the ARP/NDP frames;
-//! [`view`] reduces Kubernetes objects to what planning reads.
+//! [`bgp`] holds advertisement planning and the tokio driver that owns each session's socket and
+//! timers, running `ferrolb-bgp`'s codec and state machine. [`l2`] holds layer 2 planning, the
+//! interface list and the AF_PACKET socket, around `ferrolb-layer2`'s frames, owner choice and
+//! liveness; [`view`] reduces Kubernetes objects to what planning reads.
 
 pub mod bgp;
 pub mod l2;

@@ -15,14 +15,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
-use ferrolb_speaker::bgp::adj_out::AdjRibOut;
-use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, PeerSettings};
-use ferrolb_speaker::bgp::fsm::State;
-use ferrolb_speaker::bgp::packet::{
+use ferrolb_bgp::adj_out::AdjRibOut;
+use ferrolb_bgp::adj_out::RouteAttributes;
+use ferrolb_bgp::fsm::State;
+use ferrolb_bgp::packet::{
     AfiSafi, Capability, CodecContext, Community, LargeCommunity, Message, Notification, Open,
 };
-use ferrolb_speaker::bgp::plan::RouteAttributes;
+use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
+use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, PeerSettings};
 
 const SPEAKER_V4: &str = "198.19.77.1";
 const ROUTER_V4: &str = "198.19.77.2";
@@ -880,9 +880,7 @@ fn malformed_messages_get_the_right_notification_and_spare_other_sessions() {
             }
             seen
         });
-        use ferrolb_speaker::bgp::packet::iana::{
-            error_code, header_subcode, message_type, update_subcode,
-        };
+        use ferrolb_bgp::packet::iana::{error_code, header_subcode, message_type, update_subcode};
         let cases = [
             (
                 "bad marker",

@@ -5,8 +5,8 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ferrolb_speaker::l2::packet::filter::{Instruction, program};
-use ferrolb_speaker::l2::packet::{
+use ferrolb_layer2::packet::filter::{Instruction, program};
+use ferrolb_layer2::packet::{
     ArpRequest, MacAddr, NeighborSolicitation, arp_reply, gratuitous_arp_reply,
     gratuitous_arp_request, ndp::icmpv6_checksum, neighbor_advertisement, parse,
     solicited_node_multicast, unsolicited_neighbor_advertisement,

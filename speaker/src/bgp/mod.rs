@@ -1,21 +1,19 @@
-//! BGP-4 for the speaker: a sans-IO codec and session state machine.
+//! BGP-4 for the speaker: the I/O and the planning around the pure protocol core.
 //!
-//! - [`packet`] encodes and decodes every message a speaker exchanges (RFC 4271, 4760, 6793,
-//!   1997, 8092, 2918, 5492, 4724, 8950, 9072) and classifies malformed input into the
-//!   NOTIFICATION to send or the RFC 7606 action to take. It never panics, never loops and
-//!   allocates at most a small multiple of its input on any input.
-//! - [`fsm`] is the RFC 4271 §8 finite state machine as a pure function from (state, event) to
-//!   (state, actions). Timers and TCP are actions for the driver; there is no clock inside.
-//! - [`plan`] decides what this node advertises to each peer; [`adj_out`] turns a change of
-//!   plan into UPDATEs for one session. Both pure.
+//! The codec, the session state machine and the Adj-RIB-Out are in the `ferrolb-bgp` crate,
+//! which depends on no async runtime and no Kubernetes crate (docs/decisions/0010). This module
+//! holds what does:
+//!
+//! - [`plan`] decides, from the configuration, the Services and the Nodes, what this node
+//!   advertises to each peer. Pure, but it reads ferrolb-config's model and the speaker's view of
+//!   Kubernetes objects, so it stays here.
 //! - [`driver`] is the I/O: one tokio task per peer owning its TCP connection, timers and
 //!   socket options (TTL, TCP MD5).
 //!
-//! The decision to write our own codec rather than use a crate is recorded in
-//! `docs/decisions/0010-bgp-codec.md`.
+//! [`packet`], [`fsm`] and [`adj_out`] re-export `ferrolb-bgp`'s modules, so the speaker's paths
+//! (`ferrolb_speaker::bgp::packet`, ...) keep working; new code should use `ferrolb_bgp` directly.
 
-pub mod adj_out;
 pub mod driver;
-pub mod fsm;
-pub mod packet;
 pub mod plan;
+
+pub use ferrolb_bgp::{adj_out, fsm, packet};

@@ -11,35 +11,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr};
 
+use ferrolb_bgp::packet::{Community, LargeCommunity};
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{CommunityValue, Config, Peer};
 use ferrolb_config::selector::any_matches;
 use ipnet::IpNet;
 
-use super::packet::{Community, LargeCommunity};
 use crate::view::{NodeView, ServiceView};
 
-/// Attributes of one advertised prefix, beyond what the session adds (ORIGIN, AS_PATH,
-/// NEXT_HOP).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RouteAttributes {
-    /// LOCAL_PREF; only ever set towards iBGP peers (RFC 4271 §5.1.5).
-    pub local_pref: Option<u32>,
-    /// RFC 1997 communities, aliases resolved.
-    pub communities: BTreeSet<Community>,
-    /// RFC 8092 large communities.
-    pub large_communities: BTreeSet<LargeCommunity>,
-}
-
-impl RouteAttributes {
-    /// Adds what one more advertisement asks for the same prefix. Communities add up; the
-    /// validation rejects conflicting LOCAL_PREFs, so the highest is only a tie-break.
-    fn merge(&mut self, other: RouteAttributes) {
-        self.local_pref = self.local_pref.max(other.local_pref);
-        self.communities.extend(other.communities);
-        self.large_communities.extend(other.large_communities);
-    }
-}
+/// The attributes of one planned prefix; defined with the Adj-RIB-Out that holds them.
+pub use ferrolb_bgp::adj_out::RouteAttributes;
 
 /// What to advertise to one peer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

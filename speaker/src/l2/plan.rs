@@ -10,9 +10,9 @@ use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, L2Advertisement, Pool};
 use ferrolb_config::selector::any_matches;
 
-use super::liveness::Member;
-use super::owner;
 use crate::view::{NodeView, ServiceView};
+use ferrolb_layer2::liveness::Member;
+use ferrolb_layer2::owner;
 
 /// What this node announces for one IP.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockFilter, Socket, Type};
 
-use super::packet::filter;
+use ferrolb_layer2::packet::filter;
 
 /// How long [`PacketSocket::recv`] waits for a frame before it returns `None`.
 pub const RECV_TIMEOUT: Duration = Duration::from_millis(250);
@@ -318,7 +318,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::l2::packet::{
+    use ferrolb_layer2::packet::{
         self, MacAddr, Request, arp_reply, gratuitous_arp_request, neighbor_advertisement,
         solicited_node_multicast,
     };

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ferrolb_speaker::l2::interfaces::Interface;
-use ferrolb_speaker::l2::packet::{
+use ferrolb_layer2::packet::{
     self, MacAddr, Request, arp_reply, gratuitous_arp_reply, gratuitous_arp_request,
     neighbor_advertisement, solicited_node_multicast, unsolicited_neighbor_advertisement,
 };
+use ferrolb_speaker::l2::interfaces::Interface;
 use ferrolb_speaker::l2::plan::Announcement;
 use ferrolb_speaker::l2::socket::{MulticastMembership, PacketSocket};
 

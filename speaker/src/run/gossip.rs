@@ -1,4 +1,4 @@
-//! Sends and receives the speakers' heartbeats over UDP (see `ferrolb_speaker::l2::liveness`
+//! Sends and receives the speakers' heartbeats over UDP (see `ferrolb_layer2::liveness`
 //! for the protocol and the rules).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ferrolb_speaker::l2::liveness::{Heartbeat, HeartbeatError, Member, Membership};
+use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, Member, Membership};
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 

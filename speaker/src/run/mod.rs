@@ -238,7 +238,7 @@ impl Speaker {
         if ready {
             members.insert(
                 self.args.node_name.clone(),
-                ferrolb_speaker::l2::liveness::Member {
+                ferrolb_layer2::liveness::Member {
                     interfaces: usable.keys().cloned().collect(),
                 },
             );

@@ -25,9 +25,9 @@ use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::adj_out::AdjRibOut;
-use super::fsm::{self, Backoff, PeerAs, State};
-use super::packet::AfiSafi;
+use ferrolb_bgp::adj_out::AdjRibOut;
+use ferrolb_bgp::fsm::{self, Backoff, PeerAs, State};
+use ferrolb_bgp::packet::AfiSafi;
 pub use socket::ConnectOptions;
 
 /// Connect retry wait when BGPPeer sets no `connectTime`.

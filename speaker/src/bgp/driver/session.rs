@@ -20,9 +20,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::{Observer, PeerSettings, PeerStatus, socket};
-use crate::bgp::adj_out::{self, AdjRibOut, SessionContext};
-use crate::bgp::fsm::{self, Action, Event, Initiator, OPEN_HOLD_TIME, Session, State, Timer};
-use crate::bgp::packet::{AfiSafi, CodecContext, Message, Update};
+use ferrolb_bgp::adj_out::{self, AdjRibOut, SessionContext};
+use ferrolb_bgp::fsm::{self, Action, Event, Initiator, OPEN_HOLD_TIME, Session, State, Timer};
+use ferrolb_bgp::packet::{AfiSafi, CodecContext, Message, Update};
 
 type Connecting = Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>;
 

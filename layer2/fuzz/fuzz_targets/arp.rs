@@ -2,7 +2,7 @@
 //! request it accepts gets a well-formed reply that says what was asked.
 #![no_main]
 
-use ferrolb_speaker::l2::packet::{
+use ferrolb_layer2::packet::{
     ArpRequest, MacAddr, Request, arp_reply, gratuitous_arp_reply, gratuitous_arp_request, parse,
 };
 use libfuzzer_sys::fuzz_target;

@@ -15,8 +15,8 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ferrolb_speaker::bgp::packet::iana::{cease_subcode, error_code, open_subcode};
-use ferrolb_speaker::bgp::packet::{
+use ferrolb_bgp::packet::iana::{cease_subcode, error_code, open_subcode};
+use ferrolb_bgp::packet::{
     AfiSafi, AsPath, Capability, CodecContext, Community, ExtendedNextHop, GracefulRestart,
     LargeCommunity, Message, MpNextHop, MpReach, MpUnreach, Nlri, Notification, Open, Origin,
     PathAttributes, RouteRefresh, Update,

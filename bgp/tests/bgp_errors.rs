@@ -2,10 +2,8 @@
 //! malformed UPDATE attributes are classified as RFC 7606 says.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use ferrolb_speaker::bgp::packet::iana::{
-    error_code, header_subcode, open_subcode, update_subcode,
-};
-use ferrolb_speaker::bgp::packet::{
+use ferrolb_bgp::packet::iana::{error_code, header_subcode, open_subcode, update_subcode};
+use ferrolb_bgp::packet::{
     AfiSafi, AsPath, AttributeError, Capability, CodecContext, Community, DecodeError, ErrorAction,
     Message, MpNextHop, Nlri, Notification, Open, Origin, PathAttributes, RawAttribute, Update,
 };

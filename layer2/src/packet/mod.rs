@@ -3,7 +3,7 @@
 //! Pure: no sockets, no clocks. [`parse`] turns a received Ethernet frame into the one
 //! [`Request`] a layer-2 responder acts on (an ARP request or an IPv6 Neighbor Solicitation) or
 //! `None` for any other frame; the builders in [`arp`] and [`ndp`] return complete Ethernet
-//! frames ready for [`PacketSocket::send`](super::socket::PacketSocket::send). [`filter`] is the
+//! frames ready to send (the speaker's AF_PACKET socket, `l2/socket.rs`). [`filter`] is the
 //! classic BPF program that lets only requests reach the socket in the first place.
 //!
 //! Only untagged Ethernet II frames are handled: the speaker listens on the interface that

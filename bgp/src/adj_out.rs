@@ -5,15 +5,38 @@
 //! prefix whose attributes change is simply announced again (an implicit withdraw, RFC 4271
 //! §3.1); prefixes that left the plan are withdrawn.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::packet::{
-    AfiSafi, AsPath, CodecContext, EncodeError, MpNextHop, Origin, PathAttributes, Update,
+use crate::packet::{
+    AfiSafi, AsPath, CodecContext, Community, EncodeError, LargeCommunity, MpNextHop, Origin,
+    PathAttributes, Update,
 };
-use super::plan::RouteAttributes;
+
+/// Attributes of one advertised prefix, beyond what the session adds (ORIGIN, AS_PATH,
+/// NEXT_HOP).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteAttributes {
+    /// LOCAL_PREF; only ever set towards iBGP peers (RFC 4271 §5.1.5).
+    pub local_pref: Option<u32>,
+    /// RFC 1997 communities, aliases resolved.
+    pub communities: BTreeSet<Community>,
+    /// RFC 8092 large communities.
+    pub large_communities: BTreeSet<LargeCommunity>,
+}
+
+impl RouteAttributes {
+    /// Adds what one more advertisement asks for the same prefix. Communities add up; the
+    /// configuration's validation rejects conflicting LOCAL_PREFs, so the highest is only a
+    /// tie-break.
+    pub fn merge(&mut self, other: RouteAttributes) {
+        self.local_pref = self.local_pref.max(other.local_pref);
+        self.communities.extend(other.communities);
+        self.large_communities.extend(other.large_communities);
+    }
+}
 
 /// What an established session needs to build UPDATEs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,7 +151,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use crate::bgp::packet::{Community, Message, Nlri};
+    use crate::packet::{Message, Nlri};
     use proptest::prelude::*;
 
     fn ctx() -> SessionContext {

@@ -1,12 +1,12 @@
 //! The no-panic, no-hang property on the stable toolchain: replays truncated, bit-flipped and
 //! random inputs through framing and decoding, and round-trips whatever decodes. The nightly
-//! fuzz targets in `speaker/fuzz` explore the same property far more widely.
+//! fuzz targets in `bgp/fuzz` explore the same property far more widely.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ferrolb_speaker::bgp::packet::{CodecContext, EncodeError, Message};
+use ferrolb_bgp::packet::{CodecContext, EncodeError, Message};
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();

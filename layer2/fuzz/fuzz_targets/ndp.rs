@@ -5,8 +5,8 @@
 
 use std::net::Ipv6Addr;
 
-use ferrolb_speaker::l2::packet::ndp::{ALL_NODES, icmpv6_checksum, ipv6_multicast_mac};
-use ferrolb_speaker::l2::packet::{
+use ferrolb_layer2::packet::ndp::{ALL_NODES, icmpv6_checksum, ipv6_multicast_mac};
+use ferrolb_layer2::packet::{
     MacAddr, Request, is_solicited_node_multicast, neighbor_advertisement, parse,
 };
 use libfuzzer_sys::fuzz_target;

@@ -1,7 +1,7 @@
 //! Any byte string: framing and decoding must return, never panic, never hang.
 #![no_main]
 
-use ferrolb_speaker::bgp::packet::{CodecContext, Message};
+use ferrolb_bgp::packet::{CodecContext, Message};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,13 +1,13 @@
 //! Encode and decode of a typical UPDATE: one prefix, and 1,000 prefixes (packed into as few
 //! 4096-octet messages as fit), for IPv4 (NLRI field) and IPv6 (MP_REACH_NLRI).
 //!
-//! Run: `cargo bench -p ferrolb-speaker --bench bgp_codec`
+//! Run: `cargo bench -p ferrolb-bgp --bench bgp_codec`
 
 use std::hint::black_box;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ferrolb_speaker::bgp::packet::{
+use ferrolb_bgp::packet::{
     AsPath, CodecContext, Community, LargeCommunity, Message, MpNextHop, Origin, PathAttributes,
     Update,
 };

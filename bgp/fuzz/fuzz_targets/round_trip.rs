@@ -1,7 +1,7 @@
 //! decode -> encode -> decode gives the same message.
 #![no_main]
 
-use ferrolb_speaker::bgp::packet::{CodecContext, EncodeError, Message};
+use ferrolb_bgp::packet::{CodecContext, EncodeError, Message};
 use libfuzzer_sys::fuzz_target;
 
 /// Clears what decoding reports but encoding does not carry: the RFC 7606 diagnostics.

@@ -21,8 +21,8 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use super::packet::iana::{cease_subcode, error_code, fsm_subcode, open_subcode};
-use super::packet::{
+use crate::packet::iana::{cease_subcode, error_code, fsm_subcode, open_subcode};
+use crate::packet::{
     AfiSafi, Capability, CodecContext, DecodeError, GracefulRestart, GracefulRestartFamily,
     Message, Notification, Open, RouteRefresh, Update,
 };
@@ -827,7 +827,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use crate::bgp::packet::{AsPath, Origin, PathAttributes};
+    use crate::packet::{AsPath, Origin, PathAttributes};
 
     const LOCAL_ID: Ipv4Addr = Ipv4Addr::new(198, 18, 250, 10);
     const PEER_ID: Ipv4Addr = Ipv4Addr::new(198, 18, 250, 1);

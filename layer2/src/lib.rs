@@ -1,0 +1,22 @@
+//! ferrolb's layer 2 protocol core: the parts of layer 2 mode that are pure functions of their
+//! inputs.
+//!
+//! **The rule** (docs/decisions/0010 and 0011): this crate depends on std and a few small crates
+//! only (hmac, sha2, thiserror). No async runtime (tokio, futures), no sockets, no clocks (time
+//! comes in as arguments), no global state and no Kubernetes crate (kube, k8s-openapi,
+//! ferrolb-config). Cargo enforces it: the crate simply has no such dependency, and
+//! `scripts/check-protocol-deps` checks that none creeps in through another one. The AF_PACKET
+//! socket, the interface list, the heartbeat UDP loop and the planning from Kubernetes objects
+//! live in the speaker (`ferrolb-speaker`'s `l2` module and `run`).
+//!
+//! - [`packet`] reads ARP requests and Neighbor Solicitations and builds replies and gratuitous
+//!   announcements; [`packet::filter`] is the classic BPF program the speaker attaches to its
+//!   packet socket.
+//! - [`owner`] chooses the node that owns a Service IP by rendezvous hashing, the same on every
+//!   node.
+//! - [`liveness`] encodes and checks the speakers' authenticated heartbeats and keeps the table
+//!   of live speakers that owner choice runs over.
+
+pub mod liveness;
+pub mod owner;
+pub mod packet;
