@@ -1,0 +1,88 @@
+//! Any datagram at the heartbeat port: decoding must return, never panic; what decodes must
+//! encode back to the same bytes; and any sequence of heartbeats (any boots, sequence numbers and
+//! clocks, from any key holder) must be refused or taken by the membership table without a panic.
+//!
+//! Three kinds of input, by the first byte: raw datagrams (the tag check refuses nearly all);
+//! datagrams signed here with the fuzzer's key and optionally given the magic, which reach the
+//! parser behind the tag check; and a sequence of structured heartbeats fed to one table.
+#![no_main]
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ferrolb_layer2::liveness::{Heartbeat, Membership};
+use hmac::{Hmac, Mac};
+use libfuzzer_sys::fuzz_target;
+use sha2::Sha256;
+
+const KEY: &[u8] = b"fuzz key";
+/// Bytes of the truncated tag (layer2/src/liveness.rs).
+const TAG_LEN: usize = 16;
+
+fn signed(body: Vec<u8>) -> Vec<u8> {
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(KEY) else {
+        return body;
+    };
+    mac.update(&body);
+    let tag = mac.finalize().into_bytes();
+    let mut out = body;
+    out.extend_from_slice(&tag[..TAG_LEN]);
+    out
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    if let Some(s) = bytes.get(at..at + 8) {
+        b.copy_from_slice(s);
+    }
+    u64::from_be_bytes(b)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, body)) = data.split_first() else {
+        return;
+    };
+    let start = Instant::now();
+    let mut members = Membership::new("self", Duration::from_millis(500));
+    if mode % 3 == 2 {
+        // 26 bytes a heartbeat: sender, flags, boot, seq, sender's clock; ours is near it.
+        for (i, chunk) in body.chunks(26).take(64).enumerate() {
+            let beat = Heartbeat {
+                node: format!("node{}", chunk.first().copied().unwrap_or(0) % 4),
+                boot: u64_at(chunk, 2),
+                seq: u64_at(chunk, 10),
+                unix_ms: u64_at(chunk, 18),
+                ready: chunk.get(1).is_some_and(|f| f & 1 == 1),
+                leaving: chunk.get(1).is_some_and(|f| f & 2 == 2),
+                interfaces: BTreeSet::from(["eth0".to_string()]),
+            };
+            let Ok(bytes) = beat.encode(KEY) else {
+                continue;
+            };
+            assert_eq!(Heartbeat::decode(&bytes, KEY).as_ref(), Ok(&beat));
+            let now = start + Duration::from_millis(10 * i as u64);
+            let skew = u64::from(chunk.get(1).copied().unwrap_or(0));
+            let _ = members.receive(beat.clone(), now, beat.unix_ms.wrapping_add(skew * 1000));
+            let _ = members.alive(now);
+            let _ = members.next_expiry(now);
+        }
+        return;
+    }
+    let datagram = if mode % 3 == 0 {
+        body.to_vec()
+    } else if mode & 4 == 0 {
+        signed(body.to_vec())
+    } else {
+        signed([b"FLB\x01".as_slice(), body].concat())
+    };
+    let Ok(beat) = Heartbeat::decode(&datagram, KEY) else {
+        return;
+    };
+    assert_eq!(
+        beat.encode(KEY).as_deref(),
+        Ok(&datagram[..]),
+        "decode then encode changed the bytes"
+    );
+    let _ = members.receive(beat.clone(), start, beat.unix_ms);
+    let _ = members.alive(start);
+});
