@@ -19,11 +19,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::lab::{bin_dir, repo_root};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::suite::{self, Suite};
-use ferrolb_e2e::Lab;
 use libtest_mimic::Arguments;
 use serde_json::{Value, json};
 

@@ -5,8 +5,9 @@
 //! the lab's ranges only (198.19.77.0/24, fd00:77::/64) and are joined to nothing else.
 //!
 //! Needs root and the routers (`e2e/install-deps` installs frr, bird2, gobgpd); a test whose
-//! tools are missing says so and passes. Namespaces and processes are removed on drop, also
-//! when an assertion fails.
+//! tools are missing, or that runs without root, is reported as ignored (never as passed), and
+//! `scripts/test` fails in CI when a test was ignored. Namespaces and processes are removed on
+//! drop, also when an assertion fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
@@ -50,17 +51,12 @@ struct Lab {
 }
 
 impl Lab {
-    /// `None` (with a note) when not root or a tool is missing.
-    fn new(name: &str, tools: &[&str]) -> Option<Self> {
-        if !nix_is_root() {
-            eprintln!("skipping {name}: needs root");
-            return None;
-        }
-        for t in tools {
-            if !Path::new(t).exists() {
-                eprintln!("skipping {name}: {t} is not installed (e2e/install-deps)");
-                return None;
-            }
+    /// Two fresh namespaces for test `name`. Whether root and `tools` are there is checked by
+    /// `main` before (a trial that cannot run is reported as ignored), so here it is a failure.
+    fn new(name: &str, tools: &[&str]) -> Self {
+        assert!(nix_is_root(), "{name}: needs root");
+        if let Some(t) = missing(tools) {
+            panic!("{name}: {t} is not installed (e2e/install-deps)");
         }
         let id = format!("flbbgp-{}-{name}", std::process::id());
         let lab = Lab {
@@ -137,7 +133,7 @@ impl Lab {
             );
             run("ip", &["-n", ns, "link", "set", ifname, "up"]);
         }
-        Some(lab)
+        lab
     }
 
     fn spawn_in_router(&mut self, program: &str, args: &[&str]) {
@@ -370,6 +366,13 @@ fn contains_none(text: &str, needles: &[&str]) -> Result<(), String> {
 }
 
 const FRR_TOOLS: &[&str] = &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bin/vtysh"];
+const BIRD_TOOLS: &[&str] = &["/usr/sbin/bird", "/usr/sbin/birdc"];
+const GOBGP_TOOLS: &[&str] = &["/usr/bin/gobgpd", "/usr/bin/gobgp"];
+
+/// The first of `tools` that is not installed.
+fn missing<'a>(tools: &[&'a str]) -> Option<&'a str> {
+    tools.iter().copied().find(|t| !Path::new(t).exists())
+}
 
 /// Writes zebra.conf and bgpd.conf (`router bgp 64500` with `neighbours` inside) and starts
 /// zebra and bgpd in the router namespace, with their sockets in the lab's directory.
@@ -586,11 +589,8 @@ fn frr_neighbour_conf(extra: &str) -> String {
 
 /// MD5 with the wrong key: no session on either side (and the router's kernel counted MD5
 /// failures, so that is why); with the right key it comes up.
-#[test]
 fn frr_md5_mismatch_keeps_the_session_down() {
-    let Some(mut lab) = Lab::new("md5", FRR_TOOLS) else {
-        return;
-    };
+    let mut lab = Lab::new("md5", FRR_TOOLS);
     let router = start_frr(
         &mut lab,
         &frr_neighbour_conf(&format!("neighbor {SPEAKER_V4} password s3cret\n ")),
@@ -640,11 +640,8 @@ fn frr_md5_mismatch_keeps_the_session_down() {
 /// (3 s) ends the session with a Hold Timer Expired NOTIFICATION; while the router stays silent
 /// the driver retries with a doubling wait (counted as distinct SYN source ports at the router),
 /// and after the traffic flows again the session and the routes come back.
-#[test]
 fn frr_silent_peer_hold_timer_expires_and_session_recovers() {
-    let Some(mut lab) = Lab::new("hold", FRR_TOOLS) else {
-        return;
-    };
+    let mut lab = Lab::new("hold", FRR_TOOLS);
     let router = start_frr(&mut lab, &frr_neighbour_conf(""));
     lab.in_speaker(move || async move {
         let mut driver = Driver::new(Arc::new(NoObserver));
@@ -831,11 +828,8 @@ fn raw_message(marker: u8, length: u16, message_type: u8, body: &[u8]) -> Vec<u8
 /// answers with the NOTIFICATION RFC 4271 §6 names, closes, and connects again only after the
 /// connect time (2 s); a second session of the same driver, with FRR, stays Established with
 /// its routes the whole time.
-#[test]
 fn malformed_messages_get_the_right_notification_and_spare_other_sessions() {
-    let Some(mut lab) = Lab::new("malformed", FRR_TOOLS) else {
-        return;
-    };
+    let mut lab = Lab::new("malformed", FRR_TOOLS);
     run(
         "ip",
         &[
@@ -1001,11 +995,8 @@ fn bgp_connections(ns: &Router) -> Vec<String> {
 /// FRR connects to the speaker's listener (the speaker's own attempts go to a closed port), with
 /// TCP MD5: with the wrong key on the listener nothing is accepted (the speaker's kernel counts
 /// MD5 failures), with the right one the session comes up on FRR's connection.
-#[test]
 fn frr_connects_to_the_speakers_listener_with_md5() {
-    let Some(mut lab) = Lab::new("incoming", FRR_TOOLS) else {
-        return;
-    };
+    let mut lab = Lab::new("incoming", FRR_TOOLS);
     let router = start_frr(
         &mut lab,
         &frr_neighbour_conf(&format!("neighbor {SPEAKER_V4} password s3cret\n ")),
@@ -1052,9 +1043,7 @@ fn frr_connects_to_the_speakers_listener_with_md5() {
 /// connections are open together; RFC 4271 §6.8 must then keep exactly the one opened by the
 /// side with the higher BGP identifier, on both sides.
 fn collision(speaker_id: &str, keeps: &str) {
-    let Some(mut lab) = Lab::new(&format!("coll-{keeps}"), FRR_TOOLS) else {
-        return;
-    };
+    let mut lab = Lab::new(&format!("coll-{keeps}"), FRR_TOOLS);
     let router = start_frr(&mut lab, &frr_neighbour_conf(""));
     let speaker = lab.speaker_ctl();
     let speaker_id: std::net::Ipv4Addr = speaker_id.parse().unwrap();
@@ -1127,25 +1116,17 @@ fn collision(speaker_id: &str, keeps: &str) {
     });
 }
 
-#[test]
 fn collision_keeps_frrs_connection_when_frr_has_the_higher_identifier() {
     // FRR's identifier is 198.19.77.2.
     collision("198.19.77.1", "router");
 }
 
-#[test]
 fn collision_keeps_the_speakers_connection_when_it_has_the_higher_identifier() {
     collision("198.19.77.9", "speaker");
 }
 
-#[test]
 fn frr_ipv4_session_with_md5_and_ipv6_session() {
-    let Some(mut lab) = Lab::new(
-        "frr",
-        &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bin/vtysh"],
-    ) else {
-        return;
-    };
+    let mut lab = Lab::new("frr", FRR_TOOLS);
     start_frr(
         &mut lab,
         &format!(
@@ -1202,11 +1183,8 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
     );
 }
 
-#[test]
 fn bird_receives_both_families_over_ipv4() {
-    let Some(mut lab) = Lab::new("bird", &["/usr/sbin/bird", "/usr/sbin/birdc"]) else {
-        return;
-    };
+    let mut lab = Lab::new("bird", BIRD_TOOLS);
     let conf = lab.dir.join("bird.conf");
     std::fs::write(
         &conf,
@@ -1250,11 +1228,8 @@ fn bird_receives_both_families_over_ipv4() {
     );
 }
 
-#[test]
 fn gobgp_receives_both_families_over_ipv4() {
-    let Some(mut lab) = Lab::new("gobgp", &["/usr/bin/gobgpd", "/usr/bin/gobgp"]) else {
-        return;
-    };
+    let mut lab = Lab::new("gobgp", GOBGP_TOOLS);
     let conf = lab.dir.join("gobgpd.toml");
     std::fs::write(
         &conf,
@@ -1320,4 +1295,84 @@ fn gobgp_receives_both_families_over_ipv4() {
             contains_none(&all, &[PREFIX_V4, PREFIX_V6])
         },
     );
+}
+
+/// A test: its name, the tools it needs, its body (panics on failure).
+type Test = (&'static str, &'static [&'static str], fn());
+
+fn main() -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let tests: Vec<Test> = vec![
+        (
+            "frr_md5_mismatch_keeps_the_session_down",
+            FRR_TOOLS,
+            frr_md5_mismatch_keeps_the_session_down,
+        ),
+        (
+            "frr_silent_peer_hold_timer_expires_and_session_recovers",
+            FRR_TOOLS,
+            frr_silent_peer_hold_timer_expires_and_session_recovers,
+        ),
+        (
+            "malformed_messages_get_the_right_notification_and_spare_other_sessions",
+            FRR_TOOLS,
+            malformed_messages_get_the_right_notification_and_spare_other_sessions,
+        ),
+        (
+            "frr_connects_to_the_speakers_listener_with_md5",
+            FRR_TOOLS,
+            frr_connects_to_the_speakers_listener_with_md5,
+        ),
+        (
+            "collision_keeps_frrs_connection_when_frr_has_the_higher_identifier",
+            FRR_TOOLS,
+            collision_keeps_frrs_connection_when_frr_has_the_higher_identifier,
+        ),
+        (
+            "collision_keeps_the_speakers_connection_when_it_has_the_higher_identifier",
+            FRR_TOOLS,
+            collision_keeps_the_speakers_connection_when_it_has_the_higher_identifier,
+        ),
+        (
+            "frr_ipv4_session_with_md5_and_ipv6_session",
+            FRR_TOOLS,
+            frr_ipv4_session_with_md5_and_ipv6_session,
+        ),
+        (
+            "bird_receives_both_families_over_ipv4",
+            BIRD_TOOLS,
+            bird_receives_both_families_over_ipv4,
+        ),
+        (
+            "gobgp_receives_both_families_over_ipv4",
+            GOBGP_TOOLS,
+            gobgp_receives_both_families_over_ipv4,
+        ),
+    ];
+    let root = nix_is_root();
+    let trials = tests
+        .into_iter()
+        .map(|(name, tools, body)| {
+            let unmet = if !root {
+                Some("needs root (network namespaces)".to_string())
+            } else {
+                missing(tools).map(|t| format!("{t} is not installed (e2e/install-deps)"))
+            };
+            if let Some(reason) = &unmet {
+                eprintln!("{name} is reported as ignored: {reason}");
+            }
+            libtest_mimic::Trial::test(name, move || {
+                std::panic::catch_unwind(body).map_err(|panic| {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panicked".to_string());
+                    libtest_mimic::Failed::from(message)
+                })
+            })
+            .with_ignored_flag(unmet.is_some())
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
 }
