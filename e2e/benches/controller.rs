@@ -451,7 +451,9 @@ fn main() {
     // `cargo test --all-targets` runs bench targets too, without `--bench`: only measure when
     // `cargo bench` asks.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("controller bench: run with `cargo bench -p ferrolb-e2e --bench controller`");
+        println!(
+            "controller bench: run with `cargo build --release -p ferrolb-controller && cargo bench -p ferrolb-e2e --bench controller`"
+        );
         return;
     }
     if !ferrolb_e2e::is_root() {
@@ -464,6 +466,11 @@ fn main() {
         .build()
         .expect("runtime");
     let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
+    // Before minutes of setup: the binary the bench measures must be built (and current).
+    if let Err(e) = ferrolb_e2e::ferrolb::workspace_binary("ferrolb-controller") {
+        eprintln!("controller bench: {e:#}");
+        std::process::exit(1);
+    }
     let result = rt.block_on(async {
         let lab = Lab::up(Options::default(), &lab_exe).await?;
         bench(&lab).await

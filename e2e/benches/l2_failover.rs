@@ -106,8 +106,25 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(20);
     let extra = std::env::var("FERROLB_BENCH_SPEAKER_ARGS").unwrap_or_default();
     let extra: Vec<&str> = extra.split_whitespace().collect();
+    anyhow::ensure!(
+        ferrolb_e2e::is_root(),
+        "the failover bench needs root (the lab)"
+    );
+    // Before the lab comes up: every binary the bench runs must be built (and current).
     let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
+    ferrolb::workspace_binary("ferrolb-controller")?;
+    ferrolb::workspace_binary("ferrolb-speaker")?;
     let lab = Lab::up(Options::default(), &lab_exe).await?;
+    let result = measure(&lab, &extra, trials).await;
+    if std::env::var_os("FERROLB_KEEP_LAB").is_none() {
+        ferrolb_e2e::down()?;
+    }
+    result
+}
+
+/// The bench in a lab that is up; whatever happens, the lab is taken down by the caller.
+async fn measure(lab: &Lab, extra: &[&str], trials: usize) -> anyhow::Result<()> {
+    let lab = lab.clone();
     let kubeconfig = ferrolb::install(&lab)?;
     let controller = ferrolb::start_controller(&lab, &kubeconfig, "bench", 7472)?;
     let credentials = ferrolb::install_speaker(&lab)?;
@@ -119,10 +136,10 @@ async fn main() -> anyhow::Result<()> {
     for node in NODES {
         speakers.insert(
             node,
-            ferrolb::start_speaker(&lab, &credentials, node, &extra)?,
+            ferrolb::start_speaker(&lab, &credentials, node, extra)?,
         );
     }
-    let result = run(&lab, &credentials, &extra, &mut speakers, trials).await;
+    let result = run(&lab, &credentials, extra, &mut speakers, trials).await;
     for p in speakers.values() {
         process::stop(p, Duration::from_secs(5));
     }
@@ -130,7 +147,6 @@ async fn main() -> anyhow::Result<()> {
     let _ = lab.set_link("node1", true);
     let _ = lab.set_link("node2", true);
     let _ = lab.set_link("node3", true);
-    ferrolb_e2e::down()?;
     result
 }
 
