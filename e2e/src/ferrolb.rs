@@ -330,3 +330,55 @@ impl Speakers {
         }
     }
 }
+
+/// ferrolb running in the lab as a suite uses it: a controller on the control plane and a
+/// speaker on every node, with a configuration applied.
+#[derive(Clone)]
+pub struct Deployment {
+    /// The lab.
+    pub lab: Lab,
+    /// The controller.
+    pub controller: LabProcess,
+    /// The speakers, one per node.
+    pub speakers: std::sync::Arc<Speakers>,
+}
+
+impl Deployment {
+    /// Installs ferrolb (CRDs, RBAC, the speakers' key), starts the controller `controller-<name>`
+    /// on port 7472, applies `config` (YAML) and starts a speaker on every node.
+    pub fn start(lab: &Lab, name: &str, config: &str) -> anyhow::Result<Self> {
+        let kubeconfig = install(lab)?;
+        let controller = start_controller(lab, &kubeconfig, name, 7472)?;
+        let deployment = Self {
+            lab: lab.clone(),
+            controller,
+            speakers: std::sync::Arc::new(Speakers::new(lab)?),
+        };
+        let started = (|| {
+            lab.apply(config)?;
+            for node in lab.topology.nodes() {
+                deployment.speakers.start(&node.name)?;
+            }
+            anyhow::Ok(())
+        })();
+        match started {
+            Ok(()) => Ok(deployment),
+            Err(e) => {
+                deployment.stop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops the speakers and the controller.
+    pub fn stop(&self) {
+        self.speakers.stop_all();
+        process::stop(&self.controller, Duration::from_secs(5));
+    }
+}
+
+impl crate::suite::Fixture for Deployment {
+    fn teardown(&self) {
+        self.stop();
+    }
+}

@@ -5,17 +5,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
-use ferrolb_e2e::ferrolb::{self, Speakers};
-use ferrolb_e2e::process::{self, LabProcess};
+use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
-use ferrolb_e2e::suite::{self, Fixture, Suite};
+use ferrolb_e2e::suite::{self, Suite};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
 use libtest_mimic::Arguments;
@@ -62,20 +60,8 @@ spec:
     )
 }
 
-/// Everything a test gets.
-#[derive(Clone)]
-struct Ctx {
-    lab: Lab,
-    speakers: Arc<Speakers>,
-    controller: LabProcess,
-}
-
-impl Fixture for Ctx {
-    fn teardown(&self) {
-        self.speakers.stop_all();
-        process::stop(&self.controller, Duration::from_secs(5));
-    }
-}
+/// Everything a test gets: the lab, the controller and the speakers.
+type Ctx = Deployment;
 
 /// The prefix of a Service IP (host route).
 fn prefix(ip: &str) -> String {
@@ -743,20 +729,7 @@ fn main() -> std::process::ExitCode {
             |c| Box::pin(graceful_restart_keeps_paths_through_a_speaker_restart(c)),
         )
         .run(&args, |lab| {
-            Box::pin(async move {
-                let kubeconfig = ferrolb::install(&lab)?;
-                let controller = ferrolb::start_controller(&lab, &kubeconfig, "bgp", 7472)?;
-                lab.apply(&bgp_config())?;
-                let speakers = Arc::new(Speakers::new(&lab)?);
-                for node in NODES {
-                    speakers.start(node)?;
-                }
-                Ok(Ctx {
-                    lab,
-                    speakers,
-                    controller,
-                })
-            })
+            Box::pin(async move { Deployment::start(&lab, "bgp", &bgp_config()) })
         });
     suite::exit_code(&[conclusion])
 }

@@ -5,17 +5,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::ensure;
 use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
-use ferrolb_e2e::ferrolb::{self, Speakers};
-use ferrolb_e2e::process::{self, LabProcess};
+use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
-use ferrolb_e2e::suite::{self, Fixture, Suite};
+use ferrolb_e2e::suite::{self, Suite};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -23,20 +21,8 @@ use libtest_mimic::Arguments;
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 
-/// Everything a test gets.
-#[derive(Clone)]
-struct Ctx {
-    lab: Lab,
-    speakers: Arc<Speakers>,
-    controller: LabProcess,
-}
-
-impl Fixture for Ctx {
-    fn teardown(&self) {
-        self.speakers.stop_all();
-        process::stop(&self.controller, Duration::from_secs(5));
-    }
-}
+/// Everything a test gets: the lab, the controller and the speakers.
+type Ctx = Deployment;
 
 /// The nodes whose ServiceL2Status says they announce Service `ns/name`.
 fn status_owners(lab: &Lab, ns: &str, name: &str) -> anyhow::Result<Vec<String>> {
@@ -493,23 +479,13 @@ fn main() -> std::process::ExitCode {
         .test("failover", |c| Box::pin(failover(c)))
         .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
         .run(&args, |lab| {
+            // The suite's pool; tests that need more add their own and remove them.
             Box::pin(async move {
-                let kubeconfig = ferrolb::install(&lab)?;
-                let controller = ferrolb::start_controller(&lab, &kubeconfig, "l2", 7472)?;
-                // The suite's pool; tests that need more add their own and remove them.
-                lab.apply(&ferrolb::l2_pool(
+                Deployment::start(
+                    &lab,
                     "l2",
-                    &["198.18.200.0/25", "fd00:18::c8:0/113"],
-                ))?;
-                let speakers = Arc::new(Speakers::new(&lab)?);
-                for node in NODES {
-                    speakers.start(node)?;
-                }
-                Ok(Ctx {
-                    lab,
-                    speakers,
-                    controller,
-                })
+                    &ferrolb::l2_pool("l2", &["198.18.200.0/25", "fd00:18::c8:0/113"]),
+                )
             })
         });
     suite::exit_code(&[conclusion])

@@ -324,6 +324,22 @@ fn lab_command(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
     ))
 }
 
+/// Waits until a controller on the control plane answers `/healthz` on `port`.
+async fn wait_healthz(lab: &Lab, what: &str, port: u16) -> anyhow::Result<()> {
+    let url = format!("http://127.0.0.1:{port}/healthz");
+    wait_for(what, Duration::from_secs(30), || {
+        let out = lab.exec_output("cp", "curl", &["-sf", &url]);
+        async move {
+            match out {
+                Ok(o) if o.status.success() => Ok(Some(())),
+                Ok(o) => Err(format!("curl exit {}", o.status)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await
+}
+
 /// A crashed controller and speaker leave the lab usable: `exec`, `kubectl` and `status` work,
 /// `status` says how each ended and shows its last log lines, and `restart` brings one back.
 /// Runs alone (a controller would act on the other tests' Services).
@@ -334,21 +350,7 @@ async fn dead_ferrolb_processes_leave_the_lab_usable(lab: &Lab) -> anyhow::Resul
     let controller = ferrolb::start_controller(lab, &kubeconfig, "crash", 7473)?;
     // A speaker that cannot start (an unknown flag): it exits on its own with clap's status 2.
     let speaker = ferrolb::start_speaker(lab, &credentials, "node1", &["--no-such-flag"])?;
-    wait_for(
-        "the controller to serve /healthz",
-        Duration::from_secs(30),
-        || {
-            let out = lab.exec_output("cp", "curl", &["-sf", "http://127.0.0.1:7473/healthz"]);
-            async move {
-                match out {
-                    Ok(o) if o.status.success() => Ok(Some(())),
-                    Ok(o) => Err(format!("curl exit {}", o.status)),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        },
-    )
-    .await?;
+    wait_healthz(lab, "the controller to serve /healthz", 7473).await?;
     // A crash: SIGKILL, as the OOM killer sends it.
     process::kill_now(&controller);
     wait_for("the bad speaker to exit", Duration::from_secs(30), || {
@@ -418,21 +420,7 @@ async fn dead_ferrolb_processes_leave_the_lab_usable(lab: &Lab) -> anyhow::Resul
         code == 0 && out.contains("controller-crash restarted"),
         "restart ({code}): {out}{err}"
     );
-    wait_for(
-        "the restarted controller to serve /healthz",
-        Duration::from_secs(30),
-        || {
-            let out = lab.exec_output("cp", "curl", &["-sf", "http://127.0.0.1:7473/healthz"]);
-            async move {
-                match out {
-                    Ok(o) if o.status.success() => Ok(Some(())),
-                    Ok(o) => Err(format!("curl exit {}", o.status)),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        },
-    )
-    .await?;
+    wait_healthz(lab, "the restarted controller to serve /healthz", 7473).await?;
     let (_, status, _) = lab_command(&["status"])?;
     let line = status
         .lines()
