@@ -15,5 +15,6 @@
 pub mod interfaces;
 pub mod plan;
 pub mod socket;
+pub mod step;
 
 pub use ferrolb_layer2::{liveness, owner, packet};

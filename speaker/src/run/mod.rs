@@ -10,7 +10,7 @@ mod metrics;
 mod status;
 mod watch;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +19,8 @@ use anyhow::Context;
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_speaker::l2::interfaces::Interface;
 use ferrolb_speaker::l2::plan::{self, Inputs, ServiceOutcome};
-use ferrolb_speaker::view::{NodeView, ServiceView, slice_service};
+use ferrolb_speaker::l2::step;
+use ferrolb_speaker::view::NodeView;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::Notify;
 
@@ -82,9 +83,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut speaker = Speaker {
         announcer: announce::Announcer::new(metrics.clone(), args.garp_refresh),
         config: None,
-        settled_at: None,
-        announced: BTreeMap::new(),
-        reported_failures: BTreeSet::new(),
+        settling: step::Settling::default(),
+        announced: BTreeSet::new(),
+        failures: step::FailureLog::default(),
         bgp: bgp::Bgp::new(
             metrics.clone(),
             client.clone(),
@@ -100,14 +101,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut server = server;
     loop {
         let now = Instant::now();
-        let wake = [
-            gossip.next_expiry(now),
-            speaker.settled_at.filter(|t| *t > now),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .map(|t| t + Duration::from_millis(1));
+        let wake = [gossip.next_expiry(now), speaker.settling.wake_at(now)]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| t + Duration::from_millis(1));
         let sleep = async {
             match wake {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -173,12 +171,12 @@ struct Speaker {
     announcer: announce::Announcer,
     /// The configuration, recomputed when a configuration object changes.
     config: Option<Arc<ferrolb_config::model::Config>>,
-    /// When this speaker may own IPs: a failure timeout after it became able to, so it has
-    /// heard the others first (otherwise a starting or reconnected node would grab every IP).
-    settled_at: Option<Instant>,
+    /// When this speaker may own IPs (docs in [`step::Settling`]).
+    settling: step::Settling,
     /// `metallb_speaker_announced` label sets currently set.
-    announced: BTreeMap<(ServiceKey, IpAddr), ()>,
-    reported_failures: BTreeSet<(String, String)>,
+    announced: BTreeSet<(ServiceKey, IpAddr)>,
+    /// Announcement failures already reported with an Event.
+    failures: step::FailureLog,
     /// BGP sessions and their routes.
     bgp: bgp::Bgp,
     metrics: Metrics,
@@ -207,16 +205,11 @@ impl Speaker {
             .filter(|(_, i)| i.usable(&self.args.ignore_interfaces))
             .map(|(n, i)| (n.clone(), i.clone()))
             .collect();
-        let able = !usable.is_empty();
-        match (able, self.settled_at) {
-            (true, None) => self.settled_at = Some(now + self.args.failure_timeout),
-            (false, Some(_)) => self.settled_at = None,
-            _ => {}
-        }
-        let ready = self.settled_at.is_some_and(|t| now >= t);
-        gossip
-            .set_local(ready, usable.keys().cloned().collect())
-            .await;
+        let usable_names: BTreeSet<String> = usable.keys().cloned().collect();
+        let ready = self
+            .settling
+            .observe(!usable.is_empty(), now, self.args.failure_timeout);
+        gossip.set_local(ready, usable_names.clone()).await;
 
         let nodes: BTreeMap<String, NodeView> = stores
             .nodes
@@ -231,45 +224,19 @@ impl Speaker {
                 .filter(|n| n.name != self.args.node_name)
                 .filter_map(|n| n.addresses.first().copied()),
         );
-        let mut members = gossip.alive(now);
+        let alive = gossip.alive(now);
         self.metrics
             .peers_alive
-            .set(i64::try_from(members.len()).unwrap_or(i64::MAX));
-        if ready {
-            members.insert(
-                self.args.node_name.clone(),
-                ferrolb_layer2::liveness::Member {
-                    interfaces: usable.keys().cloned().collect(),
-                },
-            );
-        }
-
-        let mut slices: HashMap<ServiceKey, Vec<_>> = HashMap::new();
-        for slice in stores.slices.state() {
-            if let Some(key) = slice_service(&slice) {
-                slices.entry(key).or_default().push(slice);
-            }
-        }
-        let mut uids: HashMap<ServiceKey, Option<String>> = HashMap::new();
-        let views: Vec<ServiceView> = stores
-            .services
-            .state()
-            .iter()
-            .filter_map(|svc| {
-                let key = ServiceKey::new(
-                    svc.metadata.namespace.as_deref().unwrap_or_default(),
-                    svc.metadata.name.as_deref().unwrap_or_default(),
-                );
-                let own = slices.get(&key).map(Vec::as_slice).unwrap_or_default();
-                let view = ServiceView::from_service(
-                    svc,
-                    own.iter().map(|s| &**s),
-                    self.args.lb_class.as_deref(),
-                )?;
-                uids.insert(key, svc.metadata.uid.clone());
-                Some(view)
-            })
-            .collect();
+            .set(i64::try_from(alive.len()).unwrap_or(i64::MAX));
+        let members = step::members(alive, &self.args.node_name, ready, &usable_names);
+        let step::Views {
+            services: views,
+            uids,
+        } = step::views(
+            &stores.services.state(),
+            &stores.slices.state(),
+            self.args.lb_class.as_deref(),
+        );
         let plan = plan::plan(
             Inputs {
                 config: &config,
@@ -293,56 +260,34 @@ impl Speaker {
                 )
             });
 
-        let failures = self.announcer.apply(&plan.announce, &usable);
-        for f in failures {
-            tracing::warn!(interface = %f.interface, error = %f.error, "cannot announce");
-            for a in plan
-                .announce
-                .values()
-                .filter(|a| a.interfaces.contains(&f.interface))
-            {
-                for key in &a.services {
-                    if self
-                        .reported_failures
-                        .insert((key.to_string(), f.interface.clone()))
-                    {
-                        status::announce_failed(
-                            recorder,
-                            key,
-                            uids.get(key).cloned().flatten(),
-                            format!("cannot announce on interface {}: {}", f.interface, f.error),
-                        )
-                        .await;
-                    }
-                }
-            }
+        let failures: Vec<(String, String)> = self
+            .announcer
+            .apply(&plan.announce, &usable)
+            .into_iter()
+            .map(|f| {
+                tracing::warn!(interface = %f.interface, error = %f.error, "cannot announce");
+                (f.interface, f.error)
+            })
+            .collect();
+        for report in self.failures.new_reports(&plan, &failures) {
+            status::announce_failed(
+                recorder,
+                &report.service,
+                uids.get(&report.service).cloned().flatten(),
+                report.message,
+            )
+            .await;
         }
 
         // Metrics and status: what this node announces, by Service.
-        let mut desired = status::Desired::new();
-        let mut announced = BTreeMap::new();
-        for (ip, a) in &plan.announce {
-            for key in &a.services {
-                announced.insert((key.clone(), *ip), ());
-                let entry = desired.entry(key.clone()).or_insert_with(|| status::Owned {
-                    uid: uids.get(key).cloned().flatten(),
-                    interfaces: Vec::new(),
-                });
-                for i in &a.interfaces {
-                    if !entry.interfaces.contains(i) {
-                        entry.interfaces.push(i.clone());
-                    }
-                }
-            }
+        let desired = step::reported(&plan, &uids);
+        let announced = step::announced(&plan);
+        for (key, ip) in self.announced.difference(&announced) {
+            self.metrics
+                .announced
+                .remove(&self.announced_labels(key, *ip));
         }
-        for (key, ip) in self.announced.keys() {
-            if !announced.contains_key(&(key.clone(), *ip)) {
-                self.metrics
-                    .announced
-                    .remove(&self.announced_labels(key, *ip));
-            }
-        }
-        for (key, ip) in announced.keys() {
+        for (key, ip) in &announced {
             self.metrics
                 .announced
                 .get_or_create(&self.announced_labels(key, *ip))

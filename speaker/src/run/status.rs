@@ -22,17 +22,8 @@ const SERVICE_NAME_LABEL: &str = "metallb.io/service-name";
 /// Label naming the Service's namespace.
 const SERVICE_NAMESPACE_LABEL: &str = "metallb.io/service-namespace";
 
-/// One Service this node announces.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Owned {
-    /// The Service's UID, so Events attach to this incarnation of it.
-    pub uid: Option<String>,
-    /// Interfaces it is announced on.
-    pub interfaces: Vec<String>,
-}
-
-/// What the node announces, by Service.
-pub type Desired = BTreeMap<ServiceKey, Owned>;
+/// What the node announces, by Service (the pure step decides it).
+pub use ferrolb_speaker::l2::step::{Owned, Reported as Desired};
 
 /// Name of the status object of a Service announced by a node: stable, so a restarted speaker
 /// finds its own objects, and short whatever the names' lengths.

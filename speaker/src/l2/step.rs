@@ -1,0 +1,372 @@
+//! One step of the layer 2 work loop as pure code: from what the caches, the heartbeats and the
+//! interfaces say, to the members planning counts, the status this node reports, the announced
+//! metric's label sets and the failures worth an Event. The binary's loop (`run/mod.rs`) only
+//! gathers the inputs and carries the results out (sockets, API writes, metrics).
+//!
+//! Rules that live here:
+//! * A node may own IPs only a failure timeout after it became able to (a usable interface), so
+//!   it has heard the others first; a starting or reconnected node never grabs every IP.
+//! * This node counts among the members only while it may own IPs.
+//! * A node reports (ServiceL2Status) exactly the Services of the IPs it announces, with the
+//!   interfaces it announces them on, in the plan's order, without repeats.
+//! * A failure to announce on an interface is reported once per Service and interface.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_layer2::liveness::Member;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::l2::plan::Plan;
+use crate::view::{ServiceView, slice_service};
+
+/// When this node may own IPs: [`Settling::observe`] each step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settling {
+    settled_at: Option<Instant>,
+}
+
+impl Settling {
+    /// Takes in whether the node can announce (`able`: it has a usable interface) at `now`;
+    /// returns whether it may own IPs. Once able, it may after `wait`; no longer able, it starts
+    /// over.
+    pub fn observe(&mut self, able: bool, now: Instant, wait: Duration) -> bool {
+        match (able, self.settled_at) {
+            (true, None) => self.settled_at = Some(now + wait),
+            (false, Some(_)) => self.settled_at = None,
+            _ => {}
+        }
+        self.settled_at.is_some_and(|t| now >= t)
+    }
+
+    /// When the loop must wake to let the node own IPs, if that is still ahead of `now`.
+    pub fn wake_at(&self, now: Instant) -> Option<Instant> {
+        self.settled_at.filter(|t| *t > now)
+    }
+}
+
+/// The Services planning reads, with their UIDs (Events attach to a Service's incarnation).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Views {
+    /// Services of ours that hold IPs, with where their endpoints serve.
+    pub services: Vec<ServiceView>,
+    /// UID of each of them.
+    pub uids: HashMap<ServiceKey, Option<String>>,
+}
+
+/// Reduces the cached Services and EndpointSlices to [`Views`].
+pub fn views(
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
+    lb_class: Option<&str>,
+) -> Views {
+    let mut by_service: HashMap<ServiceKey, Vec<&EndpointSlice>> = HashMap::new();
+    for slice in slices {
+        if let Some(key) = slice_service(slice) {
+            by_service.entry(key).or_default().push(slice);
+        }
+    }
+    let mut views = Views::default();
+    for svc in services {
+        let key = ServiceKey::new(
+            svc.metadata.namespace.as_deref().unwrap_or_default(),
+            svc.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let own = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
+        if let Some(view) = ServiceView::from_service(svc, own.iter().copied(), lb_class) {
+            views.uids.insert(key, svc.metadata.uid.clone());
+            views.services.push(view);
+        }
+    }
+    views
+}
+
+/// The speakers planning counts: the live peers, and this node (`me`, with its usable
+/// interfaces) when it may own IPs.
+pub fn members(
+    mut alive: BTreeMap<String, Member>,
+    me: &str,
+    ready: bool,
+    usable: &BTreeSet<String>,
+) -> BTreeMap<String, Member> {
+    if ready {
+        alive.insert(
+            me.to_string(),
+            Member {
+                interfaces: usable.clone(),
+            },
+        );
+    }
+    alive
+}
+
+/// One Service this node announces, as its ServiceL2Status says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owned {
+    /// The Service's UID, so Events attach to this incarnation of it.
+    pub uid: Option<String>,
+    /// Interfaces it is announced on.
+    pub interfaces: Vec<String>,
+}
+
+/// What the node announces, by Service.
+pub type Reported = BTreeMap<ServiceKey, Owned>;
+
+/// What this node reports for `plan`.
+pub fn reported(plan: &Plan, uids: &HashMap<ServiceKey, Option<String>>) -> Reported {
+    let mut out = Reported::new();
+    for a in plan.announce.values() {
+        for key in &a.services {
+            let entry = out.entry(key.clone()).or_insert_with(|| Owned {
+                uid: uids.get(key).cloned().flatten(),
+                interfaces: Vec::new(),
+            });
+            for i in &a.interfaces {
+                if !entry.interfaces.contains(i) {
+                    entry.interfaces.push(i.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every (Service, IP) this node announces: the label sets of `metallb_speaker_announced`.
+pub fn announced(plan: &Plan) -> BTreeSet<(ServiceKey, IpAddr)> {
+    plan.announce
+        .iter()
+        .flat_map(|(ip, a)| a.services.iter().map(move |key| (key.clone(), *ip)))
+        .collect()
+}
+
+/// A failure to announce that deserves an Event on a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureReport {
+    /// The Service.
+    pub service: ServiceKey,
+    /// The interface.
+    pub interface: String,
+    /// The Event's message.
+    pub message: String,
+}
+
+/// Remembers which (Service, interface) failures were reported, so each gets one Event.
+#[derive(Clone, Debug, Default)]
+pub struct FailureLog {
+    reported: BTreeSet<(ServiceKey, String)>,
+}
+
+impl FailureLog {
+    /// The reports not made before for `failures` (interface, error) on the IPs of `plan`.
+    pub fn new_reports(
+        &mut self,
+        plan: &Plan,
+        failures: &[(String, String)],
+    ) -> Vec<FailureReport> {
+        let mut out = Vec::new();
+        for (interface, error) in failures {
+            for a in plan
+                .announce
+                .values()
+                .filter(|a| a.interfaces.contains(interface))
+            {
+                for key in &a.services {
+                    if self.reported.insert((key.clone(), interface.clone())) {
+                        out.push(FailureReport {
+                            service: key.clone(),
+                            interface: interface.clone(),
+                            message: format!("cannot announce on interface {interface}: {error}"),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::l2::plan::Announcement;
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey::new("default", name)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A plan announcing each (IP, Services, interfaces).
+    fn plan(entries: &[(&str, &[&str], &[&str])]) -> Plan {
+        Plan {
+            announce: entries
+                .iter()
+                .map(|(addr, services, interfaces)| {
+                    (
+                        ip(addr),
+                        Announcement {
+                            interfaces: names(interfaces),
+                            services: services.iter().map(|s| key(s)).collect(),
+                        },
+                    )
+                })
+                .collect(),
+            services: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_node_owns_nothing_until_a_failure_timeout_after_it_can_announce() {
+        let t0 = Instant::now();
+        let wait = Duration::from_millis(500);
+        let mut s = Settling::default();
+        assert!(!s.observe(false, t0, wait));
+        assert!(
+            !s.observe(true, t0, wait),
+            "able now, but has not heard the others"
+        );
+        assert_eq!(s.wake_at(t0), Some(t0 + wait));
+        assert!(!s.observe(true, t0 + Duration::from_millis(499), wait));
+        assert!(s.observe(true, t0 + wait, wait));
+        assert_eq!(s.wake_at(t0 + wait), None);
+    }
+
+    #[test]
+    fn losing_every_usable_interface_starts_the_wait_over() {
+        let t0 = Instant::now();
+        let wait = Duration::from_millis(500);
+        let mut s = Settling::default();
+        s.observe(true, t0, wait);
+        assert!(s.observe(true, t0 + wait, wait));
+        assert!(!s.observe(false, t0 + wait * 2, wait));
+        assert!(
+            !s.observe(true, t0 + wait * 3, wait),
+            "waits again after coming back"
+        );
+        assert!(s.observe(true, t0 + wait * 4, wait));
+    }
+
+    #[test]
+    fn this_node_counts_among_the_members_only_when_it_may_own_ips() {
+        let alive = BTreeMap::from([("node2".to_string(), Member::default())]);
+        let usable = names(&["eth0"]);
+        let not_ready = members(alive.clone(), "node1", false, &usable);
+        assert_eq!(not_ready.keys().collect::<Vec<_>>(), ["node2"]);
+        let ready = members(alive, "node1", true, &usable);
+        assert_eq!(ready.keys().collect::<Vec<_>>(), ["node1", "node2"]);
+        assert_eq!(ready["node1"].interfaces, usable);
+    }
+
+    #[test]
+    fn the_report_names_each_announced_service_once_with_all_its_interfaces() {
+        let p = plan(&[
+            ("198.18.200.1", &["web", "shared"], &["eth0"]),
+            ("fd00:18::c8:1", &["web"], &["eth0", "eth1"]),
+            ("198.18.200.2", &["shared"], &["eth1"]),
+        ]);
+        let uids = HashMap::from([(key("web"), Some("uid-web".to_string()))]);
+        let r = reported(&p, &uids);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[&key("web")].uid.as_deref(), Some("uid-web"));
+        assert_eq!(r[&key("web")].interfaces, ["eth0", "eth1"]);
+        assert_eq!(r[&key("shared")].uid, None);
+        assert_eq!(r[&key("shared")].interfaces, ["eth0", "eth1"]);
+    }
+
+    #[test]
+    fn nothing_announced_reports_nothing() {
+        assert!(reported(&Plan::default(), &HashMap::new()).is_empty());
+        assert!(announced(&Plan::default()).is_empty());
+    }
+
+    #[test]
+    fn announced_label_sets_are_every_service_and_ip_pair() {
+        let p = plan(&[
+            ("198.18.200.1", &["a", "b"], &["eth0"]),
+            ("198.18.200.2", &["a"], &["eth0"]),
+        ]);
+        assert_eq!(
+            announced(&p),
+            BTreeSet::from([
+                (key("a"), ip("198.18.200.1")),
+                (key("b"), ip("198.18.200.1")),
+                (key("a"), ip("198.18.200.2")),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_failure_is_reported_once_per_service_and_interface() {
+        let p = plan(&[
+            ("198.18.200.1", &["a", "b"], &["eth0"]),
+            ("198.18.200.2", &["c"], &["eth1"]),
+        ]);
+        let mut log = FailureLog::default();
+        let failure = vec![("eth0".to_string(), "link down".to_string())];
+        let first = log.new_reports(&p, &failure);
+        assert_eq!(
+            first.iter().map(|r| r.service.name()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(
+            first[0].message,
+            "cannot announce on interface eth0: link down"
+        );
+        assert!(log.new_reports(&p, &failure).is_empty(), "already reported");
+        let other = vec![("eth1".to_string(), "gone".to_string())];
+        assert_eq!(log.new_reports(&p, &other).len(), 1, "c on eth1 is new");
+    }
+
+    fn service(name: &str, uid: &str, ips: &[&str]) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "default", "name": name, "uid": uid},
+                "spec": {"type": "LoadBalancer"},
+                "status": {"loadBalancer": {"ingress": ips.iter().map(|i| serde_json::json!({"ip": i})).collect::<Vec<_>>()}}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn slice(service: &str, node: &str) -> Arc<EndpointSlice> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "default", "name": format!("{service}-x"),
+                             "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["198.19.1.10"], "nodeName": node,
+                               "conditions": {"ready": true, "serving": true}}]
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn views_pair_each_service_with_its_own_slices_and_skip_services_without_ips() {
+        let v = views(
+            &[
+                service("web", "u1", &["198.18.200.1"]),
+                service("pending", "u2", &[]),
+            ],
+            &[slice("web", "node2"), slice("other", "node3")],
+            None,
+        );
+        assert_eq!(v.services.len(), 1);
+        assert_eq!(v.services[0].key, key("web"));
+        assert_eq!(v.services[0].serving_nodes, names(&["node2"]));
+        assert_eq!(v.uids.get(&key("web")), Some(&Some("u1".to_string())));
+        assert!(!v.uids.contains_key(&key("pending")));
+    }
+}
