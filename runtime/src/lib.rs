@@ -1,6 +1,9 @@
 //! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
-//! server, and the Kubernetes client. Each binary keeps its own metrics and logic; this crate
-//! holds only what would otherwise be copied between them.
+//! server, the Kubernetes client, and Events ([`events`]: a de-duplicating recorder behind a
+//! bounded queue). Each binary keeps its own metrics and logic; this crate holds only what would
+//! otherwise be copied between them.
+
+pub mod events;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -44,9 +44,11 @@ impl Bgp {
         namespace: String,
         node: String,
         listen: &[SocketAddr],
+        events: ferrolb_runtime::events::EventQueue,
     ) -> Self {
         let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
-        let (status, status_task) = bgp_status::spawn(client, namespace, node);
+        let (status, status_task) =
+            super::status_objects::spawn::<bgp_status::Bgp>(client, namespace, node, events);
         let mut driver = Driver::new(Arc::new(MetricsObserver(metrics.clone())));
         if !listen.is_empty() {
             let failed = driver.listen(listen);

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub bgp_updates: Family<PeerLabel, Counter>,
     /// `metallb_bgp_announced_prefixes_total{peer}`: prefixes the peer holds from us.
     pub bgp_announced_prefixes: Family<PeerLabel, Gauge>,
+    /// Events dropped because the Event queue was full.
+    pub events_dropped: Counter,
 }
 
 impl Metrics {
@@ -114,6 +116,12 @@ impl Metrics {
             "metallb_bgp_announced_prefixes_total",
             "Number of prefixes currently being advertised on the BGP session",
             m.bgp_announced_prefixes.clone(),
+        );
+        // A counter's exposition adds `_total`: `ferrolb_speaker_events_dropped_total`.
+        r.register(
+            "ferrolb_speaker_events_dropped",
+            "Events dropped because the Event queue was full",
+            m.events_dropped.clone(),
         );
         (m, r)
     }

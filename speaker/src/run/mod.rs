@@ -8,6 +8,7 @@ mod gossip;
 mod interfaces;
 mod metrics;
 mod status;
+mod status_objects;
 mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferrolb_config::allocator::ServiceKey;
+use ferrolb_runtime::events::{Always, EventQueue, Recorder};
 use ferrolb_speaker::l2::interfaces::Interface;
 use ferrolb_speaker::l2::plan::{self, Inputs, ServiceOutcome};
 use ferrolb_speaker::l2::step;
 use ferrolb_speaker::view::NodeView;
-use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::Notify;
 
 use crate::Args;
@@ -66,17 +67,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
     let links = Arc::new(std::sync::Mutex::new(interfaces::read()));
     tokio::spawn(poll_interfaces(links.clone(), changed.clone()));
-    let (status_tx, status_task) = status::spawn(
+    // One bounded queue for every Event the speaker records: the loop never waits for one.
+    let events = EventQueue::spawn(
+        Arc::new(Recorder::new(
+            client.clone(),
+            "ferrolb-speaker",
+            &args.node_name,
+        )),
+        Always,
+        metrics.events_dropped.clone(),
+    );
+    let (status_tx, status_task) = status_objects::spawn::<status::Layer2>(
         client.clone(),
         args.namespace.clone(),
         args.node_name.clone(),
-    );
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "ferrolb-speaker".into(),
-            instance: Some(args.node_name.clone()),
-        },
+        events.clone(),
     );
     tracing::info!(node = %args.node_name, namespace = %args.namespace, "ferrolb-speaker starting");
 
@@ -92,6 +97,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.namespace.clone(),
             args.node_name.clone(),
             &args.bgp_listen,
+            events.clone(),
         ),
         metrics,
         args,
@@ -126,7 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         ready.set(true);
         let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let desired = speaker.step(&stores, &gossip, &links, &recorder).await;
+        let desired = speaker.step(&stores, &gossip, &links, &events).await;
         status_tx.send_replace(desired);
     }
     // Clean shutdown: the others take over at once; keep answering until they have.
@@ -188,7 +194,7 @@ impl Speaker {
         stores: &watch::Stores,
         gossip: &gossip::Gossip,
         links: &BTreeMap<String, Interface>,
-        recorder: &Recorder,
+        events: &EventQueue,
     ) -> status::Desired {
         let now = Instant::now();
         if stores.take_config_dirty() || self.config.is_none() {
@@ -271,12 +277,11 @@ impl Speaker {
             .collect();
         for report in self.failures.new_reports(&plan, &failures) {
             status::announce_failed(
-                recorder,
+                events,
                 &report.service,
                 uids.get(&report.service).cloned().flatten(),
                 report.message,
-            )
-            .await;
+            );
         }
 
         // Metrics and status: what this node announces, by Service.

@@ -1,0 +1,265 @@
+//! The writer of per-node status objects (MetalLB's status API): one object per Service this node
+//! announces, for layer 2 (ServiceL2Status, [`super::status`]) and BGP (ServiceBGPStatus,
+//! [`super::bgp_status`]). Each kind says how its object looks; the writer does the rest the same
+//! way for both: stable names, adopting what a previous run left, deleting what is no longer true,
+//! writing only what changed (so steady-state API writes do not grow with the number of
+//! Services), and a `nodeAssigned` Event when the node starts announcing a Service.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_runtime::events::{EventQueue, Queued};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+/// Label naming the announcing node (MetalLB's).
+pub const NODE_LABEL: &str = "metallb.io/node";
+/// Label naming the Service.
+pub const SERVICE_NAME_LABEL: &str = "metallb.io/service-name";
+/// Label naming the Service's namespace.
+pub const SERVICE_NAMESPACE_LABEL: &str = "metallb.io/service-namespace";
+
+/// One kind of status object.
+pub trait StatusKind: Send + Sync + 'static {
+    /// The object.
+    type Object: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Serialize
+        + Send
+        + Sync;
+    /// What the node announces of one Service (what the object's status says).
+    type Value: Clone + Debug + PartialEq + Send + Sync + 'static;
+    /// The kind, for logs.
+    const KIND: &'static str;
+    /// Prefix of the objects' names (`l2`, `bgp`).
+    const PREFIX: &'static str;
+    /// The protocol, as the `nodeAssigned` Event names it (`layer2`, `bgp`).
+    const PROTOCOL: &'static str;
+    /// Whether one node at most may hold a Service's object: taking a Service then deletes the
+    /// objects other nodes left (a node that died or lost its link cannot delete its own).
+    const EXCLUSIVE: bool;
+
+    /// A new object `name` (spec only; the writer adds the labels).
+    fn object(name: &str) -> Self::Object;
+    /// The object's status for `value`.
+    fn status(key: &ServiceKey, node: &str, value: &Self::Value) -> serde_json::Value;
+    /// The Service's UID, if the value knows it (Events then attach to this incarnation).
+    fn uid(value: &Self::Value) -> Option<String>;
+}
+
+/// What the node announces, by Service.
+pub type Desired<K> = BTreeMap<ServiceKey, <K as StatusKind>::Value>;
+
+/// Name of the status object of a Service announced by a node: stable, so a restarted speaker
+/// finds its own objects, and short whatever the names' lengths.
+pub fn object_name<K: StatusKind>(key: &ServiceKey, node: &str) -> String {
+    let digest = Sha256::digest(format!("{}/{}/{node}", key.namespace(), key.name()));
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hex}", K::PREFIX)
+}
+
+/// Starts the writer; send the desired state into the returned channel (the latest value wins).
+/// The task ends, after writing the last value, when the sender is dropped.
+pub fn spawn<K: StatusKind>(
+    client: Client,
+    namespace: String,
+    node: String,
+    events: EventQueue,
+) -> (watch::Sender<Desired<K>>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = watch::channel(Desired::<K>::new());
+    let handle = tokio::spawn(async move {
+        let writer = Writer::<K> {
+            api: Api::namespaced(client, &namespace),
+            node: Arc::from(node.as_str()),
+            events,
+        };
+        // Objects a previous run of this speaker left: kept if still true, deleted otherwise.
+        let mut written: BTreeMap<String, Option<K::Value>> = BTreeMap::new();
+        match writer
+            .api
+            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={node}")))
+            .await
+        {
+            Ok(list) => {
+                for o in list.items {
+                    if let Some(name) = o.meta().name.clone() {
+                        written.insert(name, None);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(kind = K::KIND, error = %e, "listing status objects"),
+        }
+        loop {
+            let desired = rx.borrow_and_update().clone();
+            writer.sync(&desired, &mut written).await;
+            if rx.changed().await.is_err() {
+                // Sender gone (shutdown): write the last value and stop.
+                let desired = rx.borrow().clone();
+                writer.sync(&desired, &mut written).await;
+                return;
+            }
+        }
+    });
+    (tx, handle)
+}
+
+struct Writer<K: StatusKind> {
+    api: Api<K::Object>,
+    node: Arc<str>,
+    events: EventQueue,
+}
+
+impl<K: StatusKind> Writer<K> {
+    async fn sync(&self, desired: &Desired<K>, written: &mut BTreeMap<String, Option<K::Value>>) {
+        let node = &*self.node;
+        let wanted: BTreeMap<String, (&ServiceKey, &K::Value)> = desired
+            .iter()
+            .map(|(k, v)| (object_name::<K>(k, node), (k, v)))
+            .collect();
+        let stale: Vec<String> = written
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in stale {
+            match self.api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    written.remove(&name);
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    written.remove(&name);
+                }
+                Err(e) => tracing::warn!(kind = K::KIND, object = %name, error = %e, "deleting"),
+            }
+        }
+        for (name, (key, value)) in wanted {
+            let previous = written.get(&name);
+            if previous.is_some_and(|p| p.as_ref() == Some(value)) {
+                continue;
+            }
+            let newly_taken = previous.is_none_or(Option::is_none);
+            if let Err(e) = self.write(&name, key, value).await {
+                tracing::warn!(kind = K::KIND, service = %key, error = %e, "writing");
+                continue;
+            }
+            written.insert(name, Some(value.clone()));
+            if newly_taken {
+                if K::EXCLUSIVE {
+                    self.remove_others(key).await;
+                }
+                self.events.push(Queued {
+                    warning: false,
+                    reason: "nodeAssigned",
+                    message: format!(
+                        "announcing from node \"{node}\" with protocol \"{}\"",
+                        K::PROTOCOL
+                    ),
+                    action: "Announce",
+                    regarding: service_reference(key, K::uid(value)),
+                });
+            }
+        }
+    }
+
+    /// Deletes the objects other nodes wrote for a Service this node now holds exclusively.
+    async fn remove_others(&self, key: &ServiceKey) {
+        let selector = format!(
+            "{SERVICE_NAME_LABEL}={},{SERVICE_NAMESPACE_LABEL}={},{NODE_LABEL}!={}",
+            key.name(),
+            key.namespace(),
+            self.node
+        );
+        let Ok(list) = self
+            .api
+            .list(&ListParams::default().labels(&selector))
+            .await
+        else {
+            return;
+        };
+        for name in list.items.into_iter().filter_map(|o| o.meta().name.clone()) {
+            if let Err(e) = self.api.delete(&name, &DeleteParams::default()).await {
+                tracing::debug!(kind = K::KIND, object = %name, error = %e, "deleting another node's object");
+            }
+        }
+    }
+
+    async fn write(
+        &self,
+        name: &str,
+        key: &ServiceKey,
+        value: &K::Value,
+    ) -> Result<(), kube::Error> {
+        let mut object = K::object(name);
+        object.meta_mut().labels = Some(
+            [
+                (NODE_LABEL.to_string(), self.node.to_string()),
+                (SERVICE_NAME_LABEL.to_string(), key.name().to_string()),
+                (
+                    SERVICE_NAMESPACE_LABEL.to_string(),
+                    key.namespace().to_string(),
+                ),
+            ]
+            .into(),
+        );
+        match self.api.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+        // A merge patch replaces lists whole, so an interface or peer no longer used disappears.
+        self.api
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "status": K::status(key, &self.node, value) })),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// A reference to a Service, for Events about it.
+pub fn service_reference(key: &ServiceKey, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some(key.namespace().to_string()),
+        name: Some(key.name().to_string()),
+        uid,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::bgp_status::Bgp;
+    use crate::run::status::Layer2;
+
+    #[test]
+    fn object_names_are_stable_short_and_per_node() {
+        let key = ServiceKey::new("ns", "a-very-long-service-name-".repeat(10).as_str());
+        let a = object_name::<Bgp>(&key, "node1");
+        assert_eq!(a, object_name::<Bgp>(&key, "node1"));
+        assert_ne!(a, object_name::<Bgp>(&key, "node2"));
+        assert!(a.starts_with("bgp-") && a.len() == 20, "{a}");
+    }
+
+    #[test]
+    fn object_names_do_not_change_across_versions() {
+        // A restarted speaker adopts the objects its previous version wrote by these names.
+        let key = ServiceKey::new("ns", "web");
+        assert_eq!(object_name::<Layer2>(&key, "node1"), "l2-c6f677b8df9d49d2");
+        assert_eq!(object_name::<Bgp>(&key, "node1"), "bgp-c6f677b8df9d49d2");
+    }
+}
