@@ -9,8 +9,12 @@ use std::net::IpAddr;
 
 use ferrolb_config::allocator::{ServiceKey, is_ours};
 use ferrolb_config::selector::Labels;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::api::core::v1::{
+    LoadBalancerIngress, LoadBalancerStatus, Node, NodeCondition, NodeStatus, Service, ServiceSpec,
+    ServiceStatus,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Label that keeps a node out of every announcement (a Kubernetes well-known label).
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -162,6 +166,105 @@ impl NodeView {
     }
 }
 
+/// Keeps of a Service only what planning reads (namespace, name, UID, labels; type, class and
+/// traffic policy; the ingress IPs), before it is cached: a speaker caches every Service of the
+/// cluster, most of them not even LoadBalancers.
+pub fn trim_service(service: &mut Service) {
+    let meta = &mut service.metadata;
+    service.metadata = ObjectMeta {
+        namespace: meta.namespace.take(),
+        name: meta.name.take(),
+        uid: meta.uid.take(),
+        labels: meta.labels.take(),
+        ..ObjectMeta::default()
+    };
+    service.spec = service.spec.take().map(|spec| ServiceSpec {
+        type_: spec.type_,
+        load_balancer_class: spec.load_balancer_class,
+        external_traffic_policy: spec.external_traffic_policy,
+        ..ServiceSpec::default()
+    });
+    let ingress = service
+        .status
+        .take()
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .map(|ingress| {
+            ingress
+                .into_iter()
+                .map(|i| LoadBalancerIngress {
+                    ip: i.ip,
+                    ..LoadBalancerIngress::default()
+                })
+                .collect()
+        });
+    service.status = ingress.map(|ingress| ServiceStatus {
+        load_balancer: Some(LoadBalancerStatus {
+            ingress: Some(ingress),
+        }),
+        ..ServiceStatus::default()
+    });
+}
+
+/// Keeps of an EndpointSlice only what planning reads: its Service (namespace and label) and, per
+/// endpoint, the node and whether it serves. Addresses, ports, hints and references go.
+pub fn trim_slice(slice: &mut EndpointSlice) {
+    let meta = &mut slice.metadata;
+    let service = meta
+        .labels
+        .as_mut()
+        .and_then(|l| l.remove(SERVICE_NAME_LABEL));
+    slice.metadata = ObjectMeta {
+        namespace: meta.namespace.take(),
+        name: meta.name.take(),
+        labels: service.map(|s| [(SERVICE_NAME_LABEL.to_string(), s)].into()),
+        ..ObjectMeta::default()
+    };
+    slice.ports = None;
+    for endpoint in &mut slice.endpoints {
+        *endpoint = Endpoint {
+            node_name: endpoint.node_name.take(),
+            conditions: endpoint.conditions.take().map(|c| EndpointConditions {
+                ready: c.ready,
+                serving: c.serving,
+                terminating: None,
+            }),
+            ..Endpoint::default()
+        };
+    }
+}
+
+/// Keeps of a Node only what planning and validation read: name and labels, the
+/// `NetworkUnavailable` condition, and its InternalIPs and ExternalIPs (images, capacity, node
+/// info and the spec go: they are most of a Node).
+pub fn trim_node(node: &mut Node) {
+    let meta = &mut node.metadata;
+    node.metadata = ObjectMeta {
+        name: meta.name.take(),
+        labels: meta.labels.take(),
+        ..ObjectMeta::default()
+    };
+    node.spec = None;
+    node.status = node.status.take().map(|status| NodeStatus {
+        conditions: status.conditions.map(|c| {
+            c.into_iter()
+                .filter(|c| c.type_ == "NetworkUnavailable")
+                .map(|c| NodeCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..NodeCondition::default()
+                })
+                .collect()
+        }),
+        addresses: status.addresses.map(|a| {
+            a.into_iter()
+                .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+                .collect()
+        }),
+        ..NodeStatus::default()
+    });
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -250,5 +353,59 @@ mod tests {
                 "203.0.113.1".parse().unwrap()
             ]
         );
+    }
+
+    #[test]
+    fn planning_reads_the_same_from_trimmed_objects() {
+        let mut svc = lb(&["198.18.200.1", "fd00::1"], "Local");
+        svc.metadata.uid = Some("u1".into());
+        svc.metadata.annotations = Some([("big".to_string(), "x".repeat(1000))].into());
+        svc.spec.as_mut().unwrap().ports = Some(vec![Default::default()]);
+        let s = slice(json!([
+            {"addresses": ["10.0.0.1"], "nodeName": "b", "conditions": {"ready": true}},
+            {"addresses": ["10.0.0.2"], "nodeName": "a", "targetRef": {"kind": "Pod", "name": "p"}},
+            {"addresses": ["10.0.0.3"], "nodeName": "c", "conditions": {"ready": false}},
+            {"addresses": ["10.0.0.4"], "nodeName": "d", "conditions": {"ready": false, "serving": true, "terminating": true}},
+        ]));
+        let (mut svc_t, mut s_t) = (svc.clone(), s.clone());
+        trim_service(&mut svc_t);
+        trim_slice(&mut s_t);
+        assert_eq!(
+            ServiceView::from_service(&svc_t, [&s_t], None),
+            ServiceView::from_service(&svc, [&s], None)
+        );
+        assert_eq!(slice_service(&s_t), slice_service(&s));
+        assert_eq!(svc_t.metadata.uid.as_deref(), Some("u1"));
+        assert!(svc_t.metadata.annotations.is_none() && s_t.endpoints[1].target_ref.is_none());
+        for (class, ty) in [(Some("other"), "LoadBalancer"), (None, "ClusterIP")] {
+            let mut other = svc.clone();
+            other.spec.as_mut().unwrap().load_balancer_class = class.map(str::to_string);
+            other.spec.as_mut().unwrap().type_ = Some(ty.into());
+            let mut trimmed = other.clone();
+            trim_service(&mut trimmed);
+            assert_eq!(
+                ServiceView::from_service(&trimmed, [&s_t], None),
+                ServiceView::from_service(&other, [&s], None)
+            );
+        }
+
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {EXCLUDE_LABEL: "", "zone": "a"}, "annotations": {"a": "b"}},
+            "spec": {"podCIDR": "198.19.1.0/24"},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "NetworkUnavailable", "status": "True"}],
+                "addresses": [
+                    {"type": "Hostname", "address": "n1"},
+                    {"type": "ExternalIP", "address": "203.0.113.1"},
+                    {"type": "InternalIP", "address": "198.18.0.11"},
+                ],
+                "images": [{"names": ["registry/image:tag"], "sizeBytes": 1}]
+            }
+        }))
+        .unwrap();
+        let mut trimmed = node.clone();
+        trim_node(&mut trimmed);
+        assert_eq!(NodeView::from_node(&trimmed), NodeView::from_node(&node));
+        assert!(trimmed.spec.is_none() && trimmed.status.as_ref().unwrap().images.is_none());
     }
 }

@@ -8,6 +8,7 @@ use ferrolb_config::crd::{
     BFDProfile, BGPAdvertisement, BGPPeer, Community, IPAddressPool, L2Advertisement,
 };
 use ferrolb_config::validate::{NodeInfo, Objects, Validated, validate};
+use ferrolb_speaker::view::{trim_node, trim_service, trim_slice};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -150,10 +151,12 @@ pub fn start(client: &Client, namespace: &str, changed: Arc<Notify>) -> Stores {
         config_dirty: config.then(|| config_dirty.clone()),
     };
     Stores {
-        services: spawn_watch(Api::all(client.clone()), state(false)),
-        slices: spawn_watch(Api::all(client.clone()), state(false)),
+        // Every Service, EndpointSlice and Node of the cluster is cached: keep only what
+        // planning reads (view.rs says what, and a test that planning reads the same).
+        services: spawn_watch_trimmed(Api::all(client.clone()), state(false), trim_service),
+        slices: spawn_watch_trimmed(Api::all(client.clone()), state(false), trim_slice),
         // Node labels select advertisements: the configuration is re-read when they change.
-        nodes: spawn_watch(Api::all(client.clone()), state(true)),
+        nodes: spawn_watch_trimmed(Api::all(client.clone()), state(true), trim_node),
         pools: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
         l2: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
         bgp: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
