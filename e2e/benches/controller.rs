@@ -11,6 +11,10 @@
 //! * `FERROLB_BENCH_BURSTS` (default `1000`): comma-separated burst sizes; empty for none.
 //! * `FERROLB_BENCH_BACKLOG` (default 10000): Services of the backlog scenario; 0 for none.
 //! * `FERROLB_BENCH_CREATE_CONCURRENCY` (default 64): creations in flight at once.
+//! * `FERROLB_BENCH_SPEAKERS` (default `0`): `1` also runs a speaker on every node (layer 2,
+//!   with an L2Advertisement for the bench's pool) and prints each speaker's memory after every
+//!   burst; bursts add up (`FERROLB_BENCH_BURSTS=1000,9000` measures at 1,000 and 10,000
+//!   Services). Build the speaker too: `cargo build --release -p ferrolb-speaker`.
 //! * `FERROLB_BENCH_KUBE_PROXY` (default `pause`): `pause` stops the lab's three kube-proxies
 //!   (SIGSTOP, resumed at the end, also on failure) for the run; `run` keeps them. In a cluster
 //!   kube-proxy runs on the nodes, not on the control plane's CPUs; in the lab all share 2
@@ -336,6 +340,19 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
         "{total} Services do not fit the bench's /18 pool: run the bursts and the backlog separately"
     );
 
+    let speakers = if std::env::var("FERROLB_BENCH_SPEAKERS").as_deref() == Ok("1") {
+        lab.apply(&format!(
+            "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {{name: bench, namespace: {NAMESPACE}}}\nspec: {{ipAddressPools: [bench]}}\n"
+        ))?;
+        let speakers = ferrolb::Speakers::new(lab)?;
+        for node in lab.topology.nodes() {
+            speakers.start(&node.name)?;
+        }
+        Some(speakers)
+    } else {
+        None
+    };
+    let mut in_bursts = 0;
     if singles > 0 || !bursts.is_empty() {
         let controller = start_serving(lab, &kubeconfig, &api, &seen, "bench", 7480).await?;
         let pid = controller.0.pid;
@@ -369,6 +386,20 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
                 mib(proc_status_bytes(pid, "VmHWM:")),
             );
             cpu.report(lab, &[("controller", pid)], &format!("burst of {n}"));
+            in_bursts += n;
+            if let Some(speakers) = &speakers {
+                // The speakers have planned every Service once their logs settle; give them a
+                // few seconds, then read their memory.
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                for (node, pid) in speakers.pids() {
+                    println!(
+                        "speaker@{node}: {} LoadBalancer Services in the cluster ({in_bursts} from bursts): RSS {:.1} MiB (peak {:.1} MiB)",
+                        in_bursts + singles + 1,
+                        mib(proc_status_bytes(pid, "VmRSS:")),
+                        mib(proc_status_bytes(pid, "VmHWM:")),
+                    );
+                }
+            }
         }
         drop(controller);
     }
@@ -434,6 +465,17 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
             mib(proc_status_bytes(pid, "VmRSS:"))
         );
         drop(controller);
+    }
+    if let Some(speakers) = &speakers {
+        speakers.stop_all();
+        let _ = lab.kubectl(&[
+            "delete",
+            "l2advertisement",
+            "-n",
+            NAMESPACE,
+            "bench",
+            "--ignore-not-found",
+        ]);
     }
     drop(scope);
     let _ = lab.kubectl(&[

@@ -314,6 +314,14 @@ impl Speakers {
         Ok(())
     }
 
+    /// The running speakers' nodes and PIDs.
+    pub fn pids(&self) -> Vec<(String, i32)> {
+        self.running()
+            .iter()
+            .map(|(node, p)| (node.clone(), p.pid))
+            .collect()
+    }
+
     /// Whether the suite has a speaker running on `node`.
     pub fn is_running(&self, node: &str) -> bool {
         self.running().contains_key(node)
