@@ -8,7 +8,6 @@ mod core;
 mod events;
 mod leader;
 mod run;
-#[allow(dead_code)] // The work loop in run.rs moves onto it in the next commit.
 mod schedule;
 mod slim;
 mod telemetry;

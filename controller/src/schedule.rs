@@ -87,7 +87,7 @@ pub trait Decide {
     type Write;
     /// A new term: forget every allocation, apply the configuration, let every Service that
     /// holds IPs re-claim them. Returns every Service in the cache.
-    fn rebuild(&mut self) -> Vec<ServiceKey>;
+    fn rebuild(&mut self, term: u64) -> Vec<ServiceKey>;
     /// Validates and applies the configuration. Returns the Services to decide again (those
     /// that lost their IPs and those waiting for one).
     fn apply_config(&mut self) -> Vec<ServiceKey>;
@@ -188,11 +188,6 @@ impl<W> Schedule<W> {
         (!self.retry.is_empty()).then_some(RETRY_AFTER)
     }
 
-    /// Writes in flight.
-    pub fn in_flight(&self) -> impl Iterator<Item = &ServiceKey> {
-        self.in_flight.iter()
-    }
-
     /// Decides what the inputs so far call for, under leadership `term` (`None`: not leading)
     /// at `now`, and returns what to do.
     pub fn step<D>(&mut self, term: Option<u64>, now: Instant, core: &mut D) -> Vec<Action<W>>
@@ -212,7 +207,7 @@ impl<W> Schedule<W> {
             self.term = Some(term);
             self.forget_waiting();
             actions.push(Action::NewTerm(term));
-            self.dirty.extend(core.rebuild());
+            self.dirty.extend(core.rebuild(term));
             actions.push(Action::ReportConfig);
             self.config_changed = false;
         }
@@ -324,7 +319,7 @@ mod tests {
 
     impl Decide for Core {
         type Write = u32;
-        fn rebuild(&mut self) -> Vec<ServiceKey> {
+        fn rebuild(&mut self, _term: u64) -> Vec<ServiceKey> {
             self.rebuilds += 1;
             self.services.keys().cloned().collect()
         }
@@ -458,12 +453,12 @@ mod tests {
         let slots = fill_slots(&mut schedule, &mut core, now);
         schedule.handle(Input::ServiceChanged(core.wants("late", 1)));
         assert!(started(&schedule.step(TERM, now, &mut core)).is_empty());
-        assert_eq!(schedule.in_flight().count(), MAX_IN_FLIGHT);
+        assert_eq!(schedule.in_flight.len(), MAX_IN_FLIGHT);
 
         schedule.handle(Input::WriteFinished(slots[7].clone(), Written::Done));
         let actions = schedule.step(TERM, now, &mut core);
         assert_eq!(started(&actions), BTreeMap::from([(key("late"), 1)]));
-        assert_eq!(schedule.in_flight().count(), MAX_IN_FLIGHT);
+        assert_eq!(schedule.in_flight.len(), MAX_IN_FLIGHT);
     }
 
     #[test]
@@ -551,11 +546,18 @@ mod tests {
         let mut core = Core::default();
         let mut schedule = leading(&mut core, now);
         let slots = fill_slots(&mut schedule, &mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("queued", 1)));
-        schedule.step(TERM, now, &mut core);
-        // The queued write is forgotten: the new term decides it again, from the caches.
-        core.satisfied("queued");
+        for name in ["z", "y", "unneeded"] {
+            schedule.handle(Input::ServiceChanged(core.wants(name, 1)));
+            schedule.step(TERM, now, &mut core);
+        }
+        // Another leader may have written meanwhile: the caches now say otherwise.
+        core.wants("z", 2);
+        core.wants("y", 2);
+        core.satisfied("unneeded");
         core.satisfied("idle");
+        for slot in &slots {
+            core.satisfied(slot.name());
+        }
         core.decided();
 
         let actions = schedule.step(Some(2), now, &mut core);
@@ -563,14 +565,25 @@ mod tests {
         assert_eq!(core.rebuilds, 2);
         assert!(started(&actions).is_empty(), "{actions:?}");
         let decided = core.decided();
-        assert!(decided.contains(&key("queued")) && decided.contains(&key("idle")));
+        for name in ["z", "y", "unneeded", "idle"] {
+            assert!(decided.contains(&key(name)), "{name} not decided again");
+        }
         assert!(
             !decided.contains(&slots[0]),
             "in flight: decided after its write"
         );
-        schedule.handle(Input::WriteFinished(slots[0].clone(), Written::Done));
-        schedule.step(Some(2), now, &mut core);
-        assert_eq!(core.decided(), vec![slots[0].clone()]);
+
+        for slot in &slots[..3] {
+            schedule.handle(Input::WriteFinished(slot.clone(), Written::Done));
+        }
+        let actions = schedule.step(Some(2), now, &mut core);
+        assert_eq!(core.decided(), slots[..3]);
+        // The writes queued in the last term are gone; this term's go in its own order.
+        assert_eq!(started_in_order(&actions), [key("y"), key("z")]);
+        assert_eq!(
+            started(&actions),
+            BTreeMap::from([(key("y"), 2), (key("z"), 2)])
+        );
     }
 
     #[test]
@@ -647,8 +660,8 @@ mod tests {
         struct Releasing(Core);
         impl Decide for Releasing {
             type Write = u32;
-            fn rebuild(&mut self) -> Vec<ServiceKey> {
-                self.0.rebuild()
+            fn rebuild(&mut self, term: u64) -> Vec<ServiceKey> {
+                self.0.rebuild(term)
             }
             fn apply_config(&mut self) -> Vec<ServiceKey> {
                 self.0.apply_config()
@@ -769,7 +782,7 @@ mod tests {
                             prop_assert!(flying.len() <= MAX_IN_FLIGHT);
                         }
                     }
-                    let mut ours: Vec<ServiceKey> = schedule.in_flight().cloned().collect();
+                    let mut ours: Vec<ServiceKey> = schedule.in_flight.iter().cloned().collect();
                     let mut theirs = flying.clone();
                     ours.sort();
                     theirs.sort();
