@@ -292,29 +292,13 @@ mod tests {
         services: BTreeMap<ServiceKey, Option<u32>>,
         /// Deleted Services that held IPs.
         holders_gone: BTreeSet<ServiceKey>,
+        /// Services whose decision releases an IP (held goes down by one).
+        releasing: BTreeSet<ServiceKey>,
         waiting: Vec<ServiceKey>,
         held: usize,
         decided: Vec<ServiceKey>,
         rebuilds: usize,
         configs: usize,
-    }
-
-    impl Core {
-        /// A Service that wants its write of `version`.
-        fn wants(&mut self, name: &str, version: u32) -> ServiceKey {
-            self.services.insert(key(name), Some(version));
-            key(name)
-        }
-
-        /// A Service that already carries what it should.
-        fn satisfied(&mut self, name: &str) -> ServiceKey {
-            self.services.insert(key(name), None);
-            key(name)
-        }
-
-        fn decided(&mut self) -> Vec<ServiceKey> {
-            std::mem::take(&mut self.decided)
-        }
     }
 
     impl Decide for Core {
@@ -329,6 +313,9 @@ mod tests {
         }
         fn decide(&mut self, key: &ServiceKey) -> Decision<u32> {
             self.decided.push(key.clone());
+            if self.releasing.remove(key) {
+                self.held = self.held.saturating_sub(1);
+            }
             match self.services.get(key) {
                 Some(Some(version)) => Decision::Write(*version),
                 Some(None) => Decision::Nothing,
@@ -344,20 +331,86 @@ mod tests {
         }
     }
 
-    /// A schedule whose one watch has listed, built for [`TERM`] with `core`'s Services written.
-    fn leading(core: &mut Core, now: Instant) -> Schedule<u32> {
-        let mut schedule = Schedule::new(1, now);
-        schedule.handle(Input::Listed("services"));
-        let first = schedule.step(TERM, now, core);
-        assert_eq!(first[0], Action::NewTerm(1));
-        for key in started(&first).into_keys() {
-            schedule.handle(Input::WriteFinished(key, Written::Done));
-        }
-        core.decided();
-        schedule
+    /// One replica's schedule with a fake core. Inputs go in one by one; `step` is the loop's
+    /// turn after them. Time stands still unless a test moves `now`.
+    struct Replica {
+        core: Core,
+        schedule: Schedule<u32>,
+        now: Instant,
     }
 
+    impl Replica {
+        /// Every watch has listed and the replica leads in [`TERM`], with no Services yet.
+        fn leading() -> Self {
+            let now = Instant::now();
+            let mut schedule = Schedule::new(1, now);
+            schedule.handle(Input::Listed("services"));
+            let mut core = Core::default();
+            assert_eq!(schedule.step(TERM, now, &mut core)[0], Action::NewTerm(1));
+            Self {
+                core,
+                schedule,
+                now,
+            }
+        }
+
+        /// Service `name` changed and now wants its write of `version`.
+        fn wants(&mut self, name: &str, version: u32) {
+            self.core.services.insert(key(name), Some(version));
+            self.schedule.handle(Input::ServiceChanged(key(name)));
+        }
+
+        /// Service `name` changed and already carries what it should.
+        fn satisfied(&mut self, name: &str) {
+            self.core.services.insert(key(name), None);
+            self.schedule.handle(Input::ServiceChanged(key(name)));
+        }
+
+        /// Service `name` was deleted, holding IPs or not.
+        fn deleted(&mut self, name: &str, held_ips: bool) {
+            self.core.services.remove(&key(name));
+            if held_ips {
+                self.core.holders_gone.insert(key(name));
+            }
+            self.schedule.handle(Input::ServiceChanged(key(name)));
+        }
+
+        fn finish(&mut self, key: &ServiceKey, written: Written) {
+            self.schedule
+                .handle(Input::WriteFinished(key.clone(), written));
+        }
+
+        fn step(&mut self) -> Vec<Action<u32>> {
+            self.step_in(TERM)
+        }
+
+        fn step_in(&mut self, term: Option<u64>) -> Vec<Action<u32>> {
+            self.schedule.step(term, self.now, &mut self.core)
+        }
+
+        /// The Services decided since the last call.
+        fn decided(&mut self) -> Vec<ServiceKey> {
+            std::mem::take(&mut self.core.decided)
+        }
+
+        /// Fills every write slot with Services `slot00`..; returns their keys.
+        fn fill_slots(&mut self) -> Vec<ServiceKey> {
+            let names: Vec<String> = (0..MAX_IN_FLIGHT).map(|i| format!("slot{i:02}")).collect();
+            for name in &names {
+                self.wants(name, 1);
+            }
+            assert_eq!(started(&self.step()).len(), MAX_IN_FLIGHT);
+            self.decided();
+            names.iter().map(|n| key(n)).collect()
+        }
+    }
+
+    /// The writes `actions` start, by key.
     fn started(actions: &[Action<u32>]) -> BTreeMap<ServiceKey, u32> {
+        started_in_order(actions).into_iter().collect()
+    }
+
+    fn started_in_order(actions: &[Action<u32>]) -> Vec<(ServiceKey, u32)> {
         actions
             .iter()
             .filter_map(|a| match a {
@@ -367,40 +420,20 @@ mod tests {
             .collect()
     }
 
-    fn started_in_order(actions: &[Action<u32>]) -> Vec<ServiceKey> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Write(k, _) => Some(k.clone()),
-                _ => None,
-            })
-            .collect()
+    /// Writes of these Services with these versions.
+    fn writes(of: &[(&str, u32)]) -> BTreeMap<ServiceKey, u32> {
+        of.iter().map(|(name, v)| (key(name), *v)).collect()
     }
 
     fn writes_pool_status(actions: &[Action<u32>]) -> bool {
         actions.contains(&Action::WritePoolStatus)
     }
 
-    /// Fills every write slot with Services `slot0`.. (returns their keys).
-    fn fill_slots(schedule: &mut Schedule<u32>, core: &mut Core, now: Instant) -> Vec<ServiceKey> {
-        let keys: Vec<ServiceKey> = (0..MAX_IN_FLIGHT)
-            .map(|i| core.wants(&format!("slot{i:02}"), 1))
-            .collect();
-        for k in &keys {
-            schedule.handle(Input::ServiceChanged(k.clone()));
-        }
-        assert_eq!(
-            started(&schedule.step(TERM, now, core)).len(),
-            MAX_IN_FLIGHT
-        );
-        keys
-    }
-
     #[test]
     fn nothing_is_decided_before_every_watch_has_listed() {
         let now = Instant::now();
         let mut core = Core::default();
-        core.wants("a", 1);
+        core.services.insert(key("a"), Some(1));
         let mut schedule = Schedule::new(2, now);
         schedule.handle(Input::Listed("services"));
         schedule.handle(Input::ServiceChanged(key("a")));
@@ -409,132 +442,112 @@ mod tests {
         schedule.handle(Input::Listed("nodes"));
         assert!(schedule.listed());
         let actions = schedule.step(TERM, now, &mut core);
-        assert_eq!(started(&actions), BTreeMap::from([(key("a"), 1)]));
+        assert_eq!(started(&actions), writes(&[("a", 1)]));
     }
 
     #[test]
     fn nothing_is_written_while_not_leading() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("a", 1)));
-        assert!(schedule.step(None, now, &mut core).is_empty());
-        assert!(core.decided().is_empty());
+        let mut r = Replica::leading();
+        r.wants("a", 1);
+        assert!(r.step_in(None).is_empty());
+        assert!(r.decided().is_empty());
     }
 
     #[test]
     fn a_service_changed_during_its_write_is_decided_again_after_the_write_and_never_twice_in_flight()
      {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("a", 1)));
-        assert_eq!(started(&schedule.step(TERM, now, &mut core)).len(), 1);
-        core.decided();
+        let mut r = Replica::leading();
+        r.wants("a", 1);
+        assert_eq!(started(&r.step()), writes(&[("a", 1)]));
+        r.decided();
 
-        schedule.handle(Input::ServiceChanged(core.wants("a", 2)));
-        let actions = schedule.step(TERM, now, &mut core);
-        assert!(started(&actions).is_empty(), "a second write in flight");
+        r.wants("a", 2);
+        assert!(started(&r.step()).is_empty(), "a second write in flight");
         assert!(
-            core.decided().is_empty(),
+            r.decided().is_empty(),
             "decided on what the write is changing"
         );
 
-        schedule.handle(Input::WriteFinished(key("a"), Written::Done));
-        let actions = schedule.step(TERM, now, &mut core);
-        assert_eq!(started(&actions), BTreeMap::from([(key("a"), 2)]));
+        r.finish(&key("a"), Written::Done);
+        assert_eq!(started(&r.step()), writes(&[("a", 2)]));
     }
 
     #[test]
     fn the_49th_write_waits_for_a_free_slot() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        let slots = fill_slots(&mut schedule, &mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("late", 1)));
-        assert!(started(&schedule.step(TERM, now, &mut core)).is_empty());
-        assert_eq!(schedule.in_flight.len(), MAX_IN_FLIGHT);
+        let mut r = Replica::leading();
+        let slots = r.fill_slots();
+        r.wants("late", 1);
+        assert!(started(&r.step()).is_empty());
+        assert_eq!(r.schedule.in_flight.len(), MAX_IN_FLIGHT);
 
-        schedule.handle(Input::WriteFinished(slots[7].clone(), Written::Done));
-        let actions = schedule.step(TERM, now, &mut core);
-        assert_eq!(started(&actions), BTreeMap::from([(key("late"), 1)]));
-        assert_eq!(schedule.in_flight.len(), MAX_IN_FLIGHT);
+        r.finish(&slots[7], Written::Done);
+        assert_eq!(started(&r.step()), writes(&[("late", 1)]));
+        assert_eq!(r.schedule.in_flight.len(), MAX_IN_FLIGHT);
     }
 
     #[test]
     fn a_queued_write_decided_again_keeps_its_place_and_carries_the_newest_decision() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        let slots = fill_slots(&mut schedule, &mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("first", 1)));
-        schedule.step(TERM, now, &mut core);
-        schedule.handle(Input::ServiceChanged(core.wants("second", 1)));
-        schedule.step(TERM, now, &mut core);
-        schedule.handle(Input::ServiceChanged(core.wants("first", 2)));
-        schedule.step(TERM, now, &mut core);
+        let mut r = Replica::leading();
+        let slots = r.fill_slots();
+        r.wants("first", 1);
+        r.step();
+        r.wants("second", 1);
+        r.step();
+        r.wants("first", 2);
+        r.step();
 
-        schedule.handle(Input::WriteFinished(slots[0].clone(), Written::Done));
-        let actions = schedule.step(TERM, now, &mut core);
-        assert_eq!(started(&actions), BTreeMap::from([(key("first"), 2)]));
-        schedule.handle(Input::WriteFinished(slots[1].clone(), Written::Done));
-        let actions = schedule.step(TERM, now, &mut core);
-        assert_eq!(started(&actions), BTreeMap::from([(key("second"), 1)]));
+        r.finish(&slots[0], Written::Done);
+        assert_eq!(started(&r.step()), writes(&[("first", 2)]));
+        r.finish(&slots[1], Written::Done);
+        assert_eq!(started(&r.step()), writes(&[("second", 1)]));
     }
 
     #[test]
     fn a_queued_write_the_newest_decision_no_longer_needs_is_dropped() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        let slots = fill_slots(&mut schedule, &mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("a", 1)));
-        schedule.step(TERM, now, &mut core);
-        schedule.handle(Input::ServiceChanged(core.satisfied("a")));
-        schedule.step(TERM, now, &mut core);
+        let mut r = Replica::leading();
+        let slots = r.fill_slots();
+        r.wants("a", 1);
+        r.step();
+        r.satisfied("a");
+        r.step();
 
-        for slot in slots {
-            schedule.handle(Input::WriteFinished(slot, Written::Done));
+        for slot in &slots {
+            r.finish(slot, Written::Done);
         }
-        let actions = schedule.step(TERM, now, &mut core);
+        let actions = r.step();
         assert!(started(&actions).is_empty(), "{actions:?}");
     }
 
     #[test]
     fn a_write_that_finds_leadership_lapsed_is_not_done_and_is_decided_again_at_the_next_term() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("a", 1)));
-        schedule.step(TERM, now, &mut core);
-        assert!(schedule.step(None, now, &mut core).is_empty());
-        schedule.handle(Input::WriteFinished(key("a"), Written::NotLeading));
-        assert_eq!(schedule.retry_wait(), Some(RETRY_AFTER));
-        assert!(schedule.step(None, now, &mut core).is_empty());
+        let mut r = Replica::leading();
+        r.wants("a", 1);
+        r.step();
+        assert!(r.step_in(None).is_empty());
+        r.finish(&key("a"), Written::NotLeading);
+        assert_eq!(r.schedule.retry_wait(), Some(RETRY_AFTER));
+        assert!(r.step_in(None).is_empty());
 
-        let actions = schedule.step(Some(2), now, &mut core);
+        let actions = r.step_in(Some(2));
         assert_eq!(actions[0], Action::NewTerm(2));
-        assert_eq!(started(&actions), BTreeMap::from([(key("a"), 1)]));
+        assert_eq!(started(&actions), writes(&[("a", 1)]));
     }
 
     #[test]
     fn a_write_that_did_not_happen_is_decided_again_after_the_retry_wait() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
+        let mut r = Replica::leading();
         for result in [Written::Failed, Written::NotLeading] {
-            schedule.handle(Input::ServiceChanged(core.wants("a", 1)));
-            schedule.step(TERM, now, &mut core);
-            schedule.handle(Input::WriteFinished(key("a"), result));
-            assert!(started(&schedule.step(TERM, now, &mut core)).is_empty());
-            schedule.handle(Input::RetryWaitPassed);
-            assert_eq!(schedule.retry_wait(), None);
-            let actions = schedule.step(TERM, now, &mut core);
-            assert_eq!(started(&actions), BTreeMap::from([(key("a"), 1)]));
-            schedule.handle(Input::WriteFinished(key("a"), Written::Done));
+            r.wants("a", 1);
+            r.step();
+            r.finish(&key("a"), result);
+            assert!(started(&r.step()).is_empty());
+            r.schedule.handle(Input::RetryWaitPassed);
+            assert_eq!(r.schedule.retry_wait(), None);
+            assert_eq!(started(&r.step()), writes(&[("a", 1)]));
+            r.finish(&key("a"), Written::Done);
         }
         assert_eq!(
-            schedule.retry_wait(),
+            r.schedule.retry_wait(),
             None,
             "a write that is done is not retried"
         );
@@ -542,29 +555,27 @@ mod tests {
 
     #[test]
     fn a_new_term_forgets_waiting_writes_and_decides_everything_again() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        let slots = fill_slots(&mut schedule, &mut core, now);
+        let mut r = Replica::leading();
+        let slots = r.fill_slots();
         for name in ["z", "y", "unneeded"] {
-            schedule.handle(Input::ServiceChanged(core.wants(name, 1)));
-            schedule.step(TERM, now, &mut core);
+            r.wants(name, 1);
+            r.step();
         }
         // Another leader may have written meanwhile: the caches now say otherwise.
-        core.wants("z", 2);
-        core.wants("y", 2);
-        core.satisfied("unneeded");
-        core.satisfied("idle");
+        r.core.services.insert(key("z"), Some(2));
+        r.core.services.insert(key("y"), Some(2));
+        r.core.services.insert(key("unneeded"), None);
+        r.core.services.insert(key("idle"), None);
         for slot in &slots {
-            core.satisfied(slot.name());
+            r.core.services.insert(slot.clone(), None);
         }
-        core.decided();
+        r.decided();
 
-        let actions = schedule.step(Some(2), now, &mut core);
+        let actions = r.step_in(Some(2));
         assert_eq!(actions[..2], [Action::NewTerm(2), Action::ReportConfig]);
-        assert_eq!(core.rebuilds, 2);
+        assert_eq!(r.core.rebuilds, 2);
         assert!(started(&actions).is_empty(), "{actions:?}");
-        let decided = core.decided();
+        let decided = r.decided();
         for name in ["z", "y", "unneeded", "idle"] {
             assert!(decided.contains(&key(name)), "{name} not decided again");
         }
@@ -574,64 +585,49 @@ mod tests {
         );
 
         for slot in &slots[..3] {
-            schedule.handle(Input::WriteFinished(slot.clone(), Written::Done));
+            r.finish(slot, Written::Done);
         }
-        let actions = schedule.step(Some(2), now, &mut core);
-        assert_eq!(core.decided(), slots[..3]);
+        let actions = r.step_in(Some(2));
+        assert_eq!(r.decided(), slots[..3]);
         // The writes queued in the last term are gone; this term's go in its own order.
-        assert_eq!(started_in_order(&actions), [key("y"), key("z")]);
-        assert_eq!(
-            started(&actions),
-            BTreeMap::from([(key("y"), 2), (key("z"), 2)])
-        );
+        assert_eq!(started_in_order(&actions), [(key("y"), 2), (key("z"), 2)]);
     }
 
     #[test]
     fn a_changed_configuration_is_applied_and_reported() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
+        let mut r = Replica::leading();
         assert_eq!(
-            core.configs, 0,
+            r.core.configs, 0,
             "a new term applies it as part of the rebuild"
         );
-        schedule.handle(Input::ConfigChanged);
-        let actions = schedule.step(TERM, now, &mut core);
-        assert_eq!(actions[0], Action::ReportConfig);
-        assert_eq!(core.configs, 1);
-        assert!(
-            !schedule
-                .step(TERM, now, &mut core)
-                .contains(&Action::ReportConfig)
-        );
+        r.schedule.handle(Input::ConfigChanged);
+        assert_eq!(r.step()[0], Action::ReportConfig);
+        assert_eq!(r.core.configs, 1);
+        assert!(!r.step().contains(&Action::ReportConfig));
     }
 
     #[test]
     fn pool_status_is_written_when_the_writes_run_out() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        schedule.handle(Input::ServiceChanged(core.wants("a", 1)));
-        assert!(!writes_pool_status(&schedule.step(TERM, now, &mut core)));
-        schedule.handle(Input::WriteFinished(key("a"), Written::Done));
-        assert!(writes_pool_status(&schedule.step(TERM, now, &mut core)));
+        let mut r = Replica::leading();
+        r.wants("a", 1);
+        assert!(!writes_pool_status(&r.step()));
+        r.finish(&key("a"), Written::Done);
+        assert!(writes_pool_status(&r.step()));
     }
 
     #[test]
     fn pool_status_is_written_at_least_every_two_seconds_while_writes_keep_coming() {
-        let start = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, start);
-        schedule.handle(Input::PoolStatusWritten(start));
+        let mut r = Replica::leading();
+        r.schedule.handle(Input::PoolStatusWritten(r.now));
         let mut written_at = Vec::new();
         for tick in 1..=10u32 {
-            let now = start + Duration::from_millis(500) * tick;
-            schedule.handle(Input::ServiceChanged(core.wants(&format!("s{tick}"), 1)));
-            let actions = schedule.step(TERM, now, &mut core);
+            r.now += Duration::from_millis(500);
+            r.wants(&format!("s{tick}"), 1);
+            let actions = r.step();
             assert_eq!(started(&actions).len(), 1);
             if writes_pool_status(&actions) {
                 written_at.push(tick);
-                schedule.handle(Input::PoolStatusWritten(now));
+                r.schedule.handle(Input::PoolStatusWritten(r.now));
             }
         }
         assert_eq!(written_at, vec![4, 8]);
@@ -639,72 +635,44 @@ mod tests {
 
     #[test]
     fn deleting_a_service_that_held_ips_makes_waiting_services_be_decided_again() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        core.satisfied("waiting");
-        let mut schedule = leading(&mut core, now);
-        core.waiting = vec![key("waiting")];
-        core.holders_gone.insert(key("holder"));
-        schedule.handle(Input::ServiceChanged(key("holder")));
-        schedule.step(TERM, now, &mut core);
-        assert_eq!(core.decided(), vec![key("holder"), key("waiting")]);
+        let mut r = Replica::leading();
+        r.core.waiting = vec![key("waiting")];
+        r.deleted("holder", true);
+        r.step();
+        assert_eq!(r.decided(), vec![key("holder"), key("waiting")]);
 
-        // A deleted Service that held nothing wakes nobody.
-        schedule.handle(Input::ServiceChanged(key("never-held")));
-        schedule.step(TERM, now, &mut core);
-        assert_eq!(core.decided(), vec![key("never-held")]);
+        r.deleted("never-held", false);
+        r.step();
+        assert_eq!(
+            r.decided(),
+            vec![key("never-held")],
+            "woke waiting Services"
+        );
     }
 
     #[test]
     fn a_pass_that_leaves_fewer_ips_held_makes_waiting_services_be_decided_again() {
-        struct Releasing(Core);
-        impl Decide for Releasing {
-            type Write = u32;
-            fn rebuild(&mut self, term: u64) -> Vec<ServiceKey> {
-                self.0.rebuild(term)
-            }
-            fn apply_config(&mut self) -> Vec<ServiceKey> {
-                self.0.apply_config()
-            }
-            fn decide(&mut self, key: &ServiceKey) -> Decision<u32> {
-                if *key == super::tests::key("shrinks") {
-                    self.0.held = 0;
-                }
-                self.0.decide(key)
-            }
-            fn waiting(&self) -> Vec<ServiceKey> {
-                self.0.waiting()
-            }
-            fn held(&self) -> usize {
-                self.0.held()
-            }
-        }
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
-        core.wants("shrinks", 1);
-        core.waiting = vec![key("waiting")];
-        core.held = 1;
-        let mut core = Releasing(core);
-        schedule.handle(Input::ServiceChanged(key("shrinks")));
-        schedule.step(TERM, now, &mut core);
-        assert_eq!(core.0.decided(), vec![key("shrinks"), key("waiting")]);
+        let mut r = Replica::leading();
+        r.core.waiting = vec![key("waiting")];
+        r.core.held = 1;
+        r.core.releasing.insert(key("shrinks"));
+        r.wants("shrinks", 1);
+        r.step();
+        assert_eq!(r.decided(), vec![key("shrinks"), key("waiting")]);
     }
 
     #[test]
     fn writes_start_in_the_order_they_were_first_decided() {
-        let now = Instant::now();
-        let mut core = Core::default();
-        let mut schedule = leading(&mut core, now);
+        let mut r = Replica::leading();
         for name in ["c", "a", "b"] {
-            schedule.handle(Input::ServiceChanged(core.wants(name, 1)));
+            r.wants(name, 1);
         }
-        let actions = schedule.step(TERM, now, &mut core);
         // One step decides in key order.
-        assert_eq!(
-            started_in_order(&actions),
-            vec![key("a"), key("b"), key("c")]
-        );
+        let order: Vec<ServiceKey> = started_in_order(&r.step())
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(order, [key("a"), key("b"), key("c")]);
     }
 
     mod properties {
