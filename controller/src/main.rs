@@ -8,6 +8,7 @@ mod core;
 mod events;
 mod leader;
 mod run;
+mod schedule;
 mod slim;
 mod telemetry;
 

@@ -1,10 +1,11 @@
-//! The controller's I/O driver: watches, the work loop, and the writes. Decisions are made by
-//! [`crate::core::Core`]; this module only feeds it and writes what differs, and only while this
-//! replica leads.
+//! The controller's I/O driver: watches, the work loop, and the writes. What is decided is up to
+//! [`crate::core::Core`], when and what is written up to [`crate::schedule::Schedule`] (every rule
+//! of the loop lives there); this module feeds them watch events and finished writes and carries
+//! out the schedule's actions, the writes behind the [`Writes`] trait.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use ferrolb_config::allocator::{IP_ALLOCATED_FROM_POOL, ServiceKey, is_ours};
@@ -16,6 +17,7 @@ use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
 use ferrolb_config::validate::{NodeInfo, Objects, validate};
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
@@ -26,9 +28,10 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use crate::core::{Core, Desired, Note, matches};
+use crate::core::{Core, Desired, Note, Outcome, matches};
 use crate::events::{self, EventQueue, Recorder};
 use crate::leader::Leadership;
+use crate::schedule::{Action, Decide, Decision, Input, Schedule, Written};
 use crate::slim::{self, CachedService, ServiceCache};
 use crate::telemetry::{Metrics, Ready};
 
@@ -66,120 +69,6 @@ struct Stores {
 
 /// Finalizer that keeps a BFDProfile in use from being deleted.
 const BFD_FINALIZER: &str = "metallb.io/bfdprofile-in-use";
-
-/// Service writes in flight at once.
-const WRITE_CONCURRENCY: usize = 48;
-
-/// What to do about one Service after the core decided.
-enum Decision {
-    /// It was deleted and held IPs: waiting Services may fit now.
-    Freed,
-    /// Write what differs and record Events.
-    Write(Arc<CachedService>, crate::core::Outcome),
-    /// Nothing to do.
-    Nothing,
-}
-
-/// What became of one Service's writes.
-enum Applied {
-    /// Written (or nothing differed), Events recorded.
-    Done,
-    /// Not written: this replica's leadership had lapsed.
-    NotLeading,
-}
-
-/// How often pool counters are written while Service writes keep coming (they are written
-/// at once when the writes run out).
-const POOL_STATUS_INTERVAL: Duration = Duration::from_secs(2);
-
-/// One Service's write, with its key.
-type WriteFuture = std::pin::Pin<
-    Box<dyn std::future::Future<Output = (ServiceKey, anyhow::Result<Applied>)> + Send>,
->;
-
-/// Decided writes waiting for a slot, and the writes in flight (at most [`WRITE_CONCURRENCY`]).
-/// A Service has at most one write in flight; one that changes meanwhile is decided again when
-/// that write is done.
-#[derive(Default)]
-struct Pipeline {
-    /// Keys in decision order; a key whose entry left `decided` is skipped.
-    order: std::collections::VecDeque<ServiceKey>,
-    decided: HashMap<ServiceKey, (Arc<CachedService>, crate::core::Outcome)>,
-    in_flight: futures::stream::FuturesUnordered<WriteFuture>,
-    busy: std::collections::HashSet<ServiceKey>,
-    /// Keys that changed while their write was in flight.
-    deferred: BTreeSet<ServiceKey>,
-}
-
-impl Pipeline {
-    fn is_in_flight(&self, key: &ServiceKey) -> bool {
-        self.busy.contains(key)
-    }
-
-    fn defer(&mut self, key: ServiceKey) {
-        self.deferred.insert(key);
-    }
-
-    /// Queues (or replaces, keeping its place) the write of `key`.
-    fn queue(
-        &mut self,
-        key: ServiceKey,
-        service: Arc<CachedService>,
-        outcome: crate::core::Outcome,
-    ) {
-        if self
-            .decided
-            .insert(key.clone(), (service, outcome))
-            .is_none()
-        {
-            self.order.push_back(key);
-        }
-    }
-
-    /// Drops a queued write that the latest decision no longer needs.
-    fn unqueue(&mut self, key: &ServiceKey) {
-        self.decided.remove(key);
-    }
-
-    /// Drops every queued write (a new term decides everything again); writes in flight finish.
-    fn forget_waiting(&mut self) {
-        self.decided.clear();
-        self.order.clear();
-    }
-
-    /// Starts queued writes while slots are free.
-    fn start(&mut self, writer: &Writer) {
-        while self.in_flight.len() < WRITE_CONCURRENCY {
-            let Some(key) = self.order.pop_front() else {
-                break;
-            };
-            let Some((service, outcome)) = self.decided.remove(&key) else {
-                continue;
-            };
-            self.busy.insert(key.clone());
-            let writer = writer.clone();
-            self.in_flight.push(Box::pin(async move {
-                let result = writer.apply(&service.to_service(), &outcome).await;
-                (key, result)
-            }));
-        }
-    }
-
-    /// Marks `key`'s write done; a change that came meanwhile makes it dirty again.
-    fn finished(&mut self, key: &ServiceKey, dirty: &mut BTreeSet<ServiceKey>) {
-        self.busy.remove(key);
-        if self.deferred.remove(key) {
-            dirty.insert(key.clone());
-        }
-    }
-
-    fn is_idle(&self) -> bool {
-        self.in_flight.is_empty() && self.decided.is_empty()
-    }
-}
-
-/// Number of watches that must list before the controller acts.
-const WATCHES: usize = 9;
 
 /// Objects per page of the initial list (and of a re-list): each page is held whole while it is
 /// decoded, so it sets the peak above the caches.
@@ -329,23 +218,141 @@ where
     store.state().iter().map(|o| (**o).clone()).collect()
 }
 
-/// The work loop's state.
-struct Driver {
-    client: Client,
-    settings: Settings,
+/// The decisions: the core and the caches it decides from. Pure and synchronous; the
+/// [`Schedule`] says when to decide what.
+struct Decider {
+    namespace: String,
+    lb_class: Option<String>,
     stores: Stores,
     services: ServiceCache,
     metrics: Arc<Metrics>,
-    /// For configuration errors, whose reporting is remembered only once written.
-    recorder: Arc<Recorder>,
-    /// For allocation Events, written in the background.
-    events: EventQueue,
-    leadership: Leadership,
     core: Core,
     applied_pools: Option<Vec<Pool>>,
-    written_state: Option<(ConfigurationResult, String)>,
-    written_pool_status: HashMap<String, IPAddressPoolStatus>,
-    reported_errors: BTreeSet<String>,
+    /// The configuration last applied, until it is reported.
+    report: Option<ConfigReport>,
+}
+
+/// A validated configuration to report, with what its BFDProfile finalizers are decided from.
+struct ConfigReport {
+    validated: ferrolb_config::validate::Validated,
+    peers: Vec<BGPPeer>,
+    bfd_profiles: Vec<BFDProfile>,
+}
+
+/// One Service's write: what it should carry and the Events to record. The cached form, not the
+/// Service: a queue may hold thousands until written.
+struct ServiceWrite {
+    service: Arc<CachedService>,
+    outcome: Outcome,
+}
+
+/// What became of one Service's writes.
+enum Applied {
+    /// Written (or nothing differed), Events recorded.
+    Done,
+    /// Not written: this replica's leadership had lapsed.
+    NotLeading,
+}
+
+/// One Service's write in flight.
+type WriteFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Applied>> + Send>>;
+
+/// One Service's write in flight, with its key.
+type KeyedWrite = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (ServiceKey, anyhow::Result<Applied>)> + Send>,
+>;
+
+/// The controller's writes to the API server, behind a trait so that the loop can be driven
+/// without one.
+trait Writes {
+    /// Starts one Service's write (it runs while the loop goes on).
+    fn write_service(&self, write: ServiceWrite) -> WriteFuture;
+    /// A new term: what was written before may have been overwritten by another leader.
+    fn new_term(&mut self);
+    /// Writes ConfigurationState `controller`, Events on left-out objects and BFDProfile
+    /// finalizers, where they changed.
+    async fn report_config(&mut self, report: &ConfigReport);
+    /// Writes pool counters to IPAddressPool status (and metrics) where they changed.
+    async fn write_pool_status(&mut self, counters: Vec<(String, IPAddressPoolStatus)>);
+}
+
+/// Number of watches that must list before the controller acts.
+const WATCHES: usize = 9;
+
+/// The work loop: feeds the [`Schedule`] and carries out its actions.
+struct Driver<W: Writes> {
+    schedule: Schedule<ServiceWrite>,
+    decider: Decider,
+    writes: W,
+    /// Service writes in flight, each with its key.
+    in_flight: FuturesUnordered<KeyedWrite>,
+}
+
+impl<W: Writes> Driver<W> {
+    /// Takes one watch event in.
+    fn take(&mut self, work: Work) {
+        match work {
+            Work::Service(event) => {
+                for key in self.decider.services.apply(*event) {
+                    self.schedule.handle(Input::ServiceChanged(key));
+                }
+            }
+            Work::Config => self.schedule.handle(Input::ConfigChanged),
+            Work::Namespace(ns) => {
+                // Namespace labels feed pool admission: look at that namespace's Services again.
+                for s in self.decider.services.iter() {
+                    if s.key().namespace() == ns {
+                        self.schedule.handle(Input::ServiceChanged(s.key().clone()));
+                    }
+                }
+            }
+            Work::Synced(kind) => self.schedule.handle(Input::Listed(kind)),
+        }
+    }
+
+    /// Takes a finished Service write in.
+    fn finished(&mut self, key: ServiceKey, result: anyhow::Result<Applied>) {
+        let written = match result {
+            Ok(Applied::Done) => Written::Done,
+            Ok(Applied::NotLeading) => {
+                tracing::debug!(service = %key, "leadership lapsed before the write; retrying when leading again");
+                Written::NotLeading
+            }
+            Err(e) => {
+                tracing::warn!(service = %key, error = %format!("{e:#}"), "writing Service failed; retrying");
+                Written::Failed
+            }
+        };
+        self.schedule.handle(Input::WriteFinished(key, written));
+    }
+
+    /// Decides what the inputs so far call for under leadership `term` and carries it out.
+    async fn step(&mut self, term: Option<u64>) {
+        let actions = self.schedule.step(term, Instant::now(), &mut self.decider);
+        for action in actions {
+            match action {
+                Action::NewTerm(_) => self.writes.new_term(),
+                Action::ReportConfig => {
+                    if let Some(report) = self.decider.report.take() {
+                        self.writes.report_config(&report).await;
+                    }
+                }
+                Action::Write(key, write) => {
+                    let write = self.writes.write_service(write);
+                    self.in_flight
+                        .push(Box::pin(async move { (key, write.await) }));
+                }
+                Action::WritePoolStatus => {
+                    self.writes
+                        .write_pool_status(self.decider.pool_counters())
+                        .await;
+                    self.schedule
+                        .handle(Input::PoolStatusWritten(Instant::now()));
+                }
+            }
+        }
+    }
 }
 
 /// Runs the controller until `shutdown` turns true.
@@ -370,163 +377,96 @@ pub async fn run(
         metrics.events_dropped.clone(),
     );
     let mut driver = Driver {
-        core: Core::new(settings.lb_class.clone()),
-        client,
-        settings,
-        stores,
-        services: ServiceCache::default(),
-        metrics,
-        recorder,
-        events,
-        leadership: leadership.clone(),
-        applied_pools: None,
-        written_state: None,
-        written_pool_status: HashMap::new(),
-        reported_errors: BTreeSet::new(),
+        schedule: Schedule::new(WATCHES, Instant::now()),
+        decider: Decider {
+            namespace: settings.namespace.clone(),
+            lb_class: settings.lb_class.clone(),
+            stores,
+            services: ServiceCache::default(),
+            metrics: Arc::clone(&metrics),
+            core: Core::new(settings.lb_class.clone()),
+            applied_pools: None,
+            report: None,
+        },
+        writes: ApiWrites {
+            writer: Writer {
+                client: client.clone(),
+                leadership: leadership.clone(),
+                metrics: Arc::clone(&metrics),
+                events,
+            },
+            namespace: settings.namespace,
+            recorder,
+            written_state: None,
+            written_pool_status: HashMap::new(),
+            reported_errors: BTreeSet::new(),
+        },
+        in_flight: FuturesUnordered::new(),
     };
-    let mut synced: BTreeSet<&'static str> = BTreeSet::new();
-    let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
-    let mut retry: BTreeSet<ServiceKey> = BTreeSet::new();
-    let mut writes = Pipeline::default();
-    let mut config_dirty = true;
-    // The leadership term the core was built for.
-    let mut built_for: Option<u64> = None;
-    let mut pool_status_written = Instant::now();
     loop {
+        let retry_wait = driver.schedule.retry_wait();
         let retry_wait = async {
-            if retry.is_empty() {
-                futures::future::pending::<()>().await
-            } else {
-                tokio::time::sleep(Duration::from_secs(1)).await
+            match retry_wait {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => futures::future::pending::<()>().await,
             }
         };
         tokio::select! {
             work = rx.recv() => {
                 let Some(work) = work else { break };
-                let mut handle = |w: Work| match w {
-                    Work::Service(event) => dirty.extend(driver.services.apply(*event)),
-                    Work::Config => config_dirty = true,
-                    Work::Namespace(ns) => {
-                        // Namespace labels feed pool admission: look at that namespace's Services again.
-                        for s in driver.services.iter() {
-                            if s.key().namespace() == ns { dirty.insert(s.key().clone()); }
-                        }
-                    }
-                    Work::Synced(kind) => { synced.insert(kind); }
-                };
-                handle(work);
-                while let Ok(w) = rx.try_recv() { handle(w); }
+                driver.take(work);
+                while let Ok(w) = rx.try_recv() { driver.take(w); }
             }
-            Some((key, result)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
-                writes.finished(&key, &mut dirty);
-                match result {
-                    Ok(Applied::Done) => {}
-                    Ok(Applied::NotLeading) => {
-                        tracing::debug!(service = %key, "leadership lapsed before the write; retrying when leading again");
-                        retry.insert(key);
-                    }
-                    Err(e) => {
-                        tracing::warn!(service = %key, error = %format!("{e:#}"), "writing Service failed; retrying");
-                        retry.insert(key);
-                    }
-                }
+            Some((key, result)) = driver.in_flight.next(), if !driver.in_flight.is_empty() => {
+                driver.finished(key, result);
             }
             _ = leadership.changed() => {}
-            _ = retry_wait => { dirty.append(&mut retry); }
+            _ = retry_wait => driver.schedule.handle(Input::RetryWaitPassed),
             _ = shutdown.changed() => break,
         }
-        if synced.len() < WATCHES {
+        if !driver.schedule.listed() {
             continue;
         }
         ready.set();
-        let term = driver.leadership.term();
-        driver.metrics.leader.set(i64::from(term.is_some()));
-        let Some(term) = term else {
-            // Not leading: decisions wait for the next term, which starts from the caches.
-            writes.forget_waiting();
-            continue;
-        };
-        if built_for != Some(term) {
-            // A new leader starts from the caches: configuration, then every Service holding
-            // IPs re-claims them, then everything else.
-            tracing::info!(
-                term,
-                "leading: rebuilding allocations from the Services' status"
-            );
-            built_for = Some(term);
-            driver.core = Core::new(driver.settings.lb_class.clone());
-            driver.applied_pools = None;
-            driver.written_state = None;
-            driver.written_pool_status.clear();
-            writes.forget_waiting();
-            driver.apply_config().await;
-            let started = Instant::now();
-            let mut sorted: Vec<Arc<CachedService>> = driver.services.iter().cloned().collect();
-            sorted.sort_by(|a, b| a.key().cmp(b.key()));
-            let mut reclaimed = 0usize;
-            for cached in &sorted {
-                let svc = cached.to_service();
-                if driver.core.reclaim(&svc, &driver.namespace_labels(&svc)) {
-                    reclaimed += 1;
-                }
-            }
-            tracing::info!(reclaimed, services = sorted.len(), elapsed = ?started.elapsed(), "re-claimed existing IPs");
-            dirty.extend(sorted.iter().map(|s| s.key().clone()));
-            config_dirty = false;
-        }
-        if config_dirty {
-            config_dirty = false;
-            dirty.extend(driver.apply_config().await);
-        }
-        // Decide in order (the allocator is sequential and deterministic); releasing IPs can
-        // make room for Services that wait, so look at those again until a pass releases
-        // nothing. Writes, not decisions, take time: they run in the pipeline while the loop
-        // goes on taking events, so a Service created during a burst does not wait for the
-        // writes of those before it to finish.
-        while !dirty.is_empty() {
-            let held_before = driver.core.allocator().len();
-            let mut released = false;
-            for key in std::mem::take(&mut dirty) {
-                if writes.is_in_flight(&key) {
-                    // Decided again once its write is done, on what the write left.
-                    writes.defer(key);
-                    continue;
-                }
-                match driver.decide(&key) {
-                    Decision::Freed => released = true,
-                    Decision::Write(service, outcome) => writes.queue(key, service, outcome),
-                    Decision::Nothing => writes.unqueue(&key),
-                }
-            }
-            if released || driver.core.allocator().len() < held_before {
-                dirty.extend(driver.pending());
-            }
-        }
-        writes.start(&driver.writer());
-        if writes.is_idle() || pool_status_written.elapsed() >= POOL_STATUS_INTERVAL {
-            driver.write_pool_status().await;
-            pool_status_written = Instant::now();
-        }
+        let term = leadership.term();
+        metrics.leader.set(i64::from(term.is_some()));
+        driver.step(term).await;
     }
     Ok(())
 }
 
-impl Driver {
-    fn namespace_labels(&self, service: &Service) -> Labels {
-        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
-        self.stores
-            .namespaces
-            .get(&ObjectRef::new(ns))
-            .and_then(|n| n.metadata.labels.clone())
-            .unwrap_or_default()
+impl Decide for Decider {
+    type Write = ServiceWrite;
+
+    /// A new leader starts from the caches: configuration, then every Service holding IPs
+    /// re-claims them (in key order), then everything else.
+    fn rebuild(&mut self, term: u64) -> Vec<ServiceKey> {
+        tracing::info!(
+            term,
+            "leading: rebuilding allocations from the Services' status"
+        );
+        self.core = Core::new(self.lb_class.clone());
+        self.applied_pools = None;
+        self.apply_config();
+        let started = Instant::now();
+        let mut sorted: Vec<Arc<CachedService>> = self.services.iter().cloned().collect();
+        sorted.sort_by(|a, b| a.key().cmp(b.key()));
+        let mut reclaimed = 0usize;
+        for cached in &sorted {
+            let svc = cached.to_service();
+            if self.core.reclaim(&svc, &self.namespace_labels(&svc)) {
+                reclaimed += 1;
+            }
+        }
+        tracing::info!(reclaimed, services = sorted.len(), elapsed = ?started.elapsed(), "re-claimed existing IPs");
+        sorted.iter().map(|s| s.key().clone()).collect()
     }
 
-    /// Validates the configuration from the caches, applies changed pools, reports. Returns the
-    /// Services to reconcile again: those that lost their IPs and those still waiting for one.
-    async fn apply_config(&mut self) -> Vec<ServiceKey> {
+    /// Validates the configuration from the caches and applies changed pools (to be reported).
+    fn apply_config(&mut self) -> Vec<ServiceKey> {
         let s = &self.stores;
         let objects = Objects {
-            namespace: self.settings.namespace.clone(),
+            namespace: self.namespace.clone(),
             pools: cloned(&s.pools),
             l2_advertisements: cloned(&s.l2),
             bgp_advertisements: cloned(&s.bgp),
@@ -552,9 +492,6 @@ impl Driver {
         for e in &validated.errors {
             tracing::warn!(object = %e.object, field = %e.field, "configuration error: {}", e.message);
         }
-        self.report_config(&validated).await;
-        self.protect_bfd_profiles(&objects.peers, &objects.bfd_profiles)
-            .await;
         let pools: Vec<Pool> = validated.config.pools.values().cloned().collect();
         let mut requeue = Vec::new();
         if self.applied_pools.as_ref() != Some(&pools) {
@@ -579,22 +516,170 @@ impl Driver {
             }
             self.applied_pools = Some(pools);
             // Services waiting for an IP may fit now.
-            requeue.extend(self.pending());
+            requeue.extend(self.waiting());
         }
+        self.report = Some(ConfigReport {
+            validated,
+            peers: objects.peers,
+            bfd_profiles: objects.bfd_profiles,
+        });
         requeue
     }
 
+    /// Decides what one Service should carry (allocating or releasing in the core).
+    fn decide(&mut self, key: &ServiceKey) -> Decision<ServiceWrite> {
+        let Some(cached) = self.services.get(key).cloned() else {
+            return if self.core.forget(key) {
+                Decision::Freed
+            } else {
+                Decision::Nothing
+            };
+        };
+        let service = cached.to_service();
+        let outcome = self
+            .core
+            .reconcile(&service, &self.namespace_labels(&service));
+        self.metrics
+            .services_assigned
+            .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
+        if matches(&service, &outcome.desired) && outcome.notes.is_empty() {
+            Decision::Nothing
+        } else {
+            Decision::Write(ServiceWrite {
+                service: cached,
+                outcome,
+            })
+        }
+    }
+
+    /// Services of ours still waiting for an IP.
+    fn waiting(&self) -> Vec<ServiceKey> {
+        self.services
+            .iter()
+            .filter(|s| self.core.allocator().assignment(s.key()).is_none())
+            .filter(|s| is_ours(&s.to_service(), self.lb_class.as_deref()))
+            .map(|s| s.key().clone())
+            .collect()
+    }
+
+    fn held(&self) -> usize {
+        self.core.allocator().len()
+    }
+}
+
+impl Decider {
+    fn namespace_labels(&self, service: &Service) -> Labels {
+        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+        self.stores
+            .namespaces
+            .get(&ObjectRef::new(ns))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+
+    /// The applied pools' counters, as IPAddressPool status.
+    fn pool_counters(&self) -> Vec<(String, IPAddressPoolStatus)> {
+        let Some(pools) = &self.applied_pools else {
+            return Vec::new();
+        };
+        pools
+            .iter()
+            .filter_map(|p| {
+                let stats = self.core.allocator().pool_stats(&p.name)?;
+                let status = IPAddressPoolStatus {
+                    assigned_ipv4: stats.assigned_ipv4,
+                    assigned_ipv6: stats.assigned_ipv6,
+                    available_ipv4: stats.available_ipv4,
+                    available_ipv6: stats.available_ipv6,
+                };
+                Some((p.name.clone(), status))
+            })
+            .collect()
+    }
+}
+
+/// The writes, to the API server.
+struct ApiWrites {
+    writer: Writer,
+    namespace: String,
+    /// For configuration errors, whose reporting is remembered only once written.
+    recorder: Arc<Recorder>,
+    written_state: Option<(ConfigurationResult, String)>,
+    written_pool_status: HashMap<String, IPAddressPoolStatus>,
+    reported_errors: BTreeSet<String>,
+}
+
+impl Writes for ApiWrites {
+    fn write_service(&self, write: ServiceWrite) -> WriteFuture {
+        let writer = self.writer.clone();
+        Box::pin(async move {
+            writer
+                .apply(&write.service.to_service(), &write.outcome)
+                .await
+        })
+    }
+
+    fn new_term(&mut self) {
+        self.written_state = None;
+        self.written_pool_status.clear();
+    }
+
+    async fn report_config(&mut self, report: &ConfigReport) {
+        self.report_state(&report.validated).await;
+        self.protect_bfd_profiles(&report.peers, &report.bfd_profiles)
+            .await;
+    }
+
+    async fn write_pool_status(&mut self, counters: Vec<(String, IPAddressPoolStatus)>) {
+        let api: Api<IPAddressPool> = Api::namespaced(self.writer.client.clone(), &self.namespace);
+        let metrics = &self.writer.metrics;
+        for (name, status) in counters {
+            let label = vec![("pool", name.clone())];
+            metrics
+                .addresses_in_use
+                .get_or_create(&label)
+                .set(status.assigned_ipv4.saturating_add(status.assigned_ipv6));
+            metrics
+                .ipv4_in_use
+                .get_or_create(&label)
+                .set(status.assigned_ipv4);
+            metrics
+                .ipv6_in_use
+                .get_or_create(&label)
+                .set(status.assigned_ipv6);
+            if self.written_pool_status.get(&name) == Some(&status)
+                || !self.writer.leadership.is_leading()
+            {
+                continue;
+            }
+            let patch = serde_json::json!({"status": status});
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.written_pool_status.insert(name, status);
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %name, error = %e, "writing IPAddressPool status failed")
+                }
+            }
+        }
+    }
+}
+
+impl ApiWrites {
     /// Keeps a finalizer on every BFDProfile a BGPPeer refers to, so deleting a profile in use
     /// waits until no peer refers to it (MetalLB's webhook refuses such a deletion).
     async fn protect_bfd_profiles(&self, peers: &[BGPPeer], profiles: &[BFDProfile]) {
-        if !self.leadership.is_leading() {
+        if !self.writer.leadership.is_leading() {
             return;
         }
         let referenced: BTreeSet<&str> = peers
             .iter()
             .filter_map(|p| p.spec.bfd_profile.as_deref())
             .collect();
-        let api: Api<BFDProfile> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let api: Api<BFDProfile> = Api::namespaced(self.writer.client.clone(), &self.namespace);
         for profile in profiles {
             let name = profile.metadata.name.as_deref().unwrap_or_default();
             let finalizers = profile.metadata.finalizers.clone().unwrap_or_default();
@@ -629,8 +714,8 @@ impl Driver {
     }
 
     /// Writes ConfigurationState `controller` and Events on left-out objects, when they change.
-    async fn report_config(&mut self, validated: &ferrolb_config::validate::Validated) {
-        if !self.leadership.is_leading() {
+    async fn report_state(&mut self, validated: &ferrolb_config::validate::Validated) {
+        if !self.writer.leadership.is_leading() {
             return;
         }
         let result = if validated.is_valid() {
@@ -646,7 +731,7 @@ impl Driver {
             .join("\n");
         if self.written_state.as_ref() != Some(&(result, summary.clone())) {
             let api: Api<ConfigurationState> =
-                Api::namespaced(self.client.clone(), &self.settings.namespace);
+                Api::namespaced(self.writer.client.clone(), &self.namespace);
             let object = ConfigurationState {
                 metadata: ObjectMeta {
                     name: Some("controller".into()),
@@ -708,102 +793,6 @@ impl Driver {
         let current: BTreeSet<String> = validated.errors.iter().map(ToString::to_string).collect();
         self.reported_errors.retain(|l| current.contains(l));
     }
-
-    /// Services of ours still waiting for an IP.
-    fn pending(&self) -> Vec<ServiceKey> {
-        self.services
-            .iter()
-            .filter(|s| self.core.allocator().assignment(s.key()).is_none())
-            .filter(|s| is_ours(&s.to_service(), self.settings.lb_class.as_deref()))
-            .map(|s| s.key().clone())
-            .collect()
-    }
-
-    /// Decides what one Service should carry (allocating or releasing in the core).
-    fn decide(&mut self, key: &ServiceKey) -> Decision {
-        let Some(cached) = self.services.get(key).cloned() else {
-            return if self.core.forget(key) {
-                Decision::Freed
-            } else {
-                Decision::Nothing
-            };
-        };
-        let service = cached.to_service();
-        let outcome = self
-            .core
-            .reconcile(&service, &self.namespace_labels(&service));
-        self.metrics
-            .services_assigned
-            .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
-        if matches(&service, &outcome.desired) && outcome.notes.is_empty() {
-            Decision::Nothing
-        } else {
-            // The cached form, not the Service: a batch may hold thousands until written.
-            Decision::Write(cached, outcome)
-        }
-    }
-
-    /// What the write pipeline needs of the driver.
-    fn writer(&self) -> Writer {
-        Writer {
-            client: self.client.clone(),
-            leadership: self.leadership.clone(),
-            metrics: Arc::clone(&self.metrics),
-            events: self.events.clone(),
-        }
-    }
-
-    /// Writes pool counters to IPAddressPool status (and metrics) when they changed.
-    async fn write_pool_status(&mut self) {
-        let Some(pools) = &self.applied_pools else {
-            return;
-        };
-        let names: Vec<String> = pools.iter().map(|p| p.name.clone()).collect();
-        let api: Api<IPAddressPool> =
-            Api::namespaced(self.client.clone(), &self.settings.namespace);
-        let mut written: BTreeMap<String, IPAddressPoolStatus> = BTreeMap::new();
-        for name in names {
-            let Some(stats) = self.core.allocator().pool_stats(&name) else {
-                continue;
-            };
-            let status = IPAddressPoolStatus {
-                assigned_ipv4: stats.assigned_ipv4,
-                assigned_ipv6: stats.assigned_ipv6,
-                available_ipv4: stats.available_ipv4,
-                available_ipv6: stats.available_ipv6,
-            };
-            let label = vec![("pool", name.clone())];
-            self.metrics
-                .addresses_in_use
-                .get_or_create(&label)
-                .set(stats.assigned_ipv4.saturating_add(stats.assigned_ipv6));
-            self.metrics
-                .ipv4_in_use
-                .get_or_create(&label)
-                .set(stats.assigned_ipv4);
-            self.metrics
-                .ipv6_in_use
-                .get_or_create(&label)
-                .set(stats.assigned_ipv6);
-            if self.written_pool_status.get(&name) == Some(&status) || !self.leadership.is_leading()
-            {
-                continue;
-            }
-            let patch = serde_json::json!({"status": status});
-            match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    written.insert(name, status);
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %name, error = %e, "writing IPAddressPool status failed")
-                }
-            }
-        }
-        self.written_pool_status.extend(written);
-    }
 }
 
 /// Writes one Service's outcome: owns what it needs, so writes run while the loop goes on.
@@ -817,11 +806,7 @@ struct Writer {
 
 impl Writer {
     /// Writes what differs and records the Events, if this replica still leads.
-    async fn apply(
-        &self,
-        service: &Service,
-        outcome: &crate::core::Outcome,
-    ) -> anyhow::Result<Applied> {
+    async fn apply(&self, service: &Service, outcome: &Outcome) -> anyhow::Result<Applied> {
         let started = Instant::now();
         if !self.leadership.is_leading() {
             return Ok(Applied::NotLeading);
@@ -954,5 +939,167 @@ mod tests {
             clear
         ));
         assert!(!annotations_applied(&ok, clear));
+    }
+}
+
+#[cfg(test)]
+mod driver_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::cell::{Cell, RefCell};
+
+    use super::*;
+
+    const NAMESPACE: &str = "ferrolb-system";
+
+    /// Writes that only log what they would write; Service writes find this replica leading or not.
+    struct Logged {
+        log: RefCell<Vec<String>>,
+        leading: Cell<bool>,
+    }
+
+    impl Logged {
+        fn take(&self) -> Vec<String> {
+            self.log.take()
+        }
+    }
+
+    impl Writes for Logged {
+        fn write_service(&self, write: ServiceWrite) -> WriteFuture {
+            self.log.borrow_mut().push(format!(
+                "write {}: {:?}",
+                write.service.key(),
+                write.outcome.desired
+            ));
+            let applied = if self.leading.get() {
+                Applied::Done
+            } else {
+                Applied::NotLeading
+            };
+            Box::pin(futures::future::ready(Ok(applied)))
+        }
+
+        fn new_term(&mut self) {
+            self.log.get_mut().push("new term".into());
+        }
+
+        async fn report_config(&mut self, report: &ConfigReport) {
+            let valid = report.validated.is_valid();
+            self.log
+                .get_mut()
+                .push(format!("report config: valid {valid}"));
+        }
+
+        async fn write_pool_status(&mut self, counters: Vec<(String, IPAddressPoolStatus)>) {
+            for (pool, status) in counters {
+                self.log.get_mut().push(format!(
+                    "pool {pool}: {} assigned, {} available",
+                    status.assigned_ipv4, status.available_ipv4
+                ));
+            }
+        }
+    }
+
+    /// A driver whose watches have all listed, with pool `p` of `range` and no Services.
+    fn driver_with_pool(range: &str) -> Driver<Logged> {
+        let (pools, mut writer) = reflector::store();
+        let pool: IPAddressPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "p", "namespace": NAMESPACE},
+            "spec": {"addresses": [range]},
+        }))
+        .unwrap();
+        writer.apply_watcher_event(&Event::Apply(pool));
+        let stores = Stores {
+            namespaces: reflector::store().0,
+            nodes: reflector::store().0,
+            pools,
+            l2: reflector::store().0,
+            bgp: reflector::store().0,
+            peers: reflector::store().0,
+            communities: reflector::store().0,
+            bfd: reflector::store().0,
+        };
+        let mut driver = Driver {
+            schedule: Schedule::new(WATCHES, Instant::now()),
+            decider: Decider {
+                namespace: NAMESPACE.into(),
+                lb_class: None,
+                stores,
+                services: ServiceCache::default(),
+                metrics: Arc::new(Metrics::new()),
+                core: Core::new(None),
+                applied_pools: None,
+                report: None,
+            },
+            writes: Logged {
+                log: RefCell::default(),
+                leading: Cell::new(true),
+            },
+            in_flight: FuturesUnordered::new(),
+        };
+        for kind in [
+            "services",
+            "namespaces",
+            "nodes",
+            "ipaddresspools",
+            "l2advertisements",
+            "bgpadvertisements",
+            "bgppeers",
+            "communities",
+            "bfdprofiles",
+        ] {
+            driver.take(Work::Synced(kind));
+        }
+        driver
+    }
+
+    fn created(name: &str) -> Work {
+        let service: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+        }))
+        .unwrap();
+        Work::Service(Box::new(Event::Apply(CachedService::new(service))))
+    }
+
+    /// Waits for the next Service write to finish and takes it in.
+    async fn finish_one(driver: &mut Driver<Logged>) {
+        let (key, result) = driver.in_flight.next().await.unwrap();
+        driver.finished(key, result);
+    }
+
+    /// What a term that starts with only Service `a` waiting for an IP writes.
+    const A_TERM_THAT_WRITES_A: [&str; 3] = [
+        "new term",
+        "report config: valid true",
+        "write default/a: Assigned { ips: [198.18.200.0], pool: \"p\" }",
+    ];
+
+    #[tokio::test]
+    async fn the_driver_writes_what_the_schedule_starts_then_the_pool_counters() {
+        let mut driver = driver_with_pool("198.18.200.0/30");
+        driver.take(created("a"));
+        driver.step(Some(1)).await;
+        assert_eq!(driver.writes.take(), A_TERM_THAT_WRITES_A);
+        finish_one(&mut driver).await;
+        driver.step(Some(1)).await;
+        assert_eq!(driver.writes.take(), ["pool p: 1 assigned, 3 available"]);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_finds_leadership_lapsed_is_written_again_at_the_next_term() {
+        let mut driver = driver_with_pool("198.18.200.0/30");
+        driver.take(created("a"));
+        driver.writes.leading.set(false);
+        driver.step(Some(1)).await;
+        driver.writes.take();
+        finish_one(&mut driver).await;
+        driver.step(None).await;
+        assert!(driver.writes.take().is_empty());
+
+        driver.writes.leading.set(true);
+        driver.step(Some(2)).await;
+        assert_eq!(driver.writes.take(), A_TERM_THAT_WRITES_A);
     }
 }
