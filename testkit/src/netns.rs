@@ -61,6 +61,12 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// A handle on the existing namespace `name` (one a parent process made, say); the caller
+    /// removes it, not this handle.
+    pub fn named(name: &str) -> Netns {
+        Netns { name: name.into() }
+    }
+
     /// The namespace's name (`ip netns`).
     pub fn name(&self) -> &str {
         &self.name
@@ -316,9 +322,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside the lab ranges")]
     fn addresses_outside_the_lab_ranges_are_refused() {
-        Netns {
-            name: "unused".into(),
-        }
-        .add_address("x0", "192.0.2.1");
+        Netns::named("unused").add_address("x0", "192.0.2.1");
     }
 }
