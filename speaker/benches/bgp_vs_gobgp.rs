@@ -258,11 +258,7 @@ struct Lab {
 impl Lab {
     fn new(tag: &str) -> Self {
         let mut lab = netns::Lab::new("flbvs", tag);
-        let speaker = lab.namespace("s");
-        let router = lab.namespace("r");
-        lab.veth((&speaker, "s0"), (&router, "r0"));
-        speaker.add_address("s0", SPEAKER_V4);
-        router.add_address("r0", ROUTER_V4);
+        let (speaker, router) = lab.pair(("s", "s0", &[SPEAKER_V4]), ("r", "r0", &[ROUTER_V4]));
         Lab {
             lab,
             speaker,

@@ -48,15 +48,10 @@ impl Lab {
     fn new(name: &str, tools: &[&str]) -> Self {
         trial::require(tools);
         let mut lab = netns::Lab::new("flbbgp", name);
-        let speaker = lab.namespace("s");
-        let router = lab.namespace("r");
-        lab.veth((&speaker, "s0"), (&router, "r0"));
-        for address in [SPEAKER_V4, SPEAKER_V6] {
-            speaker.add_address("s0", address);
-        }
-        for address in [ROUTER_V4, ROUTER_V6] {
-            router.add_address("r0", address);
-        }
+        let (speaker, router) = lab.pair(
+            ("s", "s0", &[SPEAKER_V4, SPEAKER_V6]),
+            ("r", "r0", &[ROUTER_V4, ROUTER_V6]),
+        );
         Lab {
             lab,
             speaker,

@@ -32,13 +32,12 @@ struct Lab {
 impl Lab {
     fn create() -> Lab {
         let mut lab = netns::Lab::new("flb-t-sock", "l2");
-        let client = lab.namespace("a");
-        let ours = lab.namespace("b");
-        lab.veth((&client, "veth-a"), (&ours, "veth-b"));
+        let (client, ours) = lab.pair(
+            ("a", "veth-a", &["198.19.78.1", "fd00:78::1"]),
+            ("b", "veth-b", &[]),
+        );
         client.ip(&["link", "set", "veth-a", "address", "02:00:00:00:00:0a"]);
         ours.ip(&["link", "set", "veth-b", "address", "02:00:00:00:00:0b"]);
-        client.add_address("veth-a", "198.19.78.1");
-        client.add_address("veth-a", "fd00:78::1");
         Lab {
             _lab: lab,
             client,

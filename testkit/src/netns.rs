@@ -11,10 +11,8 @@
 //! use ferrolb_testkit::netns::Lab;
 //!
 //! let mut lab = Lab::new("flbex", "demo");
-//! let (a, b) = (lab.namespace("a"), lab.namespace("b"));
-//! lab.veth((&a, "a0"), (&b, "b0"));
-//! a.add_address("a0", "198.19.79.1");
-//! b.add_address("b0", "198.19.79.2");
+//! // Namespaces flbex-<pid>-demo-a and -b, a veth pair a0 -- b0 with an address at each end.
+//! let (a, b) = lab.pair(("a", "a0", &["198.19.79.1"]), ("b", "b0", &["198.19.79.2"]));
 //! let pid = lab.spawn(&b, "sleep", &["60"]);
 //! let routes = a.run("ip", &["route"]);
 //! let listener = b.on_thread(|| std::net::TcpListener::bind("198.19.79.2:1790").unwrap());
@@ -225,6 +223,19 @@ impl Lab {
         ]);
         a.0.ip(&["link", "set", a.1, "up"]);
         b.0.ip(&["link", "set", b.1, "up"]);
+    }
+
+    /// Two new namespaces joined by a veth pair, each end given as `(namespace suffix, interface,
+    /// addresses)` (see [`Lab::namespace`], [`Lab::veth`], [`Netns::add_address`]).
+    pub fn pair(&mut self, a: (&str, &str, &[&str]), b: (&str, &str, &[&str])) -> (Netns, Netns) {
+        let (na, nb) = (self.namespace(a.0), self.namespace(b.0));
+        self.veth((&na, a.1), (&nb, b.1));
+        for (ns, ifname, addresses) in [(&na, a.1, a.2), (&nb, b.1, b.2)] {
+            for address in addresses {
+                ns.add_address(ifname, address);
+            }
+        }
+        (na, nb)
     }
 
     /// Starts `program` in `ns`, stdout and stderr to `<dir>/<program's file name>.out`; it is

@@ -8,8 +8,8 @@ use ferrolb_testkit::netns::{KEEP_ENV, Lab, run};
 use ferrolb_testkit::trial;
 
 /// Two namespaces joined by a veth pair reach each other over IPv4 and IPv6 (a listener in
-/// one, a connection from the other); a process lives in one of them; after the drop the namespaces, the process and the directory
-/// are gone.
+/// one, a connection from the other); a process lives in one of them; after the drop the
+/// namespaces, the process and the directory are gone.
 fn a_lab_joins_two_namespaces_and_removes_everything_on_drop() {
     let mut lab = Lab::new("flbkit", "selftest");
     let (a, b) = (lab.namespace("a"), lab.namespace("b"));
