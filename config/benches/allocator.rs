@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ferrolb_config::address::{Family, IpRange};
+use ferrolb_config::address::Family;
 use ferrolb_config::allocator::{
     Allocator, FamilyPolicy, ProtocolPort, ServiceKey, ServiceRequest,
 };
@@ -97,14 +97,8 @@ fn live_bytes() -> isize {
 }
 
 fn pool(cidr: &str) -> Pool {
-    Pool {
-        name: format!("pool-{}", cidr.replace(['/', ':', '.'], "-")),
-        labels: Labels::new(),
-        ranges: vec![IpRange::parse(cidr).unwrap()],
-        auto_assign: true,
-        avoid_buggy_ips: false,
-        allocation: None,
-    }
+    let name = format!("pool-{}", cidr.replace(['/', ':', '.'], "-"));
+    ferrolb_testkit::model::pool(&name, &[cidr])
 }
 
 fn family_of(cidr: &str) -> Family {

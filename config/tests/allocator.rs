@@ -4,13 +4,14 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use ferrolb_config::address::{Family, IpRange};
+use ferrolb_config::address::Family;
 use ferrolb_config::allocator::{
     AllocationError, Allocator, Assignment, Backend, FamilyPolicy, PoolStats, ProtocolPort,
     ServiceKey, ServiceRequest, ShareConflict,
 };
 use ferrolb_config::model::{Pool, PoolAllocation};
 use ferrolb_config::selector::{Labels, Selector};
+use ferrolb_testkit::model::pool;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -18,19 +19,6 @@ fn ip(s: &str) -> IpAddr {
 
 fn ips(list: &[&str]) -> Vec<IpAddr> {
     list.iter().map(|s| ip(s)).collect()
-}
-
-fn pool(name: &str, ranges: &[&str]) -> Pool {
-    let mut ranges: Vec<IpRange> = ranges.iter().map(|r| IpRange::parse(r).unwrap()).collect();
-    ranges.sort();
-    Pool {
-        name: name.into(),
-        labels: Labels::new(),
-        ranges,
-        auto_assign: true,
-        avoid_buggy_ips: false,
-        allocation: None,
-    }
 }
 
 fn manual(mut p: Pool) -> Pool {

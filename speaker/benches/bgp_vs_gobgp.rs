@@ -40,8 +40,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::path::Path;
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -50,8 +50,10 @@ use ferrolb_bgp::adj_out::RouteAttributes;
 use ferrolb_bgp::adj_out::{self, AdjRibOut, SessionContext};
 use ferrolb_bgp::fsm::State;
 use ferrolb_bgp::packet::{AfiSafi, CodecContext, Community, LargeCommunity, Message};
-use ferrolb_config::model::{Peer, PeerAsn, PeerTarget};
+use ferrolb_config::model::Peer;
 use ferrolb_speaker::bgp::driver::{Driver, NoObserver, PeerSettings};
+use ferrolb_testkit::netns::{self, Netns};
+use ferrolb_testkit::{model, trial};
 use ipnet::{IpNet, Ipv4Net};
 
 const SPEAKER_V4: &str = "198.19.0.1";
@@ -82,24 +84,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false)
 }
 
 /// Polls `f` every `every` until it returns `Some`, or panics after `limit`.
@@ -195,27 +179,12 @@ fn plan_of(prefixes: impl IntoIterator<Item = Ipv4Addr>) -> AdjRibOut {
 }
 
 fn peer() -> Peer {
-    Peer {
-        name: "frr".into(),
-        my_asn: 64512,
-        peer_asn: PeerAsn::Fixed(64500),
-        target: PeerTarget::Address(ROUTER_V4.parse().unwrap()),
-        source_address: None,
-        port: 179,
-        hold_time: Duration::from_secs(9),
-        keepalive_time: Duration::from_secs(3),
-        connect_time: Some(Duration::from_secs(1)),
-        router_id: Some(SPEAKER_V4.parse().unwrap()),
-        node_selectors: vec![],
-        password: None,
-        bfd_profile: None,
-        ebgp_multi_hop: false,
-        vrf: None,
-        graceful_restart: false,
-        local_asn: None,
-        dual_stack_address_family: false,
-        disable_mp: false,
-    }
+    model::peer("frr", ROUTER_V4)
+        .hold_time(Duration::from_secs(9))
+        .keepalive_time(Duration::from_secs(3))
+        .connect_time(Duration::from_secs(1))
+        .router_id(SPEAKER_V4)
+        .build()
 }
 
 fn desired(routes: AdjRibOut) -> BTreeMap<String, (PeerSettings, AdjRibOut)> {
@@ -278,94 +247,49 @@ fn mrt_file(prefixes: &[Ipv4Addr]) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // The lab: two namespaces, FRR, and whatever runs in them
 
+/// Two namespaces joined by a veth pair (`s0` in the sender's, `r0` in the router's), the
+/// processes in them and a scratch directory; all removed on drop.
 struct Lab {
-    speaker: String,
-    router: String,
-    dir: PathBuf,
-    children: Vec<Child>,
+    lab: netns::Lab,
+    speaker: Netns,
+    router: Netns,
 }
 
 impl Lab {
     fn new(tag: &str) -> Self {
-        let id = format!("flbvs{}{tag}", std::process::id());
-        let lab = Lab {
-            speaker: format!("{id}s"),
-            router: format!("{id}r"),
-            dir: std::env::temp_dir().join(&id),
-            children: Vec::new(),
-        };
-        let _ = std::fs::remove_dir_all(&lab.dir);
-        std::fs::create_dir_all(&lab.dir).unwrap();
-        for ns in [&lab.speaker, &lab.router] {
-            run("ip", &["netns", "add", ns]);
+        let mut lab = netns::Lab::new("flbvs", tag);
+        let (speaker, router) = lab.pair(("s", "s0", &[SPEAKER_V4]), ("r", "r0", &[ROUTER_V4]));
+        Lab {
+            lab,
+            speaker,
+            router,
         }
-        run(
-            "ip",
-            &[
-                "-n",
-                &lab.speaker,
-                "link",
-                "add",
-                "s0",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "r0",
-                "netns",
-                &lab.router,
-            ],
-        );
-        for (ns, ifname, v4) in [
-            (&lab.speaker, "s0", SPEAKER_V4),
-            (&lab.router, "r0", ROUTER_V4),
-        ] {
-            run("ip", &["-n", ns, "link", "set", "lo", "up"]);
-            run(
-                "ip",
-                &["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", ifname],
-            );
-            run("ip", &["-n", ns, "link", "set", ifname, "up"]);
-        }
-        lab
     }
 
-    fn spawn_in(&mut self, ns: &str, program: &str, args: &[&str]) -> u32 {
-        let mut all = vec!["netns", "exec", ns, program];
-        all.extend_from_slice(args);
-        let name = Path::new(program).file_name().unwrap().to_string_lossy();
-        let log = std::fs::File::create(self.dir.join(format!("{name}.out"))).unwrap();
-        // `ip netns exec` execs the program: the child's PID is the daemon's.
-        let child = Command::new("ip")
-            .args(&all)
-            .env("TZ", "UTC")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        self.children.push(child);
-        pid
+    fn dir(&self) -> &Path {
+        self.lab.dir()
+    }
+
+    /// Starts `program` in `ns` (with TZ=UTC: bgpd's log timestamps are read as UTC); its PID.
+    fn spawn_in(&mut self, ns: &Netns, program: &str, args: &[&str]) -> u32 {
+        self.lab.spawn_env(ns, program, args, &[("TZ", "UTC")])
     }
 
     fn in_speaker(&self, program: &str, args: &[&str]) -> std::process::Output {
-        let mut all = vec!["netns", "exec", self.speaker.as_str(), program];
-        all.extend_from_slice(args);
-        Command::new("ip").args(&all).output().unwrap()
+        self.speaker.output(program, args)
     }
 
     /// Starts zebra and bgpd in the router namespace (the same configuration for every
     /// sender) and returns a vty connection to bgpd.
     fn start_frr(&mut self) -> Vty {
-        let d = self.dir.display().to_string();
+        let d = self.dir().display().to_string();
         std::fs::write(
-            self.dir.join("zebra.conf"),
+            self.dir().join("zebra.conf"),
             "frr defaults traditional\nhostname r\n!\n",
         )
         .unwrap();
         std::fs::write(
-            self.dir.join("bgpd.conf"),
+            self.dir().join("bgpd.conf"),
             format!(
                 "frr defaults traditional\nhostname r\nlog file {d}/bgpd.log\nlog timestamp precision 6\n!\n\
                  router bgp 64500\n bgp router-id {ROUTER_V4}\n bgp log-neighbor-changes\n \
@@ -376,12 +300,12 @@ impl Lab {
             ),
         )
         .unwrap();
-        run("chown", &["-R", "frr:frr", &d]);
+        netns::run("chown", &["-R", "frr:frr", &d]);
         let router = self.router.clone();
         for daemon in ["zebra", "bgpd"] {
             let mut args = vec![
                 "-N".to_string(),
-                router.clone(),
+                router.name().to_string(),
                 "-f".into(),
                 format!("{d}/{daemon}.conf"),
                 "-i".into(),
@@ -397,7 +321,7 @@ impl Lab {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             self.spawn_in(&router, &format!("/usr/lib/frr/{daemon}"), &args);
             if daemon == "zebra" {
-                let api = self.dir.join("zserv.api");
+                let api = self.dir().join("zserv.api");
                 wait_for(
                     "zebra socket",
                     Duration::from_secs(20),
@@ -406,7 +330,7 @@ impl Lab {
                 );
             }
         }
-        let path = self.dir.join("bgpd.vty");
+        let path = self.dir().join("bgpd.vty");
         let vty = wait_for(
             "bgpd vty",
             Duration::from_secs(20),
@@ -425,7 +349,7 @@ impl Lab {
 
     /// When bgpd logged the session with the sender as up (`%ADJCHANGE ... Up`), wall clock.
     fn established_at(&self) -> f64 {
-        let log = self.dir.join("bgpd.log");
+        let log = self.dir().join("bgpd.log");
         wait_for(
             "bgpd: session up",
             Duration::from_secs(60),
@@ -443,7 +367,7 @@ impl Lab {
     /// Starts gobgpd in the sender namespace; with a (passive) neighbour FRR when `neighbor`,
     /// admin-down when `admin_down`. Returns its PID once its API answers.
     fn start_gobgpd(&mut self, admin_down: bool) -> u32 {
-        let conf = self.dir.join("gobgpd.toml");
+        let conf = self.dir().join("gobgpd.toml");
         std::fs::write(
             &conf,
             format!(
@@ -494,32 +418,6 @@ impl Lab {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // Anything else still running in our namespaces (by PID, only ours).
-        for ns in [&self.speaker, &self.router] {
-            let pids = Command::new("ip")
-                .args(["netns", "pids", ns])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default();
-            for pid in pids.split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        for ns in [&self.speaker, &self.router] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-        if std::env::var_os("KEEP_BGP_LAB").is_none() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
 }
 
@@ -621,20 +519,18 @@ struct FibWatch {
 }
 
 impl FibWatch {
-    fn start(ns: &str) -> Self {
+    fn start(ns: &Netns) -> Self {
         use nix::sys::socket::{
             AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv,
             setsockopt, socket, sockopt,
         };
         use nix::sys::time::{TimeVal, TimeValLike};
-        let netns = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
         let seen = Arc::new(Mutex::new(HashMap::new()));
         let overflow = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let (seen2, overflow2, stop2) = (seen.clone(), overflow.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let thread = ns.thread(move || {
             let fd = socket(
                 AddressFamily::Netlink,
                 SockType::Raw,
@@ -753,13 +649,11 @@ struct DriverThread {
 }
 
 impl DriverThread {
-    fn start(ns: &str) -> Self {
-        let netns = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    fn start(ns: &Netns) -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
         let established = Arc::new(Mutex::new(None));
         let est = established.clone();
-        let thread = std::thread::spawn(move || {
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let thread = ns.thread(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -965,7 +859,7 @@ fn gobgp_cold(run: usize, n: usize, r: &mut Results) {
     let mut vty = lab.start_frr();
     let fib = FibWatch::start(&lab.router);
     let bulk: Vec<Ipv4Addr> = (0..n).map(bulk_prefix).collect();
-    let mrt = lab.dir.join("routes.mrt");
+    let mrt = lab.dir().join("routes.mrt");
     std::fs::write(&mrt, mrt_file(&bulk)).unwrap();
     let mrt = mrt.display().to_string();
     let pid = lab.start_gobgpd(true);
@@ -1018,7 +912,7 @@ fn gobgp_warm(run: usize, n: usize, samples: usize, r: &mut Results) {
     let mut vty = lab.start_frr();
     let fib = FibWatch::start(&lab.router);
     let bulk: Vec<Ipv4Addr> = (0..n).map(bulk_prefix).collect();
-    let mrt = lab.dir.join("routes.mrt");
+    let mrt = lab.dir().join("routes.mrt");
     std::fs::write(&mrt, mrt_file(&bulk)).unwrap();
     let mrt = mrt.display().to_string();
     lab.start_gobgpd(false);
@@ -1087,7 +981,7 @@ fn ferrolb_rss(n: usize, r: &mut Results) {
     let mut vty = lab.start_frr();
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
-        .env(CHILD_ENV, &lab.speaker)
+        .env(CHILD_ENV, lab.speaker.name())
         .env("FERROLB_BENCH_PREFIXES", n.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1097,7 +991,7 @@ fn ferrolb_rss(n: usize, r: &mut Results) {
     let pid = child.id();
     let mut stdin: ChildStdin = child.stdin.take().unwrap();
     let stdout = child.stdout.take().unwrap();
-    lab.children.push(child);
+    lab.lab.adopt(child);
     let (line_tx, line_rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -1133,8 +1027,7 @@ fn ferrolb_rss(n: usize, r: &mut Results) {
 /// The child of `ferrolb_rss`: the driver alone, in the sender namespace; `go` on stdin hands
 /// it the 10,000 prefixes, `stop` (or EOF) ends it.
 fn child_main(ns: &str) {
-    let netns = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-    nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+    Netns::named(ns).enter();
     let n = env_usize("FERROLB_BENCH_PREFIXES", 10_000);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
@@ -1263,23 +1156,20 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    if !is_root() {
-        println!("bgp_vs_gobgp: skipped, needs root (network namespaces)");
+    if let Some(reason) = trial::unmet(&[ZEBRA, BGPD, GOBGPD, GOBGP]) {
+        println!("bgp_vs_gobgp: skipped, {reason}");
         return;
-    }
-    for tool in [ZEBRA, BGPD, GOBGPD, GOBGP] {
-        if !Path::new(tool).exists() {
-            println!("bgp_vs_gobgp: skipped, {tool} is not installed (e2e/install-deps)");
-            return;
-        }
     }
     let n = env_usize("FERROLB_BENCH_PREFIXES", 10_000);
     let samples = env_usize("FERROLB_BENCH_SAMPLES", 50);
     let runs = env_usize("FERROLB_BENCH_RUNS", 3);
     println!(
         "bgp_vs_gobgp: {n} prefixes, {samples} single-prefix samples, {runs} runs; FRR {}, GoBGP {}",
-        run(BGPD, &["--version"]).lines().next().unwrap_or("?"),
-        run(GOBGP, &["--version"]).trim()
+        netns::run(BGPD, &["--version"])
+            .lines()
+            .next()
+            .unwrap_or("?"),
+        netns::run(GOBGP, &["--version"]).trim()
     );
     driver_steps(n);
     let mut r = Results::default();

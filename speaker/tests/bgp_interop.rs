@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,8 +22,10 @@ use ferrolb_bgp::fsm::State;
 use ferrolb_bgp::packet::{
     AfiSafi, Capability, CodecContext, Community, LargeCommunity, Message, Notification, Open,
 };
-use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
+use ferrolb_config::model::Peer;
 use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, PeerSettings};
+use ferrolb_testkit::netns::{self, Netns};
+use ferrolb_testkit::{model, trial};
 
 const SPEAKER_V4: &str = "198.19.77.1";
 const ROUTER_V4: &str = "198.19.77.2";
@@ -32,133 +34,41 @@ const ROUTER_V6: &str = "fd00:77::2";
 const PREFIX_V4: &str = "198.51.100.10/32";
 const PREFIX_V6: &str = "2001:db8:77::10/128";
 
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Two namespaces joined by a veth pair, the router's processes, and a scratch directory.
+/// Two namespaces joined by a veth pair (`s0` in the speaker's, `r0` in the router's), the
+/// router's processes, and a scratch directory; all removed on drop.
 struct Lab {
-    speaker: String,
-    router: String,
-    dir: PathBuf,
-    children: Vec<Child>,
+    lab: netns::Lab,
+    speaker: Netns,
+    router: Netns,
 }
 
 impl Lab {
     /// Two fresh namespaces for test `name`. Whether root and `tools` are there is checked by
     /// `main` before (a trial that cannot run is reported as ignored), so here it is a failure.
     fn new(name: &str, tools: &[&str]) -> Self {
-        assert!(nix_is_root(), "{name}: needs root");
-        if let Some(t) = missing(tools) {
-            panic!("{name}: {t} is not installed (e2e/install-deps)");
-        }
-        let id = format!("flbbgp-{}-{name}", std::process::id());
-        let lab = Lab {
-            speaker: format!("{id}-s"),
-            router: format!("{id}-r"),
-            dir: std::env::temp_dir().join(&id),
-            children: Vec::new(),
-        };
-        let _ = std::fs::remove_dir_all(&lab.dir);
-        std::fs::create_dir_all(&lab.dir).unwrap();
-        for ns in [&lab.speaker, &lab.router] {
-            run("ip", &["netns", "add", ns]);
-        }
-        run(
-            "ip",
-            &[
-                "-n",
-                &lab.speaker,
-                "link",
-                "add",
-                "s0",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "r0",
-                "netns",
-                &lab.router,
-            ],
+        trial::require(tools);
+        let mut lab = netns::Lab::new("flbbgp", name);
+        let (speaker, router) = lab.pair(
+            ("s", "s0", &[SPEAKER_V4, SPEAKER_V6]),
+            ("r", "r0", &[ROUTER_V4, ROUTER_V6]),
         );
-        for (ns, ifname, v4, v6) in [
-            (&lab.speaker, "s0", SPEAKER_V4, SPEAKER_V6),
-            (&lab.router, "r0", ROUTER_V4, ROUTER_V6),
-        ] {
-            run(
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    ns,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.all.accept_dad=0",
-                ],
-            );
-            run(
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    ns,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.default.accept_dad=0",
-                ],
-            );
-            run("ip", &["-n", ns, "link", "set", "lo", "up"]);
-            run(
-                "ip",
-                &["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", ifname],
-            );
-            run(
-                "ip",
-                &[
-                    "-n",
-                    ns,
-                    "addr",
-                    "add",
-                    &format!("{v6}/64"),
-                    "dev",
-                    ifname,
-                    "nodad",
-                ],
-            );
-            run("ip", &["-n", ns, "link", "set", ifname, "up"]);
+        Lab {
+            lab,
+            speaker,
+            router,
         }
-        lab
+    }
+
+    fn dir(&self) -> &Path {
+        self.lab.dir()
     }
 
     fn spawn_in_router(&mut self, program: &str, args: &[&str]) {
-        let mut all = vec!["netns", "exec", self.router.as_str(), program];
-        all.extend_from_slice(args);
-        let log = std::fs::File::create(self.dir.join(format!(
-            "{}.log",
-            Path::new(program).file_name().unwrap().to_string_lossy()
-        )))
-        .unwrap();
-        let child = Command::new("ip")
-            .args(&all)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.children.push(child);
+        self.lab.spawn(&self.router, program, args);
     }
 
     fn in_router(&self, program: &str, args: &[&str]) -> String {
-        let mut all = vec!["netns", "exec", self.router.as_str(), program];
-        all.extend_from_slice(args);
-        let out = Command::new("ip").args(&all).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.router.stdout(program, args)
     }
 
     /// Polls `check` in the router until it holds, or fails after 30 s with the last output.
@@ -174,60 +84,22 @@ impl Lab {
     }
 }
 
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // Daemons that fork or outlive `ip netns exec` go with their namespace's processes.
-        let pids = Command::new("ip")
-            .args(["netns", "pids", &self.router])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        for pid in pids.split_whitespace() {
-            let _ = Command::new("kill").arg(pid).status();
-        }
-        for ns in [&self.speaker, &self.router] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-        if std::env::var_os("KEEP_BGP_LAB").is_none() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-fn nix_is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false)
+/// A single-threaded runtime, so the driver and the checks interleave.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn peer(name: &str, address: &str, password: Option<&str>) -> Peer {
-    Peer {
-        name: name.into(),
-        my_asn: 64512,
-        peer_asn: PeerAsn::Fixed(64500),
-        target: PeerTarget::Address(address.parse().unwrap()),
-        source_address: None,
-        port: 179,
-        hold_time: Duration::from_secs(9),
-        keepalive_time: Duration::from_secs(3),
-        connect_time: Some(Duration::from_secs(1)),
-        router_id: Some(SPEAKER_V4.parse().unwrap()),
-        node_selectors: vec![],
-        password: password.map(|p| PeerPassword::Plain(p.into())),
-        bfd_profile: None,
-        ebgp_multi_hop: false,
-        vrf: None,
-        graceful_restart: false,
-        local_asn: None,
-        dual_stack_address_family: false,
-        disable_mp: false,
-    }
+    model::peer(name, address)
+        .hold_time(Duration::from_secs(9))
+        .keepalive_time(Duration::from_secs(3))
+        .connect_time(Duration::from_secs(1))
+        .router_id(SPEAKER_V4)
+        .password(password)
+        .build()
 }
 
 fn routes() -> AdjRibOut {
@@ -296,14 +168,8 @@ fn lab_thread(
     tx: std::sync::mpsc::Sender<&'static str>,
     back: std::sync::mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<()> {
-    let netns = std::fs::File::open(format!("/run/netns/{}", lab.speaker)).unwrap();
-    std::thread::spawn(move || {
-        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
+    lab.speaker.thread(move || {
+        runtime().block_on(async move {
             let mut driver = Driver::new(Arc::new(NoObserver));
             driver.apply(desired.clone());
             let until = Instant::now() + Duration::from_secs(45);
@@ -369,22 +235,17 @@ const FRR_TOOLS: &[&str] = &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bi
 const BIRD_TOOLS: &[&str] = &["/usr/sbin/bird", "/usr/sbin/birdc"];
 const GOBGP_TOOLS: &[&str] = &["/usr/bin/gobgpd", "/usr/bin/gobgp"];
 
-/// The first of `tools` that is not installed.
-fn missing<'a>(tools: &[&'a str]) -> Option<&'a str> {
-    tools.iter().copied().find(|t| !Path::new(t).exists())
-}
-
 /// Writes zebra.conf and bgpd.conf (`router bgp 64500` with `neighbours` inside) and starts
 /// zebra and bgpd in the router namespace, with their sockets in the lab's directory.
 fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
-    let d = lab.dir.display().to_string();
+    let d = lab.dir().display().to_string();
     std::fs::write(
-        lab.dir.join("zebra.conf"),
+        lab.dir().join("zebra.conf"),
         "frr defaults traditional\nhostname r\n!\n",
     )
     .unwrap();
     std::fs::write(
-        lab.dir.join("bgpd.conf"),
+        lab.dir().join("bgpd.conf"),
         format!(
             "frr defaults traditional\nhostname r\nlog file {d}/bgpd-events.log\n\
              debug bgp neighbor-events\n!\nrouter bgp 64500\n bgp router-id {ROUTER_V4}\n \
@@ -392,8 +253,8 @@ fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
         ),
     )
     .unwrap();
-    run("chown", &["-R", "frr:frr", &d]);
-    let pathspace = lab.router.clone();
+    netns::run("chown", &["-R", "frr:frr", &d]);
+    let pathspace = lab.router.name().to_string();
     for daemon in ["zebra", "bgpd"] {
         let mut args = vec![
             "-N".to_string(),
@@ -413,7 +274,7 @@ fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         lab.spawn_in_router(&format!("/usr/lib/frr/{daemon}"), &args);
         if daemon == "zebra" {
-            let api = lab.dir.join("zserv.api");
+            let api = lab.dir().join("zserv.api");
             lab.wait_router("zebra socket", || {
                 api.exists().then_some(()).ok_or("no zserv.api".into())
             });
@@ -425,16 +286,13 @@ fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
 /// The router namespace, usable from the speaker's thread.
 #[derive(Clone)]
 struct Router {
-    ns: String,
+    ns: Netns,
     dir: PathBuf,
 }
 
 impl Router {
     fn exec(&self, program: &str, args: &[&str]) -> String {
-        let mut all = vec!["netns", "exec", self.ns.as_str(), program];
-        all.extend_from_slice(args);
-        let out = Command::new("ip").args(&all).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.ns.stdout(program, args)
     }
 
     fn vtysh(&self, cmd: &str) -> String {
@@ -461,8 +319,9 @@ impl Router {
     /// Loads an nftables ruleset (`nft -f -`) in the router namespace.
     fn nft(&self, ruleset: &str) {
         use std::io::Write as _;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "nft", "-f", "-"])
+        let mut child = self
+            .ns
+            .command("nft", &["-f", "-"])
             .stdin(Stdio::piped())
             .spawn()
             .unwrap();
@@ -491,7 +350,7 @@ impl Lab {
     fn ctl(&self) -> Router {
         Router {
             ns: self.router.clone(),
-            dir: self.dir.clone(),
+            dir: self.dir().to_path_buf(),
         }
     }
 
@@ -503,29 +362,13 @@ impl Lab {
         T: Send + 'static,
         F: Future<Output = T>,
     {
-        let netns = std::fs::File::open(format!("/run/netns/{}", self.speaker)).unwrap();
-        let thread = std::thread::spawn(move || {
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(body())
-        });
-        thread
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        self.speaker.on_thread(move || runtime().block_on(body()))
     }
 
     /// A listening socket in the router namespace.
     fn listen_in_router(&self, address: std::net::SocketAddr) -> std::net::TcpListener {
-        let netns = std::fs::File::open(format!("/run/netns/{}", self.router)).unwrap();
-        std::thread::spawn(move || {
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            std::net::TcpListener::bind(address).unwrap()
-        })
-        .join()
-        .unwrap()
+        self.router
+            .on_thread(move || std::net::TcpListener::bind(address).unwrap())
     }
 }
 
@@ -830,18 +673,7 @@ fn raw_message(marker: u8, length: u16, message_type: u8, body: &[u8]) -> Vec<u8
 /// its routes the whole time.
 fn malformed_messages_get_the_right_notification_and_spare_other_sessions() {
     let mut lab = Lab::new("malformed", FRR_TOOLS);
-    run(
-        "ip",
-        &[
-            "-n",
-            &lab.router,
-            "addr",
-            "add",
-            &format!("{RAW_V4}/24"),
-            "dev",
-            "r0",
-        ],
-    );
+    lab.router.add_address("r0", RAW_V4);
     let router = start_frr(&mut lab, &frr_neighbour_conf(""));
     let listener = lab.listen_in_router(format!("{RAW_V4}:{RAW_PORT}").parse().unwrap());
     lab.in_speaker(move || async move {
@@ -970,7 +802,7 @@ impl Lab {
     fn speaker_ctl(&self) -> Router {
         Router {
             ns: self.speaker.clone(),
-            dir: self.dir.clone(),
+            dir: self.dir().to_path_buf(),
         }
     }
 }
@@ -1137,7 +969,7 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
              address-family ipv6 unicast\n  neighbor {SPEAKER_V4} activate\n  neighbor {SPEAKER_V6} activate\n exit-address-family\n"
         ),
     );
-    let d = lab.dir.display().to_string();
+    let d = lab.dir().display().to_string();
     let vtysh =
         move |lab: &Lab, cmd: &str| lab.in_router("vtysh", &["--vty_socket", &d, "-c", cmd]);
     let vtysh2 = vtysh.clone();
@@ -1185,7 +1017,7 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
 
 fn bird_receives_both_families_over_ipv4() {
     let mut lab = Lab::new("bird", BIRD_TOOLS);
-    let conf = lab.dir.join("bird.conf");
+    let conf = lab.dir().join("bird.conf");
     std::fs::write(
         &conf,
         format!(
@@ -1195,9 +1027,9 @@ fn bird_receives_both_families_over_ipv4() {
         ),
     )
     .unwrap();
-    let sock = lab.dir.join("bird.ctl").display().to_string();
+    let sock = lab.dir().join("bird.ctl").display().to_string();
     let conf = conf.display().to_string();
-    let pid = lab.dir.join("bird.pid").display().to_string();
+    let pid = lab.dir().join("bird.pid").display().to_string();
     lab.spawn_in_router(
         "/usr/sbin/bird",
         &["-f", "-c", &conf, "-s", &sock, "-P", &pid],
@@ -1230,7 +1062,7 @@ fn bird_receives_both_families_over_ipv4() {
 
 fn gobgp_receives_both_families_over_ipv4() {
     let mut lab = Lab::new("gobgp", GOBGP_TOOLS);
-    let conf = lab.dir.join("gobgpd.toml");
+    let conf = lab.dir().join("gobgpd.toml");
     std::fs::write(
         &conf,
         format!(
@@ -1301,7 +1133,6 @@ fn gobgp_receives_both_families_over_ipv4() {
 type Test = (&'static str, &'static [&'static str], fn());
 
 fn main() -> std::process::ExitCode {
-    let args = libtest_mimic::Arguments::from_args();
     let tests: Vec<Test> = vec![
         (
             "frr_md5_mismatch_keeps_the_session_down",
@@ -1349,30 +1180,10 @@ fn main() -> std::process::ExitCode {
             gobgp_receives_both_families_over_ipv4,
         ),
     ];
-    let root = nix_is_root();
-    let trials = tests
-        .into_iter()
-        .map(|(name, tools, body)| {
-            let unmet = if !root {
-                Some("needs root (network namespaces)".to_string())
-            } else {
-                missing(tools).map(|t| format!("{t} is not installed (e2e/install-deps)"))
-            };
-            if let Some(reason) = &unmet {
-                eprintln!("{name} is reported as ignored: {reason}");
-            }
-            libtest_mimic::Trial::test(name, move || {
-                std::panic::catch_unwind(body).map_err(|panic| {
-                    let message = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panicked".to_string());
-                    libtest_mimic::Failed::from(message)
-                })
-            })
-            .with_ignored_flag(unmet.is_some())
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit_code()
+    trial::run(
+        tests
+            .into_iter()
+            .map(|(name, tools, body)| trial::needs(name, tools, body))
+            .collect(),
+    )
 }

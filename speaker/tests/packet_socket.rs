@@ -2,12 +2,12 @@
 //! arping and ndisc6 on the other, defends an address against DAD, and sees nothing but requests
 //! from the other end (not its own frames, not other traffic).
 //!
-//! Needs root (network namespaces) and arping and ndisc6 (`e2e/install-deps`); without them the
-//! test is reported as ignored, never as passed.
+//! The namespaces use the lab's ranges only (198.19.78.0/24, fd00:78::/64). Needs root (network
+//! namespaces) and arping and ndisc6 (`e2e/install-deps`); without them the test is reported as
+//! ignored, never as passed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,114 +17,51 @@ use ferrolb_layer2::packet::{
     solicited_node_multicast,
 };
 use ferrolb_speaker::l2::socket::{MulticastMembership, PacketSocket};
+use ferrolb_testkit::netns::{self, Netns};
+use ferrolb_testkit::trial;
 
-/// Two network namespaces of this test's own joined by a veth pair; both are deleted on
-/// drop, so also when the test fails.
+/// Two network namespaces of this test's own joined by a veth pair: the client's `veth-a`
+/// (02:00:00:00:00:0a, 198.19.78.1/24, fd00:78::1/64) and our `veth-b` (02:00:00:00:00:0b, no
+/// addresses); both are deleted on drop, so also when the test fails.
 struct Lab {
-    client: String,
-    ours: String,
+    _lab: netns::Lab,
+    client: Netns,
+    ours: Netns,
 }
 
 impl Lab {
-    /// `None` when namespaces cannot be made (not root, say).
-    fn create() -> Option<Lab> {
-        let pid = std::process::id();
-        let client = format!("flb-t-sock-{pid}-a");
-        let ours = format!("flb-t-sock-{pid}-b");
-        if !ip(&["netns", "add", &client]) {
-            return None;
+    fn create() -> Lab {
+        let mut lab = netns::Lab::new("flb-t-sock", "l2");
+        let (client, ours) = lab.pair(
+            ("a", "veth-a", &["198.19.78.1", "fd00:78::1"]),
+            ("b", "veth-b", &[]),
+        );
+        client.ip(&["link", "set", "veth-a", "address", "02:00:00:00:00:0a"]);
+        ours.ip(&["link", "set", "veth-b", "address", "02:00:00:00:00:0b"]);
+        Lab {
+            _lab: lab,
+            client,
+            ours,
         }
-        let lab = Lab { client, ours };
-        if !ip(&["netns", "add", &lab.ours]) {
-            return None;
-        }
-        let (a, b) = (lab.client.as_str(), lab.ours.as_str());
-        for args in [
-            &[
-                "link", "add", "veth-a", "netns", a, "type", "veth", "peer", "name", "veth-b",
-                "netns", b,
-            ][..],
-            &[
-                "-n",
-                a,
-                "link",
-                "set",
-                "veth-a",
-                "address",
-                "02:00:00:00:00:0a",
-            ],
-            &[
-                "-n",
-                b,
-                "link",
-                "set",
-                "veth-b",
-                "address",
-                "02:00:00:00:00:0b",
-            ],
-            &["-n", a, "addr", "add", "192.0.2.1/24", "dev", "veth-a"],
-            &[
-                "-n",
-                a,
-                "addr",
-                "add",
-                "2001:db8::1/64",
-                "dev",
-                "veth-a",
-                "nodad",
-            ],
-            &["-n", a, "link", "set", "veth-a", "up"],
-            &["-n", b, "link", "set", "veth-b", "up"],
-        ] {
-            assert!(ip(args), "ip {args:?}");
-        }
-        Some(lab)
     }
 
     fn ifindex_of_ours(&self) -> u32 {
-        let out = output("ip", &["-n", &self.ours, "-o", "link", "show", "veth-b"]);
+        let out = self.ours.ip(&["-o", "link", "show", "veth-b"]);
         out.split(':').next().unwrap().trim().parse().unwrap()
     }
 
     /// Runs `f` on a thread inside our namespace: sockets it opens stay there.
     fn in_ours<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let netns = std::fs::File::open(format!("/run/netns/{}", self.ours)).unwrap();
-        std::thread::spawn(move || {
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
+        self.ours.on_thread(f)
     }
 
     fn client_runs(&self, program: &str, args: &[&str]) -> (bool, String) {
-        let mut all = vec!["netns", "exec", self.client.as_str(), program];
-        all.extend_from_slice(args);
-        let out = Command::new("ip").args(&all).output().unwrap();
+        let out = self.client.output(program, args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        ip(&["netns", "del", &self.client]);
-        ip(&["netns", "del", &self.ours]);
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn output(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Polls `condition` for up to five seconds.
@@ -139,22 +76,15 @@ fn wait_for(condition: impl Fn() -> bool) -> bool {
     true
 }
 
-fn installed(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// A responder on our end of a veth answers arping and ndisc6 on the other, defends an address
 /// against DAD, and sees nothing but requests from the other end (not its own frames, not other
 /// traffic). `main` runs it only with root and both tools.
 fn answers_arping_and_ndisc6_in_network_namespaces() {
-    let lab = Lab::create().expect("network namespaces (root is checked by main)");
+    let lab = Lab::create();
     const OURS: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x0b]);
     const CLIENT: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x0a]);
-    let vip4 = Ipv4Addr::new(192, 0, 2, 99);
-    let vip6: Ipv6Addr = "2001:db8::99".parse().unwrap();
+    let vip4 = Ipv4Addr::new(198, 19, 78, 99);
+    let vip6: Ipv6Addr = "fd00:78::99".parse().unwrap();
     let group = solicited_node_multicast(vip6);
 
     let ifindex = lab.ifindex_of_ours();
@@ -167,12 +97,7 @@ fn answers_arping_and_ndisc6_in_network_namespaces() {
     assert_eq!(socket.ifindex(), ifindex);
     membership.join(group).unwrap();
     membership.join(group).unwrap();
-    let maddr = || {
-        output(
-            "ip",
-            &["-n", &lab.ours, "-6", "maddr", "show", "dev", "veth-b"],
-        )
-    };
+    let maddr = || lab.ours.ip(&["-6", "maddr", "show", "dev", "veth-b"]);
     assert!(maddr().contains("ff02::1:ff00:99"), "{}", maddr());
 
     let socket = Arc::new(socket);
@@ -208,48 +133,39 @@ fn answers_arping_and_ndisc6_in_network_namespaces() {
 
     let (ok, out) = lab.client_runs(
         "arping",
-        &["-c", "1", "-w", "3", "-I", "veth-a", "192.0.2.99"],
+        &["-c", "1", "-w", "3", "-I", "veth-a", "198.19.78.99"],
     );
     assert!(ok, "arping got no reply: {out}");
     let (ok, out) = lab.client_runs(
         "ndisc6",
-        &["-1", "-r", "3", "-w", "1000", "2001:db8::99", "veth-a"],
+        &["-1", "-r", "3", "-w", "1000", "fd00:78::99", "veth-a"],
     );
     assert!(ok && out.contains("02:00:00:00:00:0B"), "ndisc6: {out}");
     // The client's kernel resolves both addresses through us (a UDP datagram makes it
     // ask; the datagram itself, unicast to our MAC, must not pass the filter), and loses
     // DAD for vip6.
-    for vip in ["192.0.2.99", "2001:db8::99"] {
+    for vip in ["198.19.78.99", "fd00:78::99"] {
         let send = format!("echo > /dev/udp/{vip}/9");
         lab.client_runs("bash", &["-c", &send]);
     }
-    let neighbours = || output("ip", &["-n", &lab.client, "neigh", "show", "dev", "veth-a"]);
+    let neighbours = || lab.client.ip(&["neigh", "show", "dev", "veth-a"]);
     let resolved = wait_for(|| {
         let n = neighbours();
-        n.contains("192.0.2.99 lladdr 02:00:00:00:00:0b")
-            && n.contains("2001:db8::99 lladdr 02:00:00:00:00:0b")
+        n.contains("198.19.78.99 lladdr 02:00:00:00:00:0b")
+            && n.contains("fd00:78::99 lladdr 02:00:00:00:00:0b")
     });
     assert!(resolved, "{}", neighbours());
-    let add = [
-        "-n",
-        &lab.client,
-        "addr",
-        "add",
-        "2001:db8::99/64",
-        "dev",
-        "veth-a",
-    ];
-    assert!(ip(&add));
+    // With duplicate address detection (not `add_address`, which skips it).
+    lab.client
+        .ip(&["addr", "add", "fd00:78::99/64", "dev", "veth-a"]);
     let dad_failed = wait_for(|| {
-        output(
-            "ip",
-            &["-n", &lab.client, "-6", "addr", "show", "dev", "veth-a"],
-        )
-        .contains("dadfailed")
+        lab.client
+            .ip(&["-6", "addr", "show", "dev", "veth-a"])
+            .contains("dadfailed")
     });
     assert!(
         dad_failed,
-        "the client took 2001:db8::99 despite our defence"
+        "the client took fd00:78::99 despite our defence"
     );
 
     stop.store(true, Ordering::Relaxed);
@@ -275,33 +191,9 @@ fn answers_arping_and_ndisc6_in_network_namespaces() {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = libtest_mimic::Arguments::from_args();
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    let unmet = if !root {
-        Some("needs root (network namespaces)".to_string())
-    } else {
-        ["arping", "ndisc6"]
-            .into_iter()
-            .find(|p| !installed(p))
-            .map(|p| format!("{p} is not installed (e2e/install-deps)"))
-    };
-    const NAME: &str = "answers_arping_and_ndisc6_in_network_namespaces";
-    if let Some(reason) = &unmet {
-        eprintln!("{NAME} is reported as ignored: {reason}");
-    }
-    let trial = libtest_mimic::Trial::test(NAME, || {
-        std::panic::catch_unwind(answers_arping_and_ndisc6_in_network_namespaces).map_err(|panic| {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".to_string());
-            libtest_mimic::Failed::from(message)
-        })
-    })
-    .with_ignored_flag(unmet.is_some());
-    libtest_mimic::run(&args, vec![trial]).exit_code()
+    trial::run(vec![trial::needs(
+        "answers_arping_and_ndisc6_in_network_namespaces",
+        &["arping", "ndisc6"],
+        answers_arping_and_ndisc6_in_network_namespaces,
+    )])
 }

@@ -164,22 +164,10 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use ferrolb_config::address::IpRange;
-    use ferrolb_config::model::{BgpAdvertisement, PeerAsn, PeerTarget, Pool, PoolSelection};
+    use ferrolb_config::model::{BgpAdvertisement, PeerAsn, PoolSelection};
     use ferrolb_config::selector::Selector;
+    use ferrolb_testkit::model::{self, pool};
     use proptest::prelude::*;
-    use std::time::Duration;
-
-    fn pool(name: &str, ranges: &[&str]) -> Pool {
-        Pool {
-            name: name.into(),
-            labels: Default::default(),
-            ranges: ranges.iter().map(|r| IpRange::parse(r).unwrap()).collect(),
-            auto_assign: true,
-            avoid_buggy_ips: false,
-            allocation: None,
-        }
-    }
 
     fn adv(name: &str, pools: &[&str]) -> BgpAdvertisement {
         BgpAdvertisement {
@@ -199,27 +187,7 @@ mod tests {
     }
 
     fn peer(name: &str, my: u32, asn: PeerAsn, addr: &str) -> Peer {
-        Peer {
-            name: name.into(),
-            my_asn: my,
-            peer_asn: asn,
-            target: PeerTarget::Address(addr.parse().unwrap()),
-            source_address: None,
-            port: 179,
-            hold_time: Duration::from_secs(90),
-            keepalive_time: Duration::from_secs(30),
-            connect_time: None,
-            router_id: None,
-            node_selectors: vec![],
-            password: None,
-            bfd_profile: None,
-            ebgp_multi_hop: false,
-            vrf: None,
-            graceful_restart: false,
-            local_asn: None,
-            dual_stack_address_family: false,
-            disable_mp: false,
-        }
+        model::peer(name, addr).my_asn(my).peer_asn(asn).build()
     }
 
     fn config(advs: Vec<BgpAdvertisement>, peers: Vec<Peer>) -> Config {

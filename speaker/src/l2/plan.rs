@@ -247,38 +247,19 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use ferrolb_config::address::IpRange;
     use ferrolb_config::model::PoolSelection;
     use ferrolb_config::selector::Selector;
+    use ferrolb_testkit::model::pool;
     use proptest::prelude::*;
 
     fn config(advs: Vec<L2Advertisement>) -> Config {
         let mut c = Config::default();
         c.pools.insert(
             "l2".into(),
-            Pool {
-                name: "l2".into(),
-                labels: Default::default(),
-                ranges: vec![
-                    IpRange::parse("198.18.200.0/24").unwrap(),
-                    IpRange::parse("fd00:18::c8:0/112").unwrap(),
-                ],
-                auto_assign: true,
-                avoid_buggy_ips: false,
-                allocation: None,
-            },
+            pool("l2", &["198.18.200.0/24", "fd00:18::c8:0/112"]),
         );
-        c.pools.insert(
-            "other".into(),
-            Pool {
-                name: "other".into(),
-                labels: Default::default(),
-                ranges: vec![IpRange::parse("198.18.201.0/24").unwrap()],
-                auto_assign: true,
-                avoid_buggy_ips: false,
-                allocation: None,
-            },
-        );
+        c.pools
+            .insert("other".into(), pool("other", &["198.18.201.0/24"]));
         for a in advs {
             c.l2_advertisements.insert(a.name.clone(), a);
         }

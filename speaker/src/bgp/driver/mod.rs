@@ -373,27 +373,9 @@ mod tests {
     use super::*;
 
     fn peer() -> Peer {
-        Peer {
-            name: "r".into(),
-            my_asn: 64512,
-            peer_asn: PeerAsn::Fixed(64500),
-            target: PeerTarget::Address("198.18.0.254".parse().unwrap()),
-            source_address: None,
-            port: 179,
-            hold_time: Duration::from_secs(90),
-            keepalive_time: Duration::from_secs(30),
-            connect_time: None,
-            router_id: None,
-            node_selectors: vec![],
-            password: Some(PeerPassword::Plain("pw".into())),
-            bfd_profile: None,
-            ebgp_multi_hop: false,
-            vrf: None,
-            graceful_restart: false,
-            local_asn: None,
-            dual_stack_address_family: false,
-            disable_mp: false,
-        }
+        ferrolb_testkit::model::peer("r", "198.18.0.254")
+            .password("pw")
+            .build()
     }
 
     /// Changing one peer restarts only its task; route changes restart nothing.

@@ -1,0 +1,14 @@
+//! ferrolb's test kit, for tests and benches only (never a dependency of a binary):
+//!
+//! * [`netns`]: a lab of network namespaces of a test's own, joined by veth pairs, with the
+//!   processes started in them; all of it removed on drop, also when the test panics.
+//! * [`trial`]: the libtest-mimic glue for tests that need root and tools: a trial that cannot
+//!   run here is reported as ignored (with the reason), never as passed; a panic is a failure.
+//! * [`model`]: builders for `ferrolb_config::model` objects with plain defaults, so a test
+//!   states only what matters to it.
+// A kit for tests: a failed step is a failed test, so it panics with what went wrong.
+#![allow(clippy::expect_used)]
+
+pub mod model;
+pub mod netns;
+pub mod trial;
