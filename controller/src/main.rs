@@ -175,24 +175,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => {
             ferrolb_runtime::init_logs(args.log_format, &args.log_level);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: starting the runtime: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match runtime.block_on(run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    ExitCode::from(1)
-                }
-            }
+            ferrolb_runtime::block_on_main(run(args))
         }
         Command::CheckConfig { namespace, files } => {
             let stdout = std::io::stdout();

@@ -132,3 +132,30 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
         _ = tokio::signal::ctrl_c() => Ok("SIGINT"),
     }
 }
+
+/// Runs a binary's async main on the runtime both binaries use (two worker threads: the work is
+/// I/O, and a node's cores belong to its workloads) and turns the outcome into the exit code: 0,
+/// 1 with the error logged (with its context chain), or 2 when the runtime cannot start.
+pub fn block_on_main<F>(main: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(main) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

@@ -96,22 +96,5 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(run::run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            ExitCode::from(1)
-        }
-    }
+    ferrolb_runtime::block_on_main(run::run(args))
 }
