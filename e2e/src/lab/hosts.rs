@@ -1,0 +1,152 @@
+//! The lab's hosts: running commands in them, their links, what answers ARP/NDP from them, and
+//! their neighbour tables.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use kube::Client;
+
+use super::*;
+use crate::cluster;
+use crate::cmd::{output_in, run, run_in};
+
+impl Lab {
+    /// A kube client with the lab's admin credentials.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        cluster::client_from(&self.dir.join("pki/admin.kubeconfig")).await
+    }
+
+    /// Path of the admin kubeconfig.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("pki/admin.kubeconfig")
+    }
+
+    /// Runs a command in a host of the lab and returns its output.
+    pub fn exec(&self, host: &str, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let netns = self.netns_of(host)?;
+        run_in(&netns, program, args)
+    }
+
+    /// Runs a command in a host and returns its output whatever its exit status.
+    pub fn exec_output(
+        &self,
+        host: &str,
+        program: &str,
+        args: &[&str],
+    ) -> anyhow::Result<std::process::Output> {
+        let netns = self.netns_of(host)?;
+        output_in(&netns, program, args)
+    }
+
+    /// Cuts (`up == false`) or restores a host's link to the lab bridge, from the bridge side:
+    /// the host sees its carrier go, as when a cable is pulled, and keeps its addresses and
+    /// routes.
+    pub fn set_link(&self, host: &str, up: bool) -> anyhow::Result<()> {
+        let h = self
+            .topology
+            .host(host)
+            .with_context(|| format!("no lab host {host}"))?;
+        let outside = format!("flb-{}", h.name);
+        run(
+            "ip",
+            &["link", "set", &outside, if up { "up" } else { "down" }],
+        )
+        .map(|_| ())
+    }
+
+    /// The MAC addresses that answer ARP (IPv4) or NDP (IPv6) for `ip` when `from` asks on its
+    /// lab interface: three requests, every answer counted.
+    pub fn l2_answers(&self, from: &str, ip: &str) -> anyhow::Result<BTreeSet<String>> {
+        let mut macs = BTreeSet::new();
+        if ip.contains(':') {
+            // ndisc6 -m prints every advertisement: "Target link-layer address: 82:24:...".
+            let out = self.exec_output(
+                from,
+                "ndisc6",
+                &["-m", "-n", "-r", "3", "-w", "300", ip, "eth0"],
+            )?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(mac) = line.trim().strip_prefix("Target link-layer address:") {
+                    macs.insert(mac.trim().to_ascii_lowercase());
+                }
+            }
+        } else {
+            // arping prints "60 bytes from 82:24:ad:bd:37:ba (198.18.200.0): index=0 ...".
+            let out =
+                self.exec_output(from, "arping", &["-c", "3", "-W", "0.3", "-i", "eth0", ip])?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(rest) = line.split(" bytes from ").nth(1)
+                    && let Some(mac) = rest.split_whitespace().next()
+                {
+                    macs.insert(mac.to_ascii_lowercase());
+                }
+            }
+        }
+        Ok(macs)
+    }
+
+    /// The network namespace of a host (hosts by short name, pods by their namespace name).
+    pub fn netns_of(&self, host: &str) -> anyhow::Result<String> {
+        if let Some(h) = self.topology.host(host) {
+            return Ok(h.netns.clone());
+        }
+        if host.starts_with("flb-") {
+            return Ok(host.to_string());
+        }
+        bail!(
+            "no host {host:?} in the lab (hosts: {})",
+            self.topology
+                .hosts
+                .iter()
+                .map(|h| h.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// An HTTP URL for an IP (bracketed for IPv6).
+pub fn http_url(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("http://[{ip}]/")
+    } else {
+        format!("http://{ip}/")
+    }
+}
+
+impl Lab {
+    /// MAC address of a host's lab interface.
+    pub fn mac_of(&self, host: &str) -> anyhow::Result<String> {
+        Ok(self
+            .exec(host, "cat", &["/sys/class/net/eth0/address"])?
+            .trim()
+            .to_string())
+    }
+
+    /// Points `ip` at `mac` in `host`'s neighbour table (what a speaker's ARP/NDP answer does),
+    /// or removes that entry with `mac: None`.
+    pub fn set_neighbour(&self, host: &str, ip: &str, mac: Option<&str>) -> anyhow::Result<()> {
+        let family = if ip.contains(':') { "-6" } else { "-4" };
+        match mac {
+            Some(mac) => self.exec(
+                host,
+                "ip",
+                &[
+                    family,
+                    "neigh",
+                    "replace",
+                    ip,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    "eth0",
+                    "nud",
+                    "permanent",
+                ],
+            ),
+            None => self.exec(host, "ip", &[family, "neigh", "del", ip, "dev", "eth0"]),
+        }
+        .map(|_| ())
+    }
+}

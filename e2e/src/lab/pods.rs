@@ -1,0 +1,239 @@
+//! Pods: a network namespace with an echo server, routed through its node, and its Pod object.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+
+use super::*;
+use crate::cluster;
+use crate::cmd::{ip_in, run, sysctl_in};
+use crate::process::{self};
+use crate::topology::Role;
+
+impl Lab {
+    /// Creates a pod on `node`: a namespace with an echo server, routed through the node, and a
+    /// Ready Pod object with these labels.
+    pub async fn add_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> anyhow::Result<LabPod> {
+        let Some(host) = self.topology.host(node) else {
+            bail!("no node {node:?}")
+        };
+        let Role::Node { index, .. } = host.role else {
+            bail!("{node:?} is not a node")
+        };
+        let (netns, veth, host_number) = {
+            let _guard = STATE_LOCK
+                .lock()
+                .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+            let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+            let used: Vec<u8> = state
+                .pods
+                .iter()
+                .filter(|p| p.node == node)
+                .map(|p| p.host_number)
+                .collect();
+            let host_number = (10..=250)
+                .find(|n| !used.contains(n))
+                .context("no pod address left on this node")?;
+            let n = state.next_pod;
+            state.next_pod += 1;
+            // Recorded at once, so concurrent add_pod calls never share an address and `down`
+            // removes the namespace even if this call fails half-way.
+            state.pods.push(LabPod {
+                namespace: namespace.into(),
+                name: name.into(),
+                node: node.into(),
+                netns: format!("flb-pod{n}"),
+                host_number,
+                ips: Vec::new(),
+                process: None,
+            });
+            state.save(&self.dir)?;
+            (format!("flb-pod{n}"), format!("pv{n}"), host_number)
+        };
+        let fam = self.topology.options.families;
+        let ip4 = format!("198.19.{index}.{host_number}");
+        let ip6 = format!("fd00:19:{index:x}::{host_number:x}");
+        let mut ips = Vec::new();
+        if fam.v4() {
+            ips.push(ip4.clone());
+        }
+        if fam.v6() {
+            ips.push(ip6.clone());
+        }
+        run("ip", &["netns", "add", &netns])?;
+        let result: anyhow::Result<LabPod> = async {
+            ip_in(&netns, &["link", "set", "lo", "up"])?;
+            sysctl_in(&netns, "net.ipv6.conf.all.accept_dad", "0")?;
+            sysctl_in(&netns, "net.ipv6.conf.default.accept_dad", "0")?;
+            run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &veth,
+                    "netns",
+                    &host.netns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    &netns,
+                ],
+            )?;
+            // Routed pod networking: the node answers at 169.254.1.1 / fe80::1 on every pod link,
+            // so all pod traffic crosses the node's IP stack (and kube-proxy's conntrack).
+            ip_in(
+                &host.netns,
+                &["addr", "add", "169.254.1.1/32", "dev", &veth],
+            )?;
+            ip_in(
+                &host.netns,
+                &["addr", "add", "fe80::1/64", "dev", &veth, "nodad"],
+            )?;
+            ip_in(&host.netns, &["link", "set", &veth, "up"])?;
+            ip_in(
+                &host.netns,
+                &["route", "replace", &format!("{ip4}/32"), "dev", &veth],
+            )?;
+            ip_in(
+                &host.netns,
+                &[
+                    "-6",
+                    "route",
+                    "replace",
+                    &format!("{ip6}/128"),
+                    "dev",
+                    &veth,
+                ],
+            )?;
+            ip_in(
+                &netns,
+                &["addr", "add", &format!("{ip4}/32"), "dev", "eth0"],
+            )?;
+            ip_in(
+                &netns,
+                &["addr", "add", &format!("{ip6}/128"), "dev", "eth0", "nodad"],
+            )?;
+            ip_in(&netns, &["link", "set", "eth0", "up"])?;
+            ip_in(
+                &netns,
+                &[
+                    "route",
+                    "add",
+                    "169.254.1.1",
+                    "dev",
+                    "eth0",
+                    "scope",
+                    "link",
+                ],
+            )?;
+            ip_in(
+                &netns,
+                &[
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    "169.254.1.1",
+                    "dev",
+                    "eth0",
+                ],
+            )?;
+            ip_in(
+                &netns,
+                &[
+                    "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+                ],
+            )?;
+            let log = log_path(&self.dir, &format!("pod-{namespace}-{name}"));
+            let process = process::spawn(
+                &self.lab_exe,
+                &format!("echo {namespace}/{name}"),
+                Some(&netns),
+                &self.lab_exe.display().to_string(),
+                &s(&["echo", "--name", name]),
+                &log,
+            )?;
+            Ok(LabPod {
+                namespace: namespace.into(),
+                name: name.into(),
+                node: node.into(),
+                netns: netns.clone(),
+                host_number,
+                ips: ips.clone(),
+                process: Some(process),
+            })
+        }
+        .await;
+        let pod = match result {
+            Ok(pod) => pod,
+            Err(e) => {
+                let _ = run("ip", &["netns", "del", &netns]);
+                let _ = ip_in(&host.netns, &["link", "del", &veth]);
+                self.forget_pod(&netns)?;
+                return Err(e);
+            }
+        };
+        {
+            let _guard = STATE_LOCK
+                .lock()
+                .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+            let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+            if let Some(p) = state.pods.iter_mut().find(|p| p.netns == netns) {
+                *p = pod.clone();
+            }
+            state.save(&self.dir)?;
+        }
+        let client = self.client().await?;
+        let host_ip = host.interfaces[0].ipv4.to_string();
+        cluster::create_pod(&client, namespace, name, node, &host_ip, labels, &ips).await?;
+        Ok(pod)
+    }
+
+    /// Removes a pod: its Pod object, process, namespace and node route.
+    pub async fn remove_pod(&self, pod: &LabPod) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
+        let _ = pods
+            .delete(
+                &pod.name,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
+            .await;
+        remove_pod_local(pod);
+        self.forget_pod(&pod.netns)
+    }
+
+    fn forget_pod(&self, netns: &str) -> anyhow::Result<()> {
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        if let Some(mut state) = State::load(&self.dir)? {
+            state.pods.retain(|p| p.netns != netns);
+            state.save(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn remove_pod_local(pod: &LabPod) {
+    if let Some(p) = &pod.process {
+        process::stop(p, Duration::from_secs(2));
+    }
+    // Deleting the namespace deletes the veth pair and with it the node's route.
+    let _ = run("ip", &["netns", "del", &pod.netns]);
+}
