@@ -143,14 +143,25 @@ fn running_lab() -> anyhow::Result<Lab> {
 /// Lines of a dead ferrolb process's log that `status` shows.
 const TAIL_LINES: usize = 8;
 
+/// Writes `status`; a reader that stops early (`| head`) ends it quietly instead of a panic.
 fn status() -> anyhow::Result<()> {
+    let mut out = String::new();
+    write_status(&mut out)?;
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing the status"),
+    }
+}
+
+fn write_status(out: &mut String) -> anyhow::Result<()> {
+    use std::fmt::Write;
     let dir = lab_dir();
     let Some(state) = State::load(&dir)? else {
-        println!("lab: down");
+        writeln!(out, "lab: down")?;
         return Ok(());
     };
     let Some(t) = &state.topology else {
-        println!("lab: down (state without topology)");
+        writeln!(out, "lab: down (state without topology)")?;
         return Ok(());
     };
     let dead_infra = state.dead_infrastructure();
@@ -166,23 +177,24 @@ fn status() -> anyhow::Result<()> {
                 .join(", ")
         ),
     };
-    println!(
+    writeln!(
+        out,
         "lab: {condition} ({} nodes, kube-proxy {}, {:?})",
         t.options.nodes,
         t.options.proxy_mode.as_str(),
         t.options.families
-    );
-    println!("state: {}", dir.display());
-    println!("\nhosts:");
+    )?;
+    writeln!(out, "state: {}", dir.display())?;
+    writeln!(out, "\nhosts:")?;
     for h in &t.hosts {
         let addrs: Vec<String> = h
             .interfaces
             .iter()
             .map(|i| format!("{} {} {}", i.name, i.ipv4, i.ipv6))
             .collect();
-        println!("  {:8} {:12} {}", h.name, h.netns, addrs.join("; "));
+        writeln!(out, "  {:8} {:12} {}", h.name, h.netns, addrs.join("; "))?;
     }
-    println!("\nprocesses:");
+    writeln!(out, "\nprocesses:")?;
     for p in &state.processes {
         let running = process::running(p);
         let kind = match p.kind {
@@ -197,31 +209,34 @@ fn status() -> anyhow::Result<()> {
                 process::exit_record(p).unwrap_or_else(|| "no exit status recorded".into())
             )
         };
-        println!(
+        writeln!(
+            out,
             "  {:28} {kind:8} pid {:7} {condition}  {}",
             p.name, p.pid, p.log
-        );
+        )?;
     }
     for p in state.processes.iter().filter(|p| !process::running(p)) {
-        println!(
+        writeln!(
+            out,
             "\nlast lines of {} ({}); `e2e/lab restart {}` starts it again:",
             p.name, p.log, p.name
-        );
+        )?;
         for line in process::log_tail(p, TAIL_LINES) {
-            println!("  | {line}");
+            writeln!(out, "  | {line}")?;
         }
     }
     if !state.pods.is_empty() {
-        println!("\npods:");
+        writeln!(out, "\npods:")?;
         for p in &state.pods {
-            println!(
+            writeln!(
+                out,
                 "  {}/{} on {} {} {}",
                 p.namespace,
                 p.name,
                 p.node,
                 p.netns,
                 p.ips.join(",")
-            );
+            )?;
         }
     }
     Ok(())
