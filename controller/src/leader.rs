@@ -375,6 +375,13 @@ async fn run(
     }
 }
 
+/// The controller's Events (the runtime's queue) are written only while this replica leads.
+impl ferrolb_runtime::events::WriteGate for Leadership {
+    fn may_write(&self) -> bool {
+        self.is_leading()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,6 @@
 
 mod check_config;
 mod core;
-mod events;
 mod leader;
 mod run;
 mod schedule;

@@ -29,11 +29,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
 use crate::core::{Core, Desired, Note, Outcome, matches};
-use crate::events::{self, EventQueue, Recorder};
 use crate::leader::Leadership;
 use crate::schedule::{Action, Decide, Decision, Input, Schedule, Written};
 use crate::slim::{self, CachedService, ServiceCache};
 use crate::telemetry::{Metrics, Ready};
+use ferrolb_runtime::events::{self, EventQueue, Recorder};
 
 /// What the driver needs to know.
 pub struct Settings {
