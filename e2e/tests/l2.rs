@@ -161,6 +161,24 @@ async fn reachable_through_the_owner(ctx: Ctx) -> anyhow::Result<()> {
         note == format!("announcing from node \"{owner}\" with protocol \"layer2\""),
         "{note}"
     );
+    // A ServiceL2Status deleted from outside while still true (as another node that briefly
+    // believed it owned the Service does) is written again by the owner.
+    lab.kubectl(&[
+        "delete",
+        "servicel2statuses",
+        "-n",
+        ferrolb::NAMESPACE,
+        "-l",
+        &format!(
+            "metallb.io/service-namespace={},metallb.io/service-name=web",
+            scope.namespace
+        ),
+    ])?;
+    let restored = self::owner(lab, &scope.namespace, "web").await?;
+    ensure!(
+        restored == owner,
+        "the ServiceL2Status came back naming {restored}, not the owner {owner}"
+    );
     Ok(())
 }
 

@@ -3,17 +3,21 @@
 //! [`super::bgp_status`]). Each kind says how its object looks; the writer does the rest the same
 //! way for both: stable names, adopting what a previous run left, deleting what is no longer true,
 //! writing only what changed (so steady-state API writes do not grow with the number of
-//! Services), and a `nodeAssigned` Event when the node starts announcing a Service.
+//! Services), a `nodeAssigned` Event when the node starts announcing a Service, and writing an
+//! object again when someone else deletes it while it is still true.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_runtime::events::{EventQueue, Queued};
+use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -99,14 +103,41 @@ pub fn spawn<K: StatusKind>(
             }
             Err(e) => tracing::warn!(kind = K::KIND, error = %e, "listing status objects"),
         }
+        // This node's objects as the API server has them: one that someone else deletes while
+        // it is still true (another node that briefly believed it owned the Service removes
+        // the others' objects) is written again, without a second Event.
+        let own = watcher(
+            writer.api.clone(),
+            watcher::Config::default().labels(&format!("{NODE_LABEL}={node}")),
+        )
+        .default_backoff();
+        futures::pin_mut!(own);
+        let mut lost: BTreeSet<String> = BTreeSet::new();
         loop {
             let desired = rx.borrow_and_update().clone();
-            writer.sync(&desired, &mut written).await;
-            if rx.changed().await.is_err() {
-                // Sender gone (shutdown): write the last value and stop.
-                let desired = rx.borrow().clone();
-                writer.sync(&desired, &mut written).await;
-                return;
+            writer.sync(&desired, &mut written, &mut lost).await;
+            loop {
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // Sender gone (shutdown): write the last value and stop.
+                            let desired = rx.borrow().clone();
+                            writer.sync(&desired, &mut written, &mut lost).await;
+                            return;
+                        }
+                        break;
+                    }
+                    Some(event) = own.next() => {
+                        let Ok(watcher::Event::Delete(object)) = event else { continue };
+                        let Some(name) = object.meta().name.clone() else { continue };
+                        if written.get(&name).is_some_and(Option::is_some) {
+                            tracing::info!(kind = K::KIND, object = %name, "deleted by someone else while still true: writing it again");
+                            written.remove(&name);
+                            lost.insert(name);
+                            break;
+                        }
+                    }
+                }
             }
         }
     });
@@ -120,12 +151,20 @@ struct Writer<K: StatusKind> {
 }
 
 impl<K: StatusKind> Writer<K> {
-    async fn sync(&self, desired: &Desired<K>, written: &mut BTreeMap<String, Option<K::Value>>) {
+    /// Makes the API server hold `desired`. `lost` names objects deleted from outside while
+    /// still true: written again, but not newly taken (no Event, no removal of others').
+    async fn sync(
+        &self,
+        desired: &Desired<K>,
+        written: &mut BTreeMap<String, Option<K::Value>>,
+        lost: &mut BTreeSet<String>,
+    ) {
         let node = &*self.node;
         let wanted: BTreeMap<String, (&ServiceKey, &K::Value)> = desired
             .iter()
             .map(|(k, v)| (object_name::<K>(k, node), (k, v)))
             .collect();
+        lost.retain(|name| wanted.contains_key(name));
         let stale: Vec<String> = written
             .keys()
             .filter(|n| !wanted.contains_key(*n))
@@ -147,11 +186,12 @@ impl<K: StatusKind> Writer<K> {
             if previous.is_some_and(|p| p.as_ref() == Some(value)) {
                 continue;
             }
-            let newly_taken = previous.is_none_or(Option::is_none);
+            let newly_taken = previous.is_none_or(Option::is_none) && !lost.contains(&name);
             if let Err(e) = self.write(&name, key, value).await {
                 tracing::warn!(kind = K::KIND, service = %key, error = %e, "writing");
                 continue;
             }
+            lost.remove(&name);
             written.insert(name, Some(value.clone()));
             if newly_taken {
                 if K::EXCLUSIVE {
