@@ -184,14 +184,31 @@ pub fn exit_file(log: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// How long a reader waits for a live supervisor to record the end of its program: the program
+/// is seen gone (a zombie) a moment before the supervisor has reaped it and written the record.
+const RECORD_WAIT: Duration = Duration::from_secs(2);
+
 /// How the process ended, as its supervisor recorded it (`exited with status 101`, `killed by
 /// signal SIGSEGV`), or `None` while it runs or when nothing was recorded (its supervisor was
-/// killed with it).
+/// killed with it). When the program has ended but its supervisor still runs, waits (at most
+/// [`RECORD_WAIT`]) for the record rather than report a crash as unexplained.
 pub fn exit_record(process: &LabProcess) -> Option<String> {
-    std::fs::read_to_string(exit_file(Path::new(&process.log)))
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+    let read = || {
+        std::fs::read_to_string(exit_file(Path::new(&process.log)))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let deadline = Instant::now() + RECORD_WAIT;
+    loop {
+        let record = read();
+        let recording =
+            !running(process) && process.group.is_some_and(|g| g != process.pid && alive(g));
+        if record.is_some() || !recording || Instant::now() >= deadline {
+            return record;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The last `n` lines of a process's log.
@@ -325,7 +342,7 @@ pub fn stop(process: &LabProcess, grace: Duration) {
 }
 
 /// Sends SIGKILL to the program at once (failure injection, a crash); its supervisor records
-/// the signal. Returns once the program is gone.
+/// the signal. Returns once the program is gone and its end recorded (or its supervisor gone).
 pub fn kill_now(process: &LabProcess) {
     if !is_ours(process) {
         reap(process.pid);
@@ -336,6 +353,7 @@ pub fn kill_now(process: &LabProcess) {
         let _ = killpg(Pid::from_raw(process.pid), Signal::SIGKILL);
     }
     wait_gone(process.pid, KILL_WAIT);
+    let _ = exit_record(process);
 }
 
 /// Waits until `pid` is gone (reaping it if it is our child), at most `limit`.
