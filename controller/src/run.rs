@@ -10,19 +10,19 @@ use std::time::Instant;
 use anyhow::Context;
 use ferrolb_config::allocator::{IP_ALLOCATED_FROM_POOL, ServiceKey, is_ours};
 use ferrolb_config::crd::{
-    BFDProfile, BGPAdvertisement, BGPPeer, Community, ConfigurationResult, ConfigurationState,
-    ConfigurationStateSpec, IPAddressPool, IPAddressPoolStatus, L2Advertisement,
+    BFDProfile, BGPPeer, ConfigurationResult, ConfigurationState, ConfigurationStateSpec,
+    IPAddressPool, IPAddressPoolStatus,
 };
 use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
-use ferrolb_config::validate::{NodeInfo, Objects, validate};
+use ferrolb_config::validate::{NodeInfo, validate};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -34,6 +34,7 @@ use crate::schedule::{Action, Decide, Decision, Input, Schedule, Written};
 use crate::slim::{self, CachedService, ServiceCache};
 use crate::telemetry::{Metrics, Ready};
 use ferrolb_runtime::events::{self, EventQueue, Recorder};
+use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
 
 /// What the driver needs to know.
 pub struct Settings {
@@ -59,12 +60,7 @@ enum Work {
 struct Stores {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     nodes: Store<PartialObjectMeta<Node>>,
-    pools: Store<IPAddressPool>,
-    l2: Store<L2Advertisement>,
-    bgp: Store<BGPAdvertisement>,
-    peers: Store<BGPPeer>,
-    communities: Store<Community>,
-    bfd: Store<BFDProfile>,
+    config: ConfigStores,
 }
 
 /// Finalizer that keeps a BFDProfile in use from being deleted.
@@ -74,68 +70,9 @@ const BFD_FINALIZER: &str = "metallb.io/bfdprofile-in-use";
 /// decoded, so it sets the peak above the caches.
 const PAGE_SIZE: u32 = 100;
 
-/// Watches `stream` into `writer`'s cache, trimming each object with `slim` first, and turns each
-/// change into work with `map`.
-fn spawn_watch<K, S, F>(
-    stream: S,
-    writer: reflector::store::Writer<K>,
-    tx: mpsc::UnboundedSender<Work>,
-    kind: &'static str,
-    slim: fn(&mut K),
-    map: F,
-) where
-    K: kube::Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
-    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
-    F: Fn(&K) -> Work + Send + 'static,
-{
-    tokio::spawn(async move {
-        let stream = reflector::reflector(writer, stream.modify(slim)).default_backoff();
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            let work = match event {
-                Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => map(&o),
-                Ok(Event::InitDone) => Work::Synced(kind),
-                Ok(Event::Init) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, watch = kind, "watch failed; retrying");
-                    continue;
-                }
-            };
-            if tx.send(work).is_err() {
-                return;
-            }
-        }
-    });
-}
-
-fn config_watch<K>(
-    client: &Client,
-    namespace: &str,
-    tx: &mpsc::UnboundedSender<Work>,
-    kind: &'static str,
-) -> Store<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
-{
-    let (reader, writer) = reflector::store();
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    spawn_watch(
-        watcher(api, watcher::Config::default().page_size(PAGE_SIZE)),
-        writer,
-        tx.clone(),
-        kind,
-        slim::config_object,
-        |_| Work::Config,
-    );
-    reader
+/// Sends `work` to the loop; `false` once the loop is gone.
+fn send(tx: &mpsc::UnboundedSender<Work>, work: Work) -> Continue {
+    tx.send(work).is_ok()
 }
 
 /// Watches Services, trimming each as it arrives (the full object is dropped at once), and
@@ -170,52 +107,55 @@ fn spawn_service_watch(client: &Client, tx: mpsc::UnboundedSender<Work>) {
     });
 }
 
-fn start_watches(client: &Client, namespace: &str, tx: &mpsc::UnboundedSender<Work>) -> Stores {
-    spawn_service_watch(client, tx.clone());
-    let (namespaces, writer) = reflector::store();
-    spawn_watch(
+/// Watches the metadata of every object of kind `K` (names and labels only are kept).
+fn metadata_watch<K>(
+    client: &Client,
+    tx: &mpsc::UnboundedSender<Work>,
+    kind: &'static str,
+    map: fn(&PartialObjectMeta<K>) -> Work,
+) -> Store<PartialObjectMeta<K>>
+where
+    PartialObjectMeta<K>: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let tx = tx.clone();
+    reflect(
         watcher(
-            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            Api::<PartialObjectMeta<K>>::all(client.clone()),
             watcher::Config::default().page_size(PAGE_SIZE),
         ),
-        writer,
-        tx.clone(),
-        "namespaces",
+        kind,
         slim::name_and_labels,
-        |n: &PartialObjectMeta<Namespace>| {
-            Work::Namespace(n.metadata.name.clone().unwrap_or_default())
+        move |change| match change {
+            Change::Object(o) => send(&tx, map(o)),
+            Change::Listed => send(&tx, Work::Synced(kind)),
         },
-    );
-    let (nodes, writer) = reflector::store();
-    spawn_watch(
-        watcher(
-            Api::<PartialObjectMeta<Node>>::all(client.clone()),
-            watcher::Config::default().page_size(PAGE_SIZE),
-        ),
-        writer,
-        tx.clone(),
-        "nodes",
-        slim::name_and_labels,
-        |_| Work::Config,
-    );
-    Stores {
-        namespaces,
-        nodes,
-        pools: config_watch(client, namespace, tx, "ipaddresspools"),
-        l2: config_watch(client, namespace, tx, "l2advertisements"),
-        bgp: config_watch(client, namespace, tx, "bgpadvertisements"),
-        peers: config_watch(client, namespace, tx, "bgppeers"),
-        communities: config_watch(client, namespace, tx, "communities"),
-        bfd: config_watch(client, namespace, tx, "bfdprofiles"),
-    }
+    )
 }
 
-fn cloned<K>(store: &Store<K>) -> Vec<K>
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store.state().iter().map(|o| (**o).clone()).collect()
+fn start_watches(client: &Client, namespace: &str, tx: &mpsc::UnboundedSender<Work>) -> Stores {
+    spawn_service_watch(client, tx.clone());
+    let config_tx = tx.clone();
+    Stores {
+        namespaces: metadata_watch::<Namespace>(client, tx, "namespaces", |n| {
+            Work::Namespace(n.metadata.name.clone().unwrap_or_default())
+        }),
+        nodes: metadata_watch::<Node>(client, tx, "nodes", |_| Work::Config),
+        config: ConfigStores::start(client, namespace, PAGE_SIZE, move |kind, change| {
+            send(
+                &config_tx,
+                match change {
+                    ConfigChange::Changed => Work::Config,
+                    ConfigChange::Listed => Work::Synced(kind),
+                },
+            )
+        }),
+    }
 }
 
 /// The decisions: the core and the caches it decides from. Pure and synchronous; the
@@ -465,25 +405,16 @@ impl Decide for Decider {
     /// Validates the configuration from the caches and applies changed pools (to be reported).
     fn apply_config(&mut self) -> Vec<ServiceKey> {
         let s = &self.stores;
-        let objects = Objects {
-            namespace: self.namespace.clone(),
-            pools: cloned(&s.pools),
-            l2_advertisements: cloned(&s.l2),
-            bgp_advertisements: cloned(&s.bgp),
-            peers: cloned(&s.peers),
-            communities: cloned(&s.communities),
-            bfd_profiles: cloned(&s.bfd),
-            nodes: Some(
-                s.nodes
-                    .state()
-                    .iter()
-                    .map(|n| NodeInfo {
-                        name: n.metadata.name.clone().unwrap_or_default(),
-                        labels: n.metadata.labels.clone().unwrap_or_default(),
-                    })
-                    .collect(),
-            ),
-        };
+        let nodes = s
+            .nodes
+            .state()
+            .iter()
+            .map(|n| NodeInfo {
+                name: n.metadata.name.clone().unwrap_or_default(),
+                labels: n.metadata.labels.clone().unwrap_or_default(),
+            })
+            .collect();
+        let objects = s.config.objects(&self.namespace, nodes);
         let validated = validate(&objects);
         self.metrics.config_loaded.set(1);
         self.metrics
@@ -948,6 +879,8 @@ mod driver_tests {
 
     use std::cell::{Cell, RefCell};
 
+    use kube::runtime::reflector;
+
     use super::*;
 
     const NAMESPACE: &str = "ferrolb-system";
@@ -1013,12 +946,14 @@ mod driver_tests {
         let stores = Stores {
             namespaces: reflector::store().0,
             nodes: reflector::store().0,
-            pools,
-            l2: reflector::store().0,
-            bgp: reflector::store().0,
-            peers: reflector::store().0,
-            communities: reflector::store().0,
-            bfd: reflector::store().0,
+            config: ConfigStores {
+                pools,
+                l2: reflector::store().0,
+                bgp: reflector::store().0,
+                peers: reflector::store().0,
+                communities: reflector::store().0,
+                bfd: reflector::store().0,
+            },
         };
         let mut driver = Driver {
             schedule: Schedule::new(WATCHES, Instant::now()),

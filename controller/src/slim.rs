@@ -278,17 +278,6 @@ pub fn name_and_labels<K>(object: &mut PartialObjectMeta<K>) {
     };
 }
 
-/// Drops what no one reads from a configuration object and that can be large: its field
-/// managers and kubectl's copy of the last applied object. Everything else stays: validation
-/// reads creation times, deletion marks and finalizers.
-pub fn config_object<K: kube::Resource>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,9 +1,10 @@
 //! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
-//! server, the Kubernetes client, and Events ([`events`]: a de-duplicating recorder behind a
-//! bounded queue). Each binary keeps its own metrics and logic; this crate holds only what would
+//! server, the Kubernetes client, watches into caches and the one watch of the configuration
+//! ([`watch`]), and Events ([`events`]: a de-duplicating recorder behind a bounded queue). Each binary keeps its own metrics and logic; this crate holds only what would
 //! otherwise be copied between them.
 
 pub mod events;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::Path;

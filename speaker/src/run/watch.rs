@@ -4,23 +4,23 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use ferrolb_config::crd::{
-    BFDProfile, BGPAdvertisement, BGPPeer, Community, IPAddressPool, L2Advertisement,
-};
-use ferrolb_config::validate::{NodeInfo, Objects, Validated, validate};
+use ferrolb_config::validate::{NodeInfo, Validated, validate};
+use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
 use ferrolb_speaker::view::{trim_node, trim_service, trim_slice};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-/// Watches that must list before the speaker acts.
-const WATCHES: usize = 10;
+/// Objects per page of an initial list: a page is held whole while it is decoded.
+const PAGE_SIZE: u32 = 500;
+
+/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes, Secrets
+/// and the configuration's.
+const WATCHES: usize = 4 + ConfigStores::WATCHES;
 
 /// The caches.
 pub struct Stores {
@@ -33,12 +33,7 @@ pub struct Stores {
     /// Secrets of the speaker's namespace, holding only the `password` key (BGPPeer
     /// `passwordSecret`).
     pub secrets: Store<Secret>,
-    pools: Store<IPAddressPool>,
-    l2: Store<L2Advertisement>,
-    bgp: Store<BGPAdvertisement>,
-    peers: Store<BGPPeer>,
-    communities: Store<Community>,
-    bfd: Store<BFDProfile>,
+    config: ConfigStores,
     synced: Arc<AtomicUsize>,
     config_dirty: Arc<AtomicBool>,
 }
@@ -56,121 +51,115 @@ impl Stores {
 
     /// Validates the cached configuration objects.
     pub fn validated(&self, namespace: &str) -> Validated {
-        let objects = Objects {
-            namespace: namespace.to_string(),
-            pools: cloned(&self.pools),
-            l2_advertisements: cloned(&self.l2),
-            bgp_advertisements: cloned(&self.bgp),
-            peers: cloned(&self.peers),
-            communities: cloned(&self.communities),
-            bfd_profiles: cloned(&self.bfd),
-            nodes: Some(
-                self.nodes
-                    .state()
-                    .iter()
-                    .map(|n| NodeInfo {
-                        name: n.metadata.name.clone().unwrap_or_default(),
-                        labels: n.metadata.labels.clone().unwrap_or_default(),
-                    })
-                    .collect(),
-            ),
-        };
-        validate(&objects)
+        let nodes = self
+            .nodes
+            .state()
+            .iter()
+            .map(|n| NodeInfo {
+                name: n.metadata.name.clone().unwrap_or_default(),
+                labels: n.metadata.labels.clone().unwrap_or_default(),
+            })
+            .collect();
+        validate(&self.config.objects(namespace, nodes))
     }
 }
 
-fn cloned<K>(store: &Store<K>) -> Vec<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store.state().iter().map(|o| (**o).clone()).collect()
-}
-
+/// How a watch wakes the work loop.
+#[derive(Clone)]
 struct Wake {
     changed: Arc<Notify>,
     synced: Arc<AtomicUsize>,
-    config_dirty: Option<Arc<AtomicBool>>,
+    config_dirty: Arc<AtomicBool>,
 }
 
-fn spawn_watch<K>(api: Api<K>, wake: Wake) -> Store<K>
+impl Wake {
+    /// Counts a watch's first initial list (`first_list`; a re-list is not counted again),
+    /// marks the configuration for re-validation when `config` says the change touches it,
+    /// and wakes the loop.
+    fn heard(&self, first_list: bool, config: bool) -> Continue {
+        if first_list {
+            self.synced.fetch_add(1, Ordering::Relaxed);
+        }
+        if config {
+            self.config_dirty.store(true, Ordering::Relaxed);
+        }
+        self.changed.notify_one();
+        true
+    }
+}
+
+/// Watches every `K` (of a namespace, or of the cluster) into a cache, trimming each object
+/// (`managedFields` always: the speaker never reads them, and they are about half an object).
+fn watch<K>(
+    api: Api<K>,
+    kind: &'static str,
+    wake: &Wake,
+    config: bool,
+    trim: fn(&mut K),
+) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
-    spawn_watch_trimmed(api, wake, |_| {})
-}
-
-/// [`spawn_watch`] with `trim` applied to every object before it is cached.
-fn spawn_watch_trimmed<K>(api: Api<K>, wake: Wake, trim: fn(&mut K)) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
-{
-    let (reader, writer) = reflector::store();
-    tokio::spawn(async move {
-        // The speaker never reads managedFields; dropping them roughly halves the cache.
-        let stream = watcher(api, watcher::Config::default()).modify(move |o: &mut K| {
+    let wake = wake.clone();
+    let mut counted = false;
+    reflect(
+        watcher(api, watcher::Config::default()),
+        kind,
+        move |o: &mut K| {
             o.meta_mut().managed_fields = None;
             trim(o);
-        });
-        let stream = reflector::reflector(writer, stream).default_backoff();
-        futures::pin_mut!(stream);
-        let mut counted = false;
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(Event::InitDone) => {
-                    if !counted {
-                        counted = true;
-                        wake.synced.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Ok(Event::Init | Event::InitApply(_)) => continue,
-                Ok(Event::Apply(_) | Event::Delete(_)) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "watch failed; retrying");
-                    continue;
-                }
-            }
-            if let Some(dirty) = &wake.config_dirty {
-                dirty.store(true, Ordering::Relaxed);
-            }
-            wake.changed.notify_one();
-        }
-    });
-    reader
+        },
+        move |change| {
+            let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
+            wake.heard(first, config)
+        },
+    )
 }
 
 /// Starts every watch.
 pub fn start(client: &Client, namespace: &str, changed: Arc<Notify>) -> Stores {
-    let synced = Arc::new(AtomicUsize::new(0));
-    let config_dirty = Arc::new(AtomicBool::new(true));
-    let state = |config: bool| Wake {
-        changed: changed.clone(),
-        synced: synced.clone(),
-        config_dirty: config.then(|| config_dirty.clone()),
+    let wake = Wake {
+        changed,
+        synced: Arc::new(AtomicUsize::new(0)),
+        config_dirty: Arc::new(AtomicBool::new(true)),
     };
+    let config_wake = wake.clone();
+    let mut counted = false;
+    let config = ConfigStores::start(client, namespace, PAGE_SIZE, move |_, change| {
+        let first = change == ConfigChange::Listed && !std::mem::replace(&mut counted, true);
+        config_wake.heard(first, true)
+    });
     Stores {
         // Every Service, EndpointSlice and Node of the cluster is cached: keep only what
         // planning reads (view.rs says what, and a test that planning reads the same).
-        services: spawn_watch_trimmed(Api::all(client.clone()), state(false), trim_service),
-        slices: spawn_watch_trimmed(Api::all(client.clone()), state(false), trim_slice),
+        services: watch(
+            Api::all(client.clone()),
+            "services",
+            &wake,
+            false,
+            trim_service,
+        ),
+        slices: watch(
+            Api::all(client.clone()),
+            "endpointslices",
+            &wake,
+            false,
+            trim_slice,
+        ),
         // Node labels select advertisements: the configuration is re-read when they change.
-        nodes: spawn_watch_trimmed(Api::all(client.clone()), state(true), trim_node),
-        pools: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
-        l2: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
-        bgp: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
-        peers: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
-        communities: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
-        bfd: spawn_watch(Api::namespaced(client.clone(), namespace), state(true)),
+        nodes: watch(Api::all(client.clone()), "nodes", &wake, true, trim_node),
         // A BGP password may arrive after its BGPPeer: the loop looks at peers again then.
-        secrets: spawn_watch_trimmed(
+        secrets: watch(
             Api::namespaced(client.clone(), namespace),
-            state(false),
+            "secrets",
+            &wake,
+            false,
             keep_only_password,
         ),
-        synced,
-        config_dirty,
+        config,
+        synced: wake.synced,
+        config_dirty: wake.config_dirty,
     }
 }
 
