@@ -20,3 +20,4 @@
 pub mod liveness;
 pub mod owner;
 pub mod packet;
+pub mod quorum;

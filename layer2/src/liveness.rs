@@ -21,8 +21,9 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// First bytes of every heartbeat: protocol name and version.
-const MAGIC: &[u8; 4] = b"FLB\x01";
+/// First bytes of every heartbeat: protocol name and version (2: with the peers the sender
+/// hears; version 1 speakers and this one refuse each other's heartbeats as malformed).
+const MAGIC: &[u8; 4] = b"FLB\x02";
 /// Bytes of the truncated HMAC tag (128 bits, as RFC 2104 allows).
 const TAG_LEN: usize = 16;
 /// Flag: the sender may own IPs.
@@ -50,7 +51,15 @@ pub struct Heartbeat {
     pub leaving: bool,
     /// Names of the sender's interfaces that can announce.
     pub interfaces: BTreeSet<String>,
+    /// The peers the sender hears now, each with whether its heartbeat said `ready`: what the
+    /// quorum rule ([`crate::quorum`]) counts.
+    pub hears: BTreeMap<String, bool>,
 }
+
+/// Most peers a heartbeat can list (the count is 16 bits; a datagram stays under 64 KiB with
+/// names of up to 253 bytes only for far fewer, so the speaker's buffer is sized for the
+/// datagram, not this).
+pub const MAX_HEARS: usize = u16::MAX as usize;
 
 /// Why a datagram was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -93,6 +102,13 @@ impl Heartbeat {
         for name in &self.interfaces {
             push_str(&mut out, name, "interface name")?;
         }
+        let count =
+            u16::try_from(self.hears.len()).map_err(|_| HeartbeatError::TooLong("hears"))?;
+        out.extend_from_slice(&count.to_be_bytes());
+        for (name, ready) in &self.hears {
+            out.push(u8::from(*ready));
+            push_str(&mut out, name, "peer name")?;
+        }
         let tag = mac(key).chain_update(&out).finalize().into_bytes();
         out.extend_from_slice(&tag[..TAG_LEN]);
         Ok(out)
@@ -123,6 +139,19 @@ impl Heartbeat {
         for _ in 0..count {
             interfaces.insert(r.string()?);
         }
+        let count = u16::from_be_bytes([r.u8()?, r.u8()?]);
+        let mut hears = BTreeMap::new();
+        for _ in 0..count {
+            let ready = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(HeartbeatError::Malformed),
+            };
+            let name = r.string()?;
+            if name.is_empty() || hears.insert(name, ready).is_some() {
+                return Err(HeartbeatError::Malformed);
+            }
+        }
         if !r.0.is_empty() || node.is_empty() {
             return Err(HeartbeatError::Malformed);
         }
@@ -134,6 +163,7 @@ impl Heartbeat {
             ready: flags & FLAG_READY != 0,
             leaving: flags & FLAG_LEAVING != 0,
             interfaces,
+            hears,
         })
     }
 }
@@ -185,6 +215,7 @@ struct Peer {
     ready: bool,
     leaving: bool,
     interfaces: BTreeSet<String>,
+    hears: BTreeMap<String, bool>,
 }
 
 /// A live speaker as planning sees it.
@@ -192,6 +223,9 @@ struct Peer {
 pub struct Member {
     /// Interfaces that can announce.
     pub interfaces: BTreeSet<String>,
+    /// Not heard directly, only reported by others: its interfaces are not known, so planning
+    /// counts it able to announce anywhere (see [`crate::quorum`] on why doubt goes that way).
+    pub interfaces_unknown: bool,
 }
 
 /// The speakers this one hears, with the rules that make a heartbeat count.
@@ -241,7 +275,10 @@ impl Membership {
             }
         }
         let changed = self.peers.get(&beat.node).is_none_or(|p| {
-            p.ready != beat.ready || p.leaving != beat.leaving || p.interfaces != beat.interfaces
+            p.ready != beat.ready
+                || p.leaving != beat.leaving
+                || p.interfaces != beat.interfaces
+                || p.hears != beat.hears
         });
         self.peers.insert(
             beat.node,
@@ -253,6 +290,7 @@ impl Membership {
                 ready: beat.ready,
                 leaving: beat.leaving,
                 interfaces: beat.interfaces,
+                hears: beat.hears,
             },
         );
         Ok(changed || !was_alive)
@@ -275,10 +313,53 @@ impl Membership {
                     name.clone(),
                     Member {
                         interfaces: p.interfaces.clone(),
+                        interfaces_unknown: false,
                     },
                 )
             })
             .collect()
+    }
+
+    fn is_fresh(&self, peer: &Peer, now: Instant) -> bool {
+        !peer.leaving && now.saturating_duration_since(peer.heard) <= self.timeout
+    }
+
+    /// The peers heard now (within the timeout, not leaving), each with whether it said
+    /// `ready`: what this speaker's own heartbeat reports.
+    pub fn hears(&self, now: Instant) -> BTreeMap<String, bool> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| self.is_fresh(p, now))
+            .map(|(name, p)| (name.clone(), p.ready))
+            .collect()
+    }
+
+    /// What every peer heard now said last, for the quorum rule.
+    pub fn reports(&self, now: Instant) -> BTreeMap<String, crate::quorum::Report> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| self.is_fresh(p, now))
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    crate::quorum::Report {
+                        fresh: true,
+                        ready: p.ready,
+                        hears: p.hears.clone(),
+                        interfaces: p.interfaces.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// The earliest instant at which a heard peer times out, for the driver's next check.
+    pub fn next_silence(&self, now: Instant) -> Option<Instant> {
+        self.peers
+            .values()
+            .filter(|p| self.is_fresh(p, now))
+            .map(|p| p.heard + self.timeout)
+            .min()
     }
 
     /// The earliest instant at which a live peer times out, for the driver's next check.
@@ -315,6 +396,7 @@ mod tests {
             ready: true,
             leaving: false,
             interfaces: ["eth0".to_string()].into(),
+            hears: [("node3".to_string(), true), ("node4".to_string(), false)].into(),
         }
     }
 
@@ -342,6 +424,89 @@ mod tests {
             Err(HeartbeatError::Malformed)
         );
         assert_eq!(Heartbeat::decode(&[], KEY), Err(HeartbeatError::Malformed));
+    }
+
+    /// The wire format, pinned: speakers of two builds must read each other's heartbeats.
+    #[test]
+    fn encodes_byte_exact() {
+        let b = Heartbeat {
+            node: "n1".into(),
+            boot: 0x0102_0304_0506_0708,
+            seq: 9,
+            unix_ms: 0x0000_0190_0000_0000,
+            ready: true,
+            leaving: false,
+            interfaces: ["e0".to_string()].into(),
+            hears: [("n2".to_string(), true), ("n3".to_string(), false)].into(),
+        };
+        let bytes = b.encode(KEY).unwrap();
+        let body = [
+            &b"FLB\x02"[..],
+            &[0x01],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            &[0, 0, 0, 0, 0, 0, 0, 9],
+            &[0, 0, 1, 0x90, 0, 0, 0, 0],
+            &[2, b'n', b'1'],
+            &[1, 2, b'e', b'0'],
+            &[0, 2, 1, 2, b'n', b'2', 0, 2, b'n', b'3'],
+        ]
+        .concat();
+        assert_eq!(&bytes[..body.len()], &body[..]);
+        assert_eq!(bytes.len(), body.len() + TAG_LEN);
+        // HMAC-SHA-256 of the body, first 16 bytes (checked with Python's hmac module).
+        assert_eq!(
+            hex(&bytes[body.len()..]),
+            "afe39536b769b3cf525ae0681cfa42af"
+        );
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn hears_and_reports_list_fresh_peers_only() {
+        let t0 = Instant::now();
+        let mut m = Membership::new("node1", Duration::from_millis(500));
+        m.receive(beat("node2", 1), t0, 1_000_000).unwrap();
+        let mut b = beat("node3", 1);
+        b.ready = false;
+        m.receive(b, t0 + Duration::from_millis(300), 1_000_000)
+            .unwrap();
+        let now = t0 + Duration::from_millis(400);
+        assert_eq!(
+            m.hears(now),
+            [("node2".to_string(), true), ("node3".to_string(), false)].into()
+        );
+        let reports = m.reports(now);
+        assert_eq!(reports["node2"].hears, beat("node2", 1).hears);
+        assert!(!reports["node3"].ready);
+        assert_eq!(m.next_silence(now), Some(t0 + Duration::from_millis(500)));
+        // node2 falls silent; a leaving node3 is not heard either.
+        let later = t0 + Duration::from_millis(501);
+        assert_eq!(m.hears(later).keys().collect::<Vec<_>>(), ["node3"]);
+        let mut leaving = beat("node3", 2);
+        leaving.leaving = true;
+        m.receive(leaving, later, 1_000_000).unwrap();
+        assert!(m.hears(later).is_empty());
+        assert!(m.reports(later).is_empty());
+    }
+
+    #[test]
+    fn malformed_hears_lists_are_refused() {
+        let mut b = beat("node2", 1);
+        b.hears.clear();
+        let bytes = b.encode(KEY).unwrap();
+        // Replace the empty list with one entry whose ready byte is 2, and sign again.
+        let body_len = bytes.len() - TAG_LEN;
+        let mut body = bytes[..body_len - 2].to_vec();
+        body.extend_from_slice(&[0, 1, 2, 1, b'x']);
+        let tag = mac(KEY).chain_update(&body).finalize().into_bytes();
+        body.extend_from_slice(&tag[..TAG_LEN]);
+        assert_eq!(
+            Heartbeat::decode(&body, KEY),
+            Err(HeartbeatError::Malformed)
+        );
     }
 
     #[test]
@@ -424,8 +589,9 @@ mod tests {
 
         #[test]
         fn round_trip(node in "[a-z0-9.-]{1,60}", boot: u64, seq: u64, unix_ms: u64, ready: bool, leaving: bool,
-                      ifs in prop::collection::btree_set("[a-z0-9]{1,15}", 0..5)) {
-            let b = Heartbeat { node, boot, seq, unix_ms, ready, leaving, interfaces: ifs };
+                      ifs in prop::collection::btree_set("[a-z0-9]{1,15}", 0..5),
+                      hears in prop::collection::btree_map("[a-z0-9.-]{1,60}", any::<bool>(), 0..20)) {
+            let b = Heartbeat { node, boot, seq, unix_ms, ready, leaving, interfaces: ifs, hears };
             prop_assert_eq!(Heartbeat::decode(&b.encode(KEY).unwrap(), KEY).unwrap(), b);
         }
     }

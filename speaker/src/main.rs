@@ -40,6 +40,15 @@ pub struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
     pub listen: SocketAddr,
+    /// Name prefix of the speakers' presence Leases (`<prefix>-<node>`, labelled
+    /// `ferrolb.io/speaker-presence=<prefix>`); speakers of one release share it, and a quorum
+    /// counts the speakers that do.
+    #[arg(
+        long,
+        env = "FERROLB_PRESENCE_GROUP",
+        default_value = "ferrolb-speaker"
+    )]
+    pub presence_group: String,
     /// UDP port of the heartbeats between speakers (open it between nodes).
     #[arg(long, env = "FERROLB_GOSSIP_PORT", default_value_t = 7946)]
     pub gossip_port: u16,

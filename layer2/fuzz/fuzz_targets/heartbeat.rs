@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use ferrolb_layer2::liveness::{Heartbeat, Membership};
+use ferrolb_layer2::quorum;
 use hmac::{Hmac, Mac};
 use libfuzzer_sys::fuzz_target;
 use sha2::Sha256;
@@ -55,6 +56,11 @@ fuzz_target!(|data: &[u8]| {
                 ready: chunk.get(1).is_some_and(|f| f & 1 == 1),
                 leaving: chunk.get(1).is_some_and(|f| f & 2 == 2),
                 interfaces: BTreeSet::from(["eth0".to_string()]),
+                // Who the sender hears, from the flag bits: the quorum rule runs on these.
+                hears: (0..4u8)
+                    .filter(|n| chunk.get(1).is_some_and(|f| f & (4 << n) != 0))
+                    .map(|n| (format!("node{n}"), n % 2 == 0))
+                    .collect(),
             };
             let Ok(bytes) = beat.encode(KEY) else {
                 continue;
@@ -65,6 +71,9 @@ fuzz_target!(|data: &[u8]| {
             let _ = members.receive(beat.clone(), now, beat.unix_ms.wrapping_add(skew * 1000));
             let _ = members.alive(now);
             let _ = members.next_expiry(now);
+            let known = (0..4).map(|n| format!("node{n}")).chain(["self".to_string()]).collect();
+            let verdict = quorum::decide("self", &known, &members.reports(now), true, &BTreeSet::new());
+            assert!(verdict.acts() || !verdict.candidates.contains_key("self"));
         }
         return;
     }

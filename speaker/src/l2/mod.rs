@@ -5,7 +5,9 @@
 //! holds what does: [`plan`] decides which node owns each IP from the same inputs on every node
 //! (reading ferrolb-config's model and the speaker's view of Kubernetes objects), with
 //! [`owner`]'s rendezvous hashing over the live speakers that [`liveness`] tracks;
-//! [`interfaces`] says which interfaces may announce; [`socket`] is the AF_PACKET socket that
+//! [`presence`] reads the known speakers from their presence Leases, the set the quorum rule
+//! (`ferrolb_layer2::quorum`) counts majorities of; [`step`] is the work loop's step as pure
+//! code; [`interfaces`] says which interfaces may announce; [`socket`] is the AF_PACKET socket that
 //! reads requests and sends the replies [`packet`] builds.
 //!
 //! [`packet`], [`owner`] and [`liveness`] re-export `ferrolb-layer2`'s modules, so the speaker's
@@ -14,6 +16,7 @@
 
 pub mod interfaces;
 pub mod plan;
+pub mod presence;
 pub mod socket;
 pub mod step;
 

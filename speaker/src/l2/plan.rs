@@ -58,7 +58,8 @@ pub struct Inputs<'a> {
     pub config: &'a Config,
     /// Nodes by name.
     pub nodes: &'a BTreeMap<String, NodeView>,
-    /// Live speakers (this one included when it is ready) with their usable interfaces.
+    /// Candidate speakers (this one included when it may own IPs) with their usable
+    /// interfaces: the quorum rule's verdict (`ferrolb_layer2::quorum`).
     pub members: &'a BTreeMap<String, Member>,
     /// This node's name.
     pub me: &'a str,
@@ -199,7 +200,9 @@ fn candidates<'a>(inputs: Inputs<'a>, covered: &Covered<'_>) -> BTreeSet<&'a str
                 && (!covered.service.local_traffic || covered.service.serving_nodes.contains(*name))
                 && covered.advertisements.iter().any(|adv| {
                     any_matches(&adv.node_selectors, &node.labels)
-                        && if adv.interfaces.is_empty() {
+                        && if member.interfaces_unknown {
+                            true
+                        } else if adv.interfaces.is_empty() {
                             !member.interfaces.is_empty()
                         } else {
                             adv.interfaces.iter().any(|i| member.interfaces.contains(i))
@@ -299,6 +302,7 @@ mod tests {
                     n.to_string(),
                     Member {
                         interfaces: ["eth0".to_string(), "eth1".to_string()].into(),
+                        interfaces_unknown: false,
                     },
                 )
             })
@@ -529,6 +533,47 @@ mod tests {
     }
 
     proptest! {
+        /// Every node plans from its own view, as the quorum rule leaves it after one faulty
+        /// node (any of its links cut, either way): no IP ever has two announcers, and with the
+        /// faulty node cut off entirely from three or more, every IP has one.
+        #[test]
+        fn one_faulty_node_never_gives_an_ip_two_announcers(
+            n in 2usize..=5,
+            faulty in 0usize..5,
+            cut_out in prop::collection::vec(any::<bool>(), 5),
+            cut_in in prop::collection::vec(any::<bool>(), 5),
+            ips in prop::collection::vec((0u8..40, any::<bool>()), 1..20),
+        ) {
+            use ferrolb_layer2::quorum;
+            let f = faulty % n;
+            let link = |a: usize, b: usize| !((a == f && cut_out[b]) || (b == f && cut_in[a]));
+            let names: Vec<String> = (1..=n).map(|i| format!("node{i}")).collect();
+            let known: BTreeSet<String> = names.iter().cloned().collect();
+            let verdicts = quorum::settle(&names, &link, &|_| known.clone(), 6);
+            let c = config(vec![adv("a")]);
+            let nodes = nodes(n);
+            let services: Vec<ServiceView> = ips.iter().enumerate().map(|(i, (ip, v6))| {
+                let ip = if *v6 { format!("fd00:18::c8:{ip:x}") } else { format!("198.18.200.{ip}") };
+                svc(&format!("s{i}"), &[&ip])
+            }).collect();
+            let mut announcers: BTreeMap<IpAddr, Vec<&str>> = BTreeMap::new();
+            for (i, me) in names.iter().enumerate() {
+                let members = crate::l2::step::members(&verdicts[i], me, verdicts[i].acts());
+                let p = plan(Inputs { config: &c, nodes: &nodes, members: &members, me }, &services);
+                for ip in p.announce.keys() {
+                    announcers.entry(*ip).or_default().push(me);
+                }
+            }
+            for (ip, who) in &announcers {
+                prop_assert!(who.len() <= 1, "{} announced by {:?}", ip, who);
+            }
+            let cut_off = (0..n).filter(|&p| p != f).all(|p| !link(p, f) && !link(f, p));
+            if cut_off && n >= 3 {
+                let all: BTreeSet<IpAddr> = services.iter().flat_map(|s| s.ips.iter().copied()).collect();
+                prop_assert_eq!(announcers.len(), all.len());
+            }
+        }
+
         #[test]
         fn every_view_agrees_and_each_ip_has_at_most_one_announcer(
             live in prop::collection::btree_set(1usize..=5, 0..=5),

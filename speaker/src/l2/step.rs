@@ -6,7 +6,11 @@
 //! Rules that live here:
 //! * A node may own IPs only a failure timeout after it became able to (a usable interface), so
 //!   it has heard the others first; a starting or reconnected node never grabs every IP.
-//! * This node counts among the members only while it may own IPs.
+//! * Who may own IPs at all is the quorum rule's verdict (`ferrolb_layer2::quorum`): a node cut
+//!   off from a majority of the known speakers owns nothing.
+//! * This node says it acts (in its heartbeat) before it claims: it counts itself among the
+//!   members only once it has acted for a claim delay, so peers that became ready at the same
+//!   moment have heard each other before either takes an IP.
 //! * A node reports (ServiceL2Status) exactly the Services of the IPs it announces, with the
 //!   interfaces it announces them on, in the plan's order, without repeats.
 //! * A failure to announce on an interface is reported once per Service and interface.
@@ -18,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_layer2::liveness::Member;
+use ferrolb_layer2::quorum::Verdict;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -85,23 +90,23 @@ pub fn views(
     views
 }
 
-/// The speakers planning counts: the live peers, and this node (`me`, with its usable
-/// interfaces) when it may own IPs.
-pub fn members(
-    mut alive: BTreeMap<String, Member>,
-    me: &str,
-    ready: bool,
-    usable: &BTreeSet<String>,
-) -> BTreeMap<String, Member> {
-    if ready {
-        alive.insert(
-            me.to_string(),
-            Member {
-                interfaces: usable.clone(),
-            },
-        );
-    }
-    alive
+/// The speakers planning counts: the quorum rule's candidates, this node among them only when
+/// it `claims` (see [`Settling`] for the claim delay).
+pub fn members(verdict: &Verdict, me: &str, claims: bool) -> BTreeMap<String, Member> {
+    verdict
+        .candidates
+        .iter()
+        .filter(|(name, _)| claims || name.as_str() != me)
+        .map(|(name, interfaces)| {
+            (
+                name.clone(),
+                Member {
+                    interfaces: interfaces.clone().unwrap_or_default(),
+                    interfaces_unknown: interfaces.is_none(),
+                },
+            )
+        })
+        .collect()
 }
 
 /// One Service this node announces, as its ServiceL2Status says.
@@ -259,14 +264,27 @@ mod tests {
     }
 
     #[test]
-    fn this_node_counts_among_the_members_only_when_it_may_own_ips() {
-        let alive = BTreeMap::from([("node2".to_string(), Member::default())]);
+    fn this_node_counts_among_the_members_only_when_it_claims() {
         let usable = names(&["eth0"]);
-        let not_ready = members(alive.clone(), "node1", false, &usable);
-        assert_eq!(not_ready.keys().collect::<Vec<_>>(), ["node2"]);
-        let ready = members(alive, "node1", true, &usable);
-        assert_eq!(ready.keys().collect::<Vec<_>>(), ["node1", "node2"]);
-        assert_eq!(ready["node1"].interfaces, usable);
+        let verdict = Verdict {
+            quorum: true,
+            up: true,
+            candidates: BTreeMap::from([
+                ("node1".to_string(), Some(usable.clone())),
+                ("node2".to_string(), Some(BTreeSet::new())),
+                ("node3".to_string(), None),
+            ]),
+        };
+        let not_yet = members(&verdict, "node1", false);
+        assert_eq!(not_yet.keys().collect::<Vec<_>>(), ["node2", "node3"]);
+        let claims = members(&verdict, "node1", true);
+        assert_eq!(
+            claims.keys().collect::<Vec<_>>(),
+            ["node1", "node2", "node3"]
+        );
+        assert_eq!(claims["node1"].interfaces, usable);
+        assert!(!claims["node2"].interfaces_unknown);
+        assert!(claims["node3"].interfaces_unknown);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, Member, Membership};
+use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, Membership};
+use ferrolb_layer2::quorum::Report;
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 
@@ -142,14 +143,14 @@ impl Gossip {
         }
     }
 
-    /// Live peers at `now`.
-    pub fn alive(&self, now: Instant) -> BTreeMap<String, Member> {
-        lock(&self.membership).alive(now)
+    /// What each peer heard at `now` said last, for the quorum rule.
+    pub fn reports(&self, now: Instant) -> BTreeMap<String, Report> {
+        lock(&self.membership).reports(now)
     }
 
-    /// When the next live peer would time out.
-    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
-        lock(&self.membership).next_expiry(now)
+    /// When the next heard peer would fall silent.
+    pub fn next_silence(&self, now: Instant) -> Option<Instant> {
+        lock(&self.membership).next_silence(now)
     }
 
     async fn beat(&self) {
@@ -165,6 +166,7 @@ impl Gossip {
                 ready: local.ready && !local.leaving,
                 leaving: local.leaving,
                 interfaces: local.interfaces,
+                hears: lock(&self.membership).hears(Instant::now()),
             }
         };
         let bytes = match beat.encode(&self.key) {
@@ -189,7 +191,8 @@ impl Gossip {
     }
 
     async fn receive(&self) {
-        let mut buf = vec![0u8; 2048];
+        // A heartbeat lists the peers its sender hears: room for the largest datagram.
+        let mut buf = vec![0u8; 65_536];
         let mut last_warning: Option<Instant> = None;
         loop {
             let (len, from) = match self.socket.recv_from(&mut buf).await {

@@ -30,6 +30,13 @@ pub struct Metrics {
     pub heartbeats_refused: Family<Vec<(&'static str, String)>, Counter>,
     /// Other speakers alive.
     pub peers_alive: Gauge,
+    /// Speakers the presence Leases name (the quorum rule's known set).
+    pub speakers_known: Gauge,
+    /// 1 while this node hears a majority of the known speakers and a majority hears it (it
+    /// may own layer 2 IPs); 0 when it is cut off and owns none.
+    pub quorum: Gauge,
+    /// 1 when the last renewal of this node's presence Lease succeeded.
+    pub presence_renewed: Gauge,
     /// IPs this node took over (became owner of).
     pub takeovers: Counter,
     /// 1 when the configuration was read.
@@ -85,6 +92,21 @@ impl Metrics {
             "ferrolb_speaker_peers_alive",
             "Other speakers heard within the failure timeout",
             m.peers_alive.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_known",
+            "Speakers with a current presence Lease (the set quorums are counted in)",
+            m.speakers_known.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_quorum",
+            "1 while this node hears a majority of the known speakers and is heard by one; 0: it owns no layer 2 IP",
+            m.quorum.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_presence_renewed",
+            "1 when the last renewal of this node's presence Lease succeeded",
+            m.presence_renewed.clone(),
         );
         r.register(
             "ferrolb_layer2_takeovers",

@@ -7,6 +7,7 @@ mod bgp_status;
 mod gossip;
 mod interfaces;
 mod metrics;
+mod presence;
 mod status;
 mod status_objects;
 mod watch;
@@ -18,9 +19,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferrolb_config::allocator::ServiceKey;
+use ferrolb_layer2::quorum;
 use ferrolb_runtime::events::{Always, EventQueue, Recorder};
 use ferrolb_speaker::l2::interfaces::Interface;
 use ferrolb_speaker::l2::plan::{self, Inputs, ServiceOutcome};
+use ferrolb_speaker::l2::presence::known as known_speakers;
 use ferrolb_speaker::l2::step;
 use ferrolb_speaker::view::NodeView;
 use tokio::sync::Notify;
@@ -33,9 +36,17 @@ const INTERFACE_POLL: Duration = Duration::from_millis(100);
 /// How long a clean shutdown keeps answering after telling the others it leaves, so they have
 /// taken over before this node goes quiet.
 const HANDOVER: Duration = Duration::from_millis(300);
+/// Heartbeat intervals between saying "ready" and claiming IPs: peers that became ready at the
+/// same moment hear each other first, so neither claims the other's IPs for a moment.
+const CLAIM_AFTER_BEATS: u32 = 3;
 
 /// Runs the speaker until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        ferrolb_speaker::l2::presence::valid_group(&args.presence_group),
+        "--presence-group {:?}: must be at most 63 lowercase letters, digits, '-' or '.', starting and ending with a letter or digit",
+        args.presence_group
+    );
     let key = std::fs::read(&args.gossip_key_file)
         .with_context(|| format!("reading the gossip key {}", args.gossip_key_file.display()))?;
     let key: Vec<u8> = trim_key(key);
@@ -54,7 +65,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "caches not synced",
     ));
     let changed = Arc::new(Notify::new());
-    let stores = watch::start(&client, &args.namespace, changed.clone());
+    let stores = watch::start(
+        &client,
+        &args.namespace,
+        &args.presence_group,
+        changed.clone(),
+    );
     let gossip = gossip::Gossip::start(
         args.node_name.clone(),
         key,
@@ -65,6 +81,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.clone(),
     )
     .await?;
+    let presence = |c: &kube::Client| {
+        presence::Presence::new(c, &args.namespace, &args.presence_group, &args.node_name)
+    };
+    let renewing = tokio::spawn(presence(&client).keep(metrics.clone()));
+    let presence = presence(&client);
     let links = Arc::new(std::sync::Mutex::new(interfaces::read()));
     tokio::spawn(poll_interfaces(links.clone(), changed.clone()));
     // One bounded queue for every Event the speaker records: the loop never waits for one.
@@ -89,6 +110,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         announcer: announce::Announcer::new(metrics.clone(), args.garp_refresh),
         config: None,
         settling: step::Settling::default(),
+        claim: step::Settling::default(),
+        acted: false,
         announced: BTreeSet::new(),
         failures: step::FailureLog::default(),
         bgp: bgp::Bgp::new(
@@ -107,11 +130,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut server = server;
     loop {
         let now = Instant::now();
-        let wake = [gossip.next_expiry(now), speaker.settling.wake_at(now)]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t + Duration::from_millis(1));
+        let wake = [
+            gossip.next_silence(now),
+            speaker.settling.wake_at(now),
+            speaker.claim.wake_at(now),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| t + Duration::from_millis(1));
         let sleep = async {
             match wake {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -137,6 +164,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     // Clean shutdown: the others take over at once; keep answering until they have.
     gossip.leave().await;
+    renewing.abort();
+    presence.remove().await;
     tokio::time::sleep(HANDOVER).await;
     speaker.announcer.apply(&BTreeMap::new(), &BTreeMap::new());
     speaker.bgp.shutdown().await;
@@ -179,6 +208,10 @@ struct Speaker {
     config: Option<Arc<ferrolb_config::model::Config>>,
     /// When this speaker may own IPs (docs in [`step::Settling`]).
     settling: step::Settling,
+    /// When this speaker, acting, claims IPs ([`CLAIM_AFTER_BEATS`]).
+    claim: step::Settling,
+    /// Whether the last step acted (for logging the changes).
+    acted: bool,
     /// `metallb_speaker_announced` label sets currently set.
     announced: BTreeSet<(ServiceKey, IpAddr)>,
     /// Announcement failures already reported with an Event.
@@ -212,10 +245,9 @@ impl Speaker {
             .map(|(n, i)| (n.clone(), i.clone()))
             .collect();
         let usable_names: BTreeSet<String> = usable.keys().cloned().collect();
-        let ready = self
+        let settled = self
             .settling
             .observe(!usable.is_empty(), now, self.args.failure_timeout);
-        gossip.set_local(ready, usable_names.clone()).await;
 
         let nodes: BTreeMap<String, NodeView> = stores
             .nodes
@@ -230,11 +262,47 @@ impl Speaker {
                 .filter(|n| n.name != self.args.node_name)
                 .filter_map(|n| n.addresses.first().copied()),
         );
-        let alive = gossip.alive(now);
+        // The quorum rule: who may own IPs, this node included (docs in ferrolb_layer2::quorum).
+        let known = known_speakers(&stores.presence.state());
+        let reports = gossip.reports(now);
+        let verdict = quorum::decide(
+            &self.args.node_name,
+            &known,
+            &reports,
+            settled,
+            &usable_names,
+        );
+        let acts = settled && verdict.acts();
+        let claims =
+            self.claim
+                .observe(acts, now, self.args.heartbeat_interval * CLAIM_AFTER_BEATS);
+        if acts != self.acted {
+            if acts {
+                tracing::info!(
+                    known = known.len(),
+                    heard = reports.len(),
+                    "quorum: this node may own layer 2 IPs"
+                );
+            } else if settled {
+                tracing::warn!(
+                    known = known.len(),
+                    heard = reports.len(),
+                    quorum = verdict.quorum,
+                    heard_by_majority = verdict.up,
+                    "no quorum: this node gives up its layer 2 IPs until it hears, and is heard by, a majority of the known speakers"
+                );
+            }
+            self.acted = acts;
+        }
+        gossip.set_local(acts, usable_names.clone()).await;
+        self.metrics.quorum.set(i64::from(verdict.acts()));
+        self.metrics
+            .speakers_known
+            .set(i64::try_from(known.len()).unwrap_or(i64::MAX));
         self.metrics
             .peers_alive
-            .set(i64::try_from(alive.len()).unwrap_or(i64::MAX));
-        let members = step::members(alive, &self.args.node_name, ready, &usable_names);
+            .set(i64::try_from(reports.len()).unwrap_or(i64::MAX));
+        let members = step::members(&verdict, &self.args.node_name, claims);
         let step::Views {
             services: views,
             uids,
@@ -253,7 +321,7 @@ impl Speaker {
             &views,
         );
 
-        if ready {
+        if claims {
             self.bgp
                 .sweep_departed(&self.args.node_name, &nodes, members.keys());
         }

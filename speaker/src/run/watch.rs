@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ferrolb_config::validate::{NodeInfo, Validated, validate};
 use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
+use ferrolb_speaker::l2::presence::selector;
 use ferrolb_speaker::view::{trim_node, trim_service, trim_slice};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::Store;
@@ -18,9 +20,9 @@ use tokio::sync::Notify;
 /// Objects per page of an initial list: a page is held whole while it is decoded.
 const PAGE_SIZE: u32 = 500;
 
-/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes, Secrets
-/// and the configuration's.
-const WATCHES: usize = 4 + ConfigStores::WATCHES;
+/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes, Secrets,
+/// presence Leases and the configuration's.
+const WATCHES: usize = 5 + ConfigStores::WATCHES;
 
 /// The caches.
 pub struct Stores {
@@ -33,6 +35,8 @@ pub struct Stores {
     /// Secrets of the speaker's namespace, holding only the `password` key (BGPPeer
     /// `passwordSecret`).
     pub secrets: Store<Secret>,
+    /// The speakers' presence Leases.
+    pub presence: Store<Lease>,
     config: ConfigStores,
     synced: Arc<AtomicUsize>,
     config_dirty: Arc<AtomicBool>,
@@ -92,6 +96,7 @@ impl Wake {
 /// (`managedFields` always: the speaker never reads them, and they are about half an object).
 fn watch<K>(
     api: Api<K>,
+    selector: watcher::Config,
     kind: &'static str,
     wake: &Wake,
     config: bool,
@@ -104,7 +109,7 @@ where
     let wake = wake.clone();
     let mut counted = false;
     reflect(
-        watcher(api, watcher::Config::default()),
+        watcher(api, selector),
         kind,
         move |o: &mut K| {
             o.meta_mut().managed_fields = None;
@@ -117,8 +122,13 @@ where
     )
 }
 
+/// Every object of a kind (no selector).
+fn all() -> watcher::Config {
+    watcher::Config::default()
+}
+
 /// Starts every watch.
-pub fn start(client: &Client, namespace: &str, changed: Arc<Notify>) -> Stores {
+pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>) -> Stores {
     let wake = Wake {
         changed,
         synced: Arc::new(AtomicUsize::new(0)),
@@ -135,6 +145,7 @@ pub fn start(client: &Client, namespace: &str, changed: Arc<Notify>) -> Stores {
         // planning reads (view.rs says what, and a test that planning reads the same).
         services: watch(
             Api::all(client.clone()),
+            all(),
             "services",
             &wake,
             false,
@@ -142,20 +153,38 @@ pub fn start(client: &Client, namespace: &str, changed: Arc<Notify>) -> Stores {
         ),
         slices: watch(
             Api::all(client.clone()),
+            all(),
             "endpointslices",
             &wake,
             false,
             trim_slice,
         ),
         // Node labels select advertisements: the configuration is re-read when they change.
-        nodes: watch(Api::all(client.clone()), "nodes", &wake, true, trim_node),
+        nodes: watch(
+            Api::all(client.clone()),
+            all(),
+            "nodes",
+            &wake,
+            true,
+            trim_node,
+        ),
         // A BGP password may arrive after its BGPPeer: the loop looks at peers again then.
         secrets: watch(
             Api::namespaced(client.clone(), namespace),
+            all(),
             "secrets",
             &wake,
             false,
             keep_only_password,
+        ),
+        // The speakers' presence Leases: the known set of the quorum rule.
+        presence: watch(
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default().labels(&selector(group)),
+            "leases",
+            &wake,
+            false,
+            |_| {},
         ),
         config,
         synced: wake.synced,

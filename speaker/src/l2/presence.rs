@@ -1,0 +1,134 @@
+//! The known speakers: who the API server says runs a speaker, from each speaker's presence
+//! Lease. The quorum rule (`ferrolb_layer2::quorum`) counts majorities of this set, so a node
+//! cut off from the others still knows how many it should hear.
+//!
+//! Every speaker renews a Lease `<group>-<node>` (holder: its node; the group is
+//! `--presence-group`, `ferrolb-speaker` unless a chart release names its own) every
+//! [`RENEW_EVERY`] and deletes it on a clean shutdown. A Lease counts while it was renewed
+//! within [`LEASE_SECONDS`] of the newest renewal of any speaker. Measuring age against the
+//! newest renewal, not against this node's clock, keeps the set still while the API server is
+//! away (no renewal lands, so none ages) and keeps it from depending on clock offsets between
+//! this node and the others beyond seconds.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+
+/// How often a speaker renews its presence Lease.
+pub const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// How long a presence Lease counts after its renewal (four renewals: one lost write or a slow
+/// API server does not drop a live speaker).
+pub const LEASE_SECONDS: i32 = 40;
+/// Label on every presence Lease, valued with the group; the speaker watches only its group's.
+pub const LABEL: &str = "ferrolb.io/speaker-presence";
+
+/// The name of node `node`'s presence Lease in `group`.
+pub fn lease_name(group: &str, node: &str) -> String {
+    format!("{group}-{node}")
+}
+
+/// Whether `group` can name presence Leases: a label value (at most 63 of `[A-Za-z0-9._-]`,
+/// starting and ending alphanumeric) whose Lease names stay valid object names.
+pub fn valid_group(group: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    group.len() <= 63
+        && edge(group.chars().next())
+        && edge(group.chars().last())
+        && group
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
+/// The label selector of `group`'s presence Leases.
+pub fn selector(group: &str) -> String {
+    format!("{LABEL}={group}")
+}
+
+/// The speakers whose presence Lease counts (see the module docs).
+pub fn known(leases: &[Arc<Lease>]) -> BTreeSet<String> {
+    let renewed: Vec<(&str, Timestamp, i64)> = leases
+        .iter()
+        .filter(|l| l.metadata.deletion_timestamp.is_none())
+        .filter_map(|l| {
+            let spec = l.spec.as_ref()?;
+            let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+            let at = spec.renew_time.as_ref()?.0;
+            let seconds = i64::from(spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS));
+            Some((holder, at, seconds))
+        })
+        .collect();
+    let Some(newest) = renewed.iter().map(|(_, at, _)| *at).max() else {
+        return BTreeSet::new();
+    };
+    renewed
+        .into_iter()
+        .filter(|(_, at, seconds)| newest.as_second() - at.as_second() <= *seconds)
+        .map(|(holder, _, _)| holder.to_string())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn lease(holder: &str, renewed_at_second: i64) -> Arc<Lease> {
+        let mut l = Lease::default();
+        l.metadata.name = Some(lease_name("ferrolb-speaker", holder));
+        l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(LEASE_SECONDS),
+            renew_time: Some(MicroTime(
+                Timestamp::from_second(1_800_000_000 + renewed_at_second).unwrap(),
+            )),
+            ..Default::default()
+        });
+        Arc::new(l)
+    }
+
+    #[test]
+    fn a_lease_counts_while_renewed_within_its_duration_of_the_newest() {
+        let leases = [lease("node1", 100), lease("node2", 60), lease("node3", 59)];
+        assert_eq!(
+            known(&leases).into_iter().collect::<Vec<_>>(),
+            ["node1", "node2"]
+        );
+    }
+
+    #[test]
+    fn groups_must_make_valid_names_and_label_values() {
+        assert!(valid_group("ferrolb-speaker"));
+        assert!(valid_group("my-release.ferrolb-speaker"));
+        assert!(!valid_group(""));
+        assert!(!valid_group("-x"));
+        assert!(!valid_group("Upper"));
+        assert!(!valid_group(&"a".repeat(64)));
+        assert_eq!(selector("g"), "ferrolb.io/speaker-presence=g");
+    }
+
+    #[test]
+    fn nothing_ages_while_no_one_renews() {
+        // The API server is away: whatever the local clock says, the set stays.
+        let leases = [lease("node1", 0), lease("node2", -30)];
+        assert_eq!(known(&leases).len(), 2);
+        assert!(known(&[]).is_empty());
+    }
+
+    #[test]
+    fn released_and_deleted_leases_do_not_count() {
+        let mut released = (*lease("node2", 0)).clone();
+        released.spec.as_mut().unwrap().holder_identity = None;
+        let mut deleting = (*lease("node3", 0)).clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(1_800_000_000).unwrap(),
+            ));
+        let leases = [lease("node1", 0), Arc::new(released), Arc::new(deleting)];
+        assert_eq!(known(&leases).into_iter().collect::<Vec<_>>(), ["node1"]);
+    }
+}
