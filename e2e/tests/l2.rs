@@ -429,6 +429,122 @@ async fn failover(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Heartbeat loss on one node, the commonest partial fault (a host firewall, a security group):
+/// UDP 7946 dropped on a node that does not own the IPs, on the owner, and one way only. After
+/// detection exactly one MAC answers ARP and NDP for every IP, requests are served, and once
+/// the fault is removed the IPs settle back on their owner. The isolated node must never claim
+/// the IPs (before the quorum rule it claimed every one of them).
+async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-heartbeats-blocked").await?;
+    scope.deploy("web", &["node1", "node2", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 3).await?;
+    let first = owner(lab, &scope.namespace, "web").await?;
+    for ip in &ips {
+        ensure!(answering_node(lab, ip).await? == first);
+    }
+    let other = NODES
+        .iter()
+        .copied()
+        .find(|n| *n != first)
+        .unwrap_or("node1");
+    // The speakers' heartbeat port (their default, as MetalLB's memberlist).
+    let port = "7946";
+    // (what, node, chains): INPUT drops what the node hears, OUTPUT what it sends.
+    let faults: [(&str, &str, &[&str]); 4] = [
+        (
+            "a non-owner's heartbeats blocked both ways",
+            other,
+            &["INPUT", "OUTPUT"],
+        ),
+        (
+            "the owner's heartbeats blocked both ways",
+            first.as_str(),
+            &["INPUT", "OUTPUT"],
+        ),
+        ("the owner hears no heartbeat", first.as_str(), &["INPUT"]),
+        (
+            "the owner's heartbeats are not heard",
+            first.as_str(),
+            &["OUTPUT"],
+        ),
+    ];
+    for (what, node, chains) in faults {
+        // Heartbeats go from port 7946 to port 7946 both ways.
+        let rule = |op: &str, chain: &str| {
+            lab.exec(
+                node,
+                "iptables",
+                &[op, chain, "-p", "udp", "--dport", port, "-j", "DROP"],
+            )
+        };
+        for chain in chains {
+            rule("-I", chain)?;
+        }
+        let outcome = async {
+            // Detection: the failure timeout (500 ms) and a heartbeat's round.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let mut most = 0usize;
+            for _ in 0..5 {
+                for ip in &ips {
+                    let macs = lab.l2_answers("client", ip)?;
+                    most = most.max(macs.len());
+                    ensure!(
+                        macs.len() == 1,
+                        "{what}: {ip} answered by {} MACs ({macs:?})",
+                        macs.len()
+                    );
+                    if what.starts_with("a non-owner") {
+                        ensure!(
+                            node_of_mac(lab, macs.iter().next().map_or("", String::as_str))?
+                                == first,
+                            "{what}: {ip} moved away from {first}"
+                        );
+                    } else {
+                        ensure!(
+                            node_of_mac(lab, macs.iter().next().map_or("", String::as_str))?
+                                != first,
+                            "{what}: {ip} still answered by {first}, which is cut off"
+                        );
+                    }
+                    http(lab, ip)?;
+                }
+            }
+            eprintln!(
+                "l2 partial fault: {what}: most MACs answering one IP after detection: {most}"
+            );
+            anyhow::Ok(())
+        }
+        .await;
+        for chain in chains {
+            rule("-D", chain)?;
+        }
+        outcome?;
+        for ip in &ips {
+            wait_for(
+                &format!("{first} to answer for {ip} again after {what}"),
+                Duration::from_secs(30),
+                || async {
+                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                    if n == first { Ok(Some(())) } else { Err(n) }
+                },
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 /// The owner's metrics count requests and answers for its IPs; health and readiness answer.
 async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
@@ -495,6 +611,9 @@ fn main() -> std::process::ExitCode {
             Box::pin(node_selectors_and_interfaces(c))
         })
         .test("failover", |c| Box::pin(failover(c)))
+        .test("heartbeats_blocked_on_one_node", |c| {
+            Box::pin(heartbeats_blocked_on_one_node(c))
+        })
         .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
         .run(&args, |lab| {
             // The suite's pool; tests that need more add their own and remove them.
