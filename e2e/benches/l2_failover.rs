@@ -6,6 +6,14 @@
 //!
 //! * `FERROLB_BENCH_TRIALS` (default 20): trials per fault.
 //! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).
+//! * `FERROLB_BENCH_FAULTS`: a comma-separated subset of the faults (default all): `link`,
+//!   `kill`, `hb-nonowner`, `hb-owner`, `hb-owner-in`, `hb-owner-out`.
+//!
+//! The `hb-*` faults are partial: UDP 7946 (the heartbeats) dropped with iptables in one node's
+//! namespace, both ways on a node that does not own the IP, both ways on the owner, inbound only
+//! on the owner, outbound only on the owner. For them the bench also counts the MACs answering
+//! ARP/NDP for each IP from the client 1.5 s after the fault (after detection), and the time
+//! from removing the fault until the client's answer comes from the owner again.
 //!
 //! Each trial: the client sends a UDP datagram to the Service's IPv4 and IPv6 address every 10 ms
 //! (`ferrolb-lab probe`) for 4 s; at 1 s the owner's link is cut from the bridge side (or its
@@ -184,7 +192,38 @@ async fn run(
     println!("Service probe: {ips:?}, owner {owner}, pods on {others:?}");
     let owner: &'static str = NODES.iter().copied().find(|n| *n == owner).unwrap();
     let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for fault in ["link cut", "speaker SIGKILL"] {
+    let mut macs_after: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut heal_ms: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let wanted = std::env::var("FERROLB_BENCH_FAULTS").unwrap_or_default();
+    let wanted: Vec<&str> = wanted.split(',').filter(|w| !w.is_empty()).collect();
+    // For a partial fault: the node the heartbeat rule goes on, and its chains.
+    let partial = |key: &str| -> Option<(&'static str, &'static [&'static str])> {
+        match key {
+            "hb-nonowner" => Some((others[0], &["INPUT", "OUTPUT"])),
+            "hb-owner" => Some((owner, &["INPUT", "OUTPUT"])),
+            "hb-owner-in" => Some((owner, &["INPUT"])),
+            "hb-owner-out" => Some((owner, &["OUTPUT"])),
+            _ => None,
+        }
+    };
+    let heartbeat_rule = |node: &str, op: &str, chain: &str| {
+        lab.exec(
+            node,
+            "iptables",
+            &[op, chain, "-p", "udp", "--dport", "7946", "-j", "DROP"],
+        )
+    };
+    for (fault, key) in [
+        ("link cut", "link"),
+        ("speaker SIGKILL", "kill"),
+        ("hb blocked, non-owner", "hb-nonowner"),
+        ("hb blocked, owner", "hb-owner"),
+        ("hb owner inbound lost", "hb-owner-in"),
+        ("hb owner outbound lost", "hb-owner-out"),
+    ] {
+        if !wanted.is_empty() && !wanted.contains(&key) {
+            continue;
+        }
         for trial in 0..trials {
             for ip in &ips {
                 wait_for(
@@ -204,26 +243,61 @@ async fn run(
                 .map(|ip| start_probe(lab, ip))
                 .collect::<anyhow::Result<_>>()?;
             tokio::time::sleep(Duration::from_secs(1)).await;
-            match fault {
-                "link cut" => lab.set_link(owner, false)?,
-                _ => {
+            match (key, partial(key)) {
+                ("link", _) => lab.set_link(owner, false)?,
+                ("kill", _) => {
                     if let Some(p) = speakers.remove(owner) {
                         process::kill_now(&p);
                     }
                 }
+                (_, Some((node, chains))) => {
+                    for chain in chains {
+                        heartbeat_rule(node, "-I", chain)?;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    for ip in &ips {
+                        let n = lab.l2_answers("client", ip)?.len();
+                        let most = macs_after.entry(fault).or_default();
+                        *most = (*most).max(n);
+                    }
+                }
+                _ => {}
             }
             let reports: Vec<Report> = probes
                 .into_iter()
                 .map(finish_probe)
                 .collect::<anyhow::Result<_>>()?;
-            match fault {
-                "link cut" => lab.set_link(owner, true)?,
-                _ => {
+            match (key, partial(key)) {
+                ("link", _) => lab.set_link(owner, true)?,
+                ("kill", _) => {
                     speakers.insert(
                         owner,
                         ferrolb::start_speaker(lab, credentials, owner, extra)?,
                     );
                 }
+                (_, Some((node, chains))) => {
+                    for chain in chains {
+                        heartbeat_rule(node, "-D", chain)?;
+                    }
+                    // Healing: until the client's answer for every IP comes from the owner.
+                    let healed = std::time::Instant::now();
+                    for ip in &ips {
+                        wait_for(
+                            &format!("{owner} to answer for {ip} after {fault}"),
+                            Duration::from_secs(30),
+                            || async {
+                                let n = answering(lab, ip).await.map_err(|e| e.to_string())?;
+                                if n == owner { Ok(Some(())) } else { Err(n) }
+                            },
+                        )
+                        .await?;
+                    }
+                    heal_ms
+                        .entry(fault)
+                        .or_default()
+                        .push(healed.elapsed().as_secs_f64() * 1000.0);
+                }
+                _ => {}
             }
             for (ip, r) in ips.iter().zip(&reports) {
                 let family = if ip.contains(':') { "IPv6" } else { "IPv4" };
@@ -241,6 +315,20 @@ async fn run(
     println!("outage (longest gap between answers, probes every 10 ms):");
     for (label, g) in gaps {
         summary(&label, g);
+    }
+    if !macs_after.is_empty() {
+        println!();
+        println!(
+            "partial faults: most MACs answering one IP 1.5 s after the fault, over all trials:"
+        );
+        for (fault, most) in &macs_after {
+            println!("{fault:32} {most}");
+        }
+        println!();
+        println!("partial faults: from removing the fault to the owner answering every IP again:");
+        for (fault, h) in heal_ms {
+            summary(fault, h);
+        }
     }
     Ok(())
 }
