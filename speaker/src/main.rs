@@ -74,8 +74,10 @@ pub struct Args {
     )]
     pub ignore_interfaces: Vec<String>,
     /// Re-send gratuitous ARP / unsolicited NA for owned IPs this often after the takeover
-    /// burst (Go duration; 0s: never), for switches and hosts that forget.
-    #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "0s", value_parser = duration)]
+    /// burst (Go duration; 0s: never), so a client or switch that missed a takeover, or kept an
+    /// entry from before it, is corrected within this time. 60 s stays well inside the usual
+    /// 300 s MAC-table ageing of switches (docs/decisions/0015).
+    #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "60s", value_parser = duration)]
     pub garp_refresh: Duration,
     /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
     /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
