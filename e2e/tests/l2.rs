@@ -545,6 +545,89 @@ async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An owner whose speaker is frozen (SIGSTOP) for 5 s, as a stalled VM or a stuck process: the
+/// others take its IPs over, and when it resumes it answers nothing from its old ownership,
+/// not even the ARP requests that queued while it was frozen, until it has heard the others
+/// and the IPs are given back to it.
+async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-frozen-owner").await?;
+    scope.deploy("web", &["node1", "node2", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 3).await?;
+    let first = owner(lab, &scope.namespace, "web").await?;
+    for ip in &ips {
+        ensure!(answering_node(lab, ip).await? == first);
+    }
+    ctx.speakers.freeze(&first, true)?;
+    let outcome = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for ip in &ips {
+            let macs = lab.l2_answers("client", ip)?;
+            ensure!(macs.len() == 1, "frozen owner: {ip} answered by {macs:?}");
+            let node = node_of_mac(lab, macs.iter().next().map_or("", String::as_str))?;
+            ensure!(node != first, "{ip} still answered by the frozen {first}");
+        }
+        tokio::time::sleep(Duration::from_millis(3000)).await;
+        // Ask while the owner is still frozen (its socket queues the requests), and resume it
+        // while the client is still collecting answers.
+        let askers: Vec<_> = ips
+            .iter()
+            .map(|ip| {
+                let lab = lab.clone();
+                let ip = ip.clone();
+                std::thread::spawn(move || lab.l2_answers("client", &ip))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        ctx.speakers.freeze(&first, false)?;
+        for (ip, asker) in ips.iter().zip(askers) {
+            let macs = asker
+                .join()
+                .map_err(|_| anyhow::anyhow!("asker panicked"))??;
+            ensure!(
+                macs.len() <= 1,
+                "{ip} answered by {macs:?} as the frozen owner resumed"
+            );
+        }
+        for _ in 0..3 {
+            for ip in &ips {
+                let macs = lab.l2_answers("client", ip)?;
+                ensure!(
+                    macs.len() <= 1,
+                    "{ip} answered by {macs:?} after the resume"
+                );
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    // Never leave a frozen speaker behind.
+    let _ = ctx.speakers.freeze(&first, false);
+    outcome?;
+    for ip in &ips {
+        wait_for(
+            &format!("{first} to answer for {ip} again after its freeze"),
+            Duration::from_secs(30),
+            || async {
+                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                if n == first { Ok(Some(())) } else { Err(n) }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// The owner's metrics count requests and answers for its IPs; health and readiness answer.
 async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
@@ -613,6 +696,9 @@ fn main() -> std::process::ExitCode {
         .test("failover", |c| Box::pin(failover(c)))
         .test("heartbeats_blocked_on_one_node", |c| {
             Box::pin(heartbeats_blocked_on_one_node(c))
+        })
+        .test("frozen_owner_resumes_without_a_second_answer", |c| {
+            Box::pin(frozen_owner_resumes_without_a_second_answer(c))
         })
         .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
         .run(&args, |lab| {

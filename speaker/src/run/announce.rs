@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrolb_layer2::packet::{
     self, MacAddr, Request, arp_reply, gratuitous_arp_reply, gratuitous_arp_request,
@@ -32,6 +32,39 @@ const BURST: [Duration; 6] = [
 /// IPs owned, each with the interfaces it is answered on. Read by every responder thread.
 type Owned = HashMap<IpAddr, BTreeSet<String>>;
 
+/// Until when the owned IPs may be answered for: the work loop renews it while it still acts
+/// (quorum, fresh heartbeats); a process that was frozen (SIGSTOP, a stalled VM, a stuck loop)
+/// finds it lapsed when it runs again and answers nothing until the loop has decided anew, so it
+/// never answers next to the node that took its IPs over meanwhile.
+#[derive(Debug)]
+pub struct Mandate {
+    base: Instant,
+    /// Nanoseconds after `base`; 0: never renewed.
+    until: AtomicU64,
+}
+
+impl Mandate {
+    fn new() -> Self {
+        Mandate {
+            base: Instant::now(),
+            until: AtomicU64::new(0),
+        }
+    }
+
+    /// Lets the owned IPs be answered for until `until`.
+    fn renew(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.base).as_nanos();
+        self.until
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// Whether answering is allowed at `now`.
+    fn valid(&self, now: Instant) -> bool {
+        let nanos = now.saturating_duration_since(self.base).as_nanos();
+        u128::from(self.until.load(Ordering::Acquire)) > nanos
+    }
+}
+
 /// An interface the node answers on.
 struct Responder {
     index: u32,
@@ -51,6 +84,7 @@ impl Drop for Responder {
 /// The announcer: the owned table, the responders and the takeover bursts.
 pub struct Announcer {
     owned: Arc<RwLock<Owned>>,
+    mandate: Arc<Mandate>,
     responders: BTreeMap<String, Responder>,
     metrics: Metrics,
     refresh: Duration,
@@ -70,6 +104,7 @@ impl Announcer {
     pub fn new(metrics: Metrics, refresh: Duration) -> Self {
         Announcer {
             owned: Arc::new(RwLock::new(Owned::new())),
+            mandate: Arc::new(Mandate::new()),
             responders: BTreeMap::new(),
             metrics,
             refresh,
@@ -169,6 +204,11 @@ impl Announcer {
         failures
     }
 
+    /// Lets what is owned be answered for until `until` (see [`Mandate`]).
+    pub fn renew(&self, until: Instant) {
+        self.mandate.renew(until);
+    }
+
     fn start_responder(&self, iface: &Interface) -> Result<Responder, String> {
         let mac = MacAddr(iface.mac.ok_or("no MAC address")?);
         let socket = Arc::new(PacketSocket::open(iface.index).map_err(|e| e.to_string())?);
@@ -180,6 +220,7 @@ impl Announcer {
             socket: socket.clone(),
             stop: stop.clone(),
             owned: self.owned.clone(),
+            mandate: self.mandate.clone(),
             metrics: self.metrics.clone(),
         };
         std::thread::Builder::new()
@@ -199,17 +240,19 @@ impl Announcer {
 
     fn spawn_burst(&self, ip: IpAddr, interface: String, r: &Responder) {
         let owned = self.owned.clone();
+        let mandate = self.mandate.clone();
         let socket = r.socket.clone();
         let mac = r.mac;
         let metrics = self.metrics.clone();
         let refresh = self.refresh;
         tokio::spawn(async move {
             let still_owned = || {
-                owned
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&ip)
-                    .is_some_and(|i| i.contains(&interface))
+                mandate.valid(Instant::now())
+                    && owned
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&ip)
+                        .is_some_and(|i| i.contains(&interface))
             };
             let started = tokio::time::Instant::now();
             let mut offsets = BURST
@@ -263,6 +306,7 @@ struct ResponderThread {
     socket: Arc<PacketSocket>,
     stop: Arc<AtomicBool>,
     owned: Arc<RwLock<Owned>>,
+    mandate: Arc<Mandate>,
     metrics: Metrics,
 }
 
@@ -297,7 +341,9 @@ impl ResponderThread {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&ip)
                 .is_some_and(|i| i.contains(&self.name));
-            if !ours {
+            // Checked after the frame arrived: a request queued while the process was frozen
+            // is not answered from a lapsed mandate.
+            if !ours || !self.mandate.valid(Instant::now()) {
                 continue;
             }
             self.metrics
@@ -322,5 +368,23 @@ impl ResponderThread {
                 Err(e) => tracing::warn!(interface = %self.name, %ip, error = %e, "reply not sent"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mandate_holds_until_its_deadline_and_starts_lapsed() {
+        let m = Mandate::new();
+        let t0 = Instant::now();
+        assert!(!m.valid(t0));
+        m.renew(t0 + Duration::from_millis(300));
+        assert!(m.valid(t0 + Duration::from_millis(299)));
+        assert!(!m.valid(t0 + Duration::from_millis(300)));
+        // A renewal into the past (the loop gave up) lapses it at once.
+        m.renew(t0);
+        assert!(!m.valid(t0 + Duration::from_millis(1)));
     }
 }

@@ -20,6 +20,8 @@ struct Local {
     ready: bool,
     leaving: bool,
     interfaces: BTreeSet<String>,
+    /// When the work loop last said what it is (each step and each check between steps).
+    confirmed: Option<Instant>,
 }
 
 /// The heartbeat exchange: the live peers, and what this speaker announces about itself.
@@ -32,6 +34,9 @@ pub struct Gossip {
     local: Mutex<Local>,
     peers: Mutex<Vec<SocketAddr>>,
     membership: Mutex<Membership>,
+    /// `ready` goes out only while the work loop confirmed it this recently: a stuck or frozen
+    /// loop stops being counted before its mandate to answer has lapsed.
+    confirm_within: Duration,
     socket: UdpSocket,
     changed: Arc<Notify>,
     metrics: Metrics,
@@ -60,6 +65,17 @@ fn boot_id() -> u64 {
     u64::from_str_radix(&hex, 16).unwrap_or_else(|_| unix_ms() ^ u64::from(std::process::id()))
 }
 
+/// The heartbeat timings.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Between two heartbeats.
+    pub interval: Duration,
+    /// A peer silent this long is no longer heard.
+    pub timeout: Duration,
+    /// `ready` goes out only while the work loop confirmed it this recently.
+    pub confirm_within: Duration,
+}
+
 impl Gossip {
     /// Binds the heartbeat port and starts sending and receiving. `changed` is notified when
     /// the live peers may have changed.
@@ -67,8 +83,7 @@ impl Gossip {
         node: String,
         key: Vec<u8>,
         port: u16,
-        interval: Duration,
-        timeout: Duration,
+        timing: Timing,
         changed: Arc<Notify>,
         metrics: Metrics,
     ) -> anyhow::Result<Arc<Self>> {
@@ -82,7 +97,7 @@ impl Gossip {
                     .with_context(|| format!("binding heartbeat port {port}"))?,
             };
         let gossip = Arc::new(Gossip {
-            membership: Mutex::new(Membership::new(node.clone(), timeout)),
+            membership: Mutex::new(Membership::new(node.clone(), timing.timeout)),
             node,
             key,
             port,
@@ -90,13 +105,14 @@ impl Gossip {
             seq: Mutex::new(0),
             local: Mutex::new(Local::default()),
             peers: Mutex::new(Vec::new()),
+            confirm_within: timing.confirm_within,
             socket,
             changed,
             metrics,
         });
         let sender = gossip.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
+            let mut tick = tokio::time::interval(timing.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
@@ -119,13 +135,15 @@ impl Gossip {
         *lock(&self.peers) = list;
     }
 
-    /// Sets what this speaker says about itself; a change goes out at once.
+    /// Sets what this speaker says about itself (and confirms the work loop is alive); a
+    /// change goes out at once.
     pub async fn set_local(&self, ready: bool, interfaces: BTreeSet<String>) {
         let changed = {
             let mut local = lock(&self.local);
             let changed = local.ready != ready || local.interfaces != interfaces;
             local.ready = ready;
             local.interfaces = interfaces;
+            local.confirmed = Some(Instant::now());
             changed
         };
         if changed {
@@ -163,7 +181,11 @@ impl Gossip {
                 boot: self.boot,
                 seq: *seq,
                 unix_ms: unix_ms(),
-                ready: local.ready && !local.leaving,
+                ready: local.ready
+                    && !local.leaving
+                    && local
+                        .confirmed
+                        .is_some_and(|t| t.elapsed() <= self.confirm_within),
                 leaving: local.leaving,
                 interfaces: local.interfaces,
                 hears: lock(&self.membership).hears(Instant::now()),

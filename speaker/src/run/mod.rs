@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferrolb_config::allocator::ServiceKey;
+use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::quorum;
 use ferrolb_runtime::events::{Always, EventQueue, Recorder};
 use ferrolb_speaker::l2::interfaces::Interface;
@@ -75,8 +76,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.node_name.clone(),
         key,
         args.gossip_port,
-        args.heartbeat_interval,
-        args.failure_timeout,
+        gossip::Timing {
+            interval: args.heartbeat_interval,
+            timeout: args.failure_timeout,
+            confirm_within: mandate_for(args.failure_timeout, args.heartbeat_interval),
+        },
         changed.clone(),
         metrics.clone(),
     )
@@ -112,6 +116,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         settling: step::Settling::default(),
         claim: step::Settling::default(),
         acted: false,
+        planned_members: BTreeMap::new(),
+        mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
         announced: BTreeSet::new(),
         failures: step::FailureLog::default(),
         bgp: bgp::Bgp::new(
@@ -145,9 +151,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 None => std::future::pending().await,
             }
         };
+        // Between steps, the mandate to answer is renewed every heartbeat interval while the
+        // plan still holds.
+        let check = tokio::time::sleep(speaker.args.heartbeat_interval);
         tokio::select! {
             _ = changed.notified() => {}
             _ = sleep => {}
+            _ = check => {
+                if stores.synced() {
+                    let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    if speaker.still_valid(&stores, &gossip, &links).await {
+                        continue;
+                    }
+                }
+            }
             signal = &mut shutdown => {
                 tracing::info!("{}: handing over and shutting down", signal.unwrap_or("signal"));
                 break;
@@ -175,6 +192,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long answering stays allowed after a check (see `Speaker::mandate`): the failure
+/// timeout minus two heartbeat intervals, at least one interval.
+fn mandate_for(failure_timeout: Duration, heartbeat_interval: Duration) -> Duration {
+    failure_timeout
+        .saturating_sub(heartbeat_interval * 2)
+        .max(heartbeat_interval)
+}
+
 /// A key file may end in a newline (`kubectl create secret --from-file` keeps it).
 fn trim_key(mut key: Vec<u8>) -> Vec<u8> {
     while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
@@ -200,6 +225,14 @@ async fn poll_interfaces(
     }
 }
 
+/// Who may own IPs, from [`Speaker::membership`].
+struct Membership {
+    usable: BTreeMap<String, Interface>,
+    nodes: BTreeMap<String, NodeView>,
+    members: BTreeMap<String, Member>,
+    claims: bool,
+}
+
 /// The work loop's state.
 struct Speaker {
     args: Args,
@@ -212,6 +245,12 @@ struct Speaker {
     claim: step::Settling,
     /// Whether the last step acted (for logging the changes).
     acted: bool,
+    /// The members the last plan was made with.
+    planned_members: BTreeMap<String, Member>,
+    /// How long answering stays allowed after the loop last saw the plan still valid: less
+    /// than the others' failure timeout minus a heartbeat interval, so a frozen process's
+    /// mandate lapses before anyone takes its IPs over.
+    mandate: Duration,
     /// `metallb_speaker_announced` label sets currently set.
     announced: BTreeSet<(ServiceKey, IpAddr)>,
     /// Announcement failures already reported with an Event.
@@ -222,23 +261,15 @@ struct Speaker {
 }
 
 impl Speaker {
-    async fn step(
+    /// Who may own IPs now (the quorum rule, settling and the claim delay), and the inputs
+    /// that go with it. Cheap: no planning.
+    async fn membership(
         &mut self,
         stores: &watch::Stores,
         gossip: &gossip::Gossip,
         links: &BTreeMap<String, Interface>,
-        events: &EventQueue,
-    ) -> status::Desired {
-        let now = Instant::now();
-        if stores.take_config_dirty() || self.config.is_none() {
-            let validated = stores.validated(&self.args.namespace);
-            self.metrics.config_loaded.set(1);
-            self.metrics
-                .config_stale
-                .set(i64::from(!validated.is_valid()));
-            self.config = Some(Arc::new(validated.config));
-        }
-        let config = self.config.clone().unwrap_or_default();
+        now: Instant,
+    ) -> Membership {
         let usable: BTreeMap<String, Interface> = links
             .iter()
             .filter(|(_, i)| i.usable(&self.args.ignore_interfaces))
@@ -303,6 +334,57 @@ impl Speaker {
             .peers_alive
             .set(i64::try_from(reports.len()).unwrap_or(i64::MAX));
         let members = step::members(&verdict, &self.args.node_name, claims);
+        Membership {
+            usable,
+            nodes,
+            members,
+            claims,
+        }
+    }
+
+    /// The periodic check between steps: when the members are still those the last plan was
+    /// made with, renews the mandate to answer (see [`announce::Mandate`]) and returns false;
+    /// otherwise returns true, and the loop plans again.
+    async fn still_valid(
+        &mut self,
+        stores: &watch::Stores,
+        gossip: &gossip::Gossip,
+        links: &BTreeMap<String, Interface>,
+    ) -> bool {
+        let now = Instant::now();
+        let m = self.membership(stores, gossip, links, now).await;
+        if m.members != self.planned_members {
+            return false;
+        }
+        if m.claims {
+            self.announcer.renew(now + self.mandate);
+        }
+        true
+    }
+
+    async fn step(
+        &mut self,
+        stores: &watch::Stores,
+        gossip: &gossip::Gossip,
+        links: &BTreeMap<String, Interface>,
+        events: &EventQueue,
+    ) -> status::Desired {
+        let now = Instant::now();
+        if stores.take_config_dirty() || self.config.is_none() {
+            let validated = stores.validated(&self.args.namespace);
+            self.metrics.config_loaded.set(1);
+            self.metrics
+                .config_stale
+                .set(i64::from(!validated.is_valid()));
+            self.config = Some(Arc::new(validated.config));
+        }
+        let config = self.config.clone().unwrap_or_default();
+        let Membership {
+            usable,
+            nodes,
+            members,
+            claims,
+        } = self.membership(stores, gossip, links, now).await;
         let step::Views {
             services: views,
             uids,
@@ -334,6 +416,10 @@ impl Speaker {
                 )
             });
 
+        if claims {
+            self.announcer.renew(now + self.mandate);
+        }
+        self.planned_members = members.clone();
         let failures: Vec<(String, String)> = self
             .announcer
             .apply(&plan.announce, &usable)
@@ -390,5 +476,21 @@ impl Speaker {
             ("node", self.args.node_name.clone()),
             ("ip", ip.to_string()),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mandate_lapses_before_the_others_take_over() {
+        let ms = Duration::from_millis;
+        // Defaults: peers take over 500 ms after the last heartbeat, which is at most one
+        // interval older than the last renewal.
+        assert_eq!(mandate_for(ms(500), ms(100)), ms(300));
+        assert!(mandate_for(ms(500), ms(100)) + ms(100) < ms(500));
+        // Never shorter than one interval, so the checks between steps can keep it.
+        assert_eq!(mandate_for(ms(300), ms(100)), ms(100));
     }
 }
