@@ -216,9 +216,10 @@ pub fn spawn(
     identity: String,
     timing: Timing,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    pulse: ferrolb_runtime::health::Pulse,
 ) -> (Leadership, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
-    let handle = tokio::spawn(run(api, name, identity, timing, tx, shutdown));
+    let handle = tokio::spawn(run(api, name, identity, timing, tx, shutdown, pulse));
     (Leadership { rx }, handle)
 }
 
@@ -256,6 +257,7 @@ async fn run(
     timing: Timing,
     tx: watch::Sender<Option<Grant>>,
     mut shutdown: watch::Receiver<bool>,
+    pulse: ferrolb_runtime::health::Pulse,
 ) {
     let mut elector = Elector::new(identity.clone(), timing);
     let mut term = 0u64;
@@ -275,6 +277,16 @@ async fn run(
         };
         let view = current.as_ref().map(LeaseView::of);
         let started = Instant::now();
+        // A work loop that is stuck or gone must not keep the Lease: stop renewing (and
+        // writing); the Lease lapses and a standby takes over.
+        if let Err(why) = pulse.check_at(started) {
+            if elector.is_leading(started) {
+                tracing::error!(lease = %name, "{why}: giving up leadership");
+            }
+            elector.resign();
+            let _ = tx.send(None);
+            continue;
+        }
         let step = elector.decide(view.as_ref(), started);
         let result = match (step, &current) {
             (Step::Wait, _) => {

@@ -114,12 +114,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         format!("{}-{}", host.trim(), std::process::id())
     });
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let metrics = std::sync::Arc::new(telemetry::Metrics::new());
-    let ready = telemetry::Ready::default();
-    let server = tokio::spawn(telemetry::serve(
+    let (metrics, registry) = telemetry::Metrics::new();
+    let metrics = std::sync::Arc::new(metrics);
+    let ready = ferrolb_runtime::Ready::default();
+    // The work loop beats every second; a loop silent for this long is stuck (a rebuild of
+    // 100,000 Services takes seconds, not this).
+    let pulse = ferrolb_runtime::health::Pulse::new(std::time::Duration::from_secs(30));
+    let server = tokio::spawn(ferrolb_runtime::serve(
         args.listen,
-        metrics.clone(),
+        std::sync::Arc::new(registry),
         ready.clone(),
+        "caches not synced",
+        pulse.clone(),
     ));
     let (leadership, lease_task) = if args.leader_elect {
         let timing = leader::Timing {
@@ -135,6 +141,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             identity.clone(),
             timing,
             shutdown_rx.clone(),
+            pulse.clone(),
         );
         (l, Some(task))
     } else {
@@ -146,19 +153,33 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lb_class: args.lb_class.clone(),
         identity,
     };
-    let controller = tokio::spawn(run::run(
+    let mut controller = tokio::spawn(run::run(
         client,
         settings,
         metrics,
         ready,
         leadership,
         shutdown_rx,
+        pulse,
     ));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
         r = server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+        // A loop that ends or panics is not left behind a process that looks alive: the
+        // process exits (the Lease task has already stopped renewing) and is restarted.
+        r = &mut controller => {
+            let _ = shutdown_tx.send(true);
+            if let Some(task) = lease_task {
+                let _ = task.await;
+            }
+            return match r {
+                Ok(Ok(())) => Err(anyhow::anyhow!("the work loop ended")),
+                Ok(Err(e)) => Err(e.context("the work loop failed")),
+                Err(e) => Err(anyhow::anyhow!("the work loop panicked: {e}")),
+            };
+        }
     }
     // Stop writing first, then release the Lease so a standby takes over at once.
     let _ = shutdown_tx.send(true);

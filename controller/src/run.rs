@@ -32,8 +32,10 @@ use crate::core::{Core, Desired, Note, Outcome, matches};
 use crate::leader::Leadership;
 use crate::schedule::{Action, Decide, Decision, Input, Schedule, Written};
 use crate::slim::{self, CachedService, ServiceCache};
-use crate::telemetry::{Metrics, Ready};
+use crate::telemetry::Metrics;
+use ferrolb_runtime::Ready;
 use ferrolb_runtime::events::{self, EventQueue, Recorder};
+use ferrolb_runtime::health::Pulse;
 use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
 
 /// What the driver needs to know.
@@ -295,7 +297,11 @@ impl<W: Writes> Driver<W> {
     }
 }
 
-/// Runs the controller until `shutdown` turns true.
+/// How often the idle loop beats its pulse (health: [`Pulse`]).
+pub const PULSE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs the controller until `shutdown` turns true. The loop beats `pulse` at least every
+/// [`PULSE_EVERY`] and ends it when it returns or panics.
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -303,7 +309,11 @@ pub async fn run(
     ready: Ready,
     mut leadership: Leadership,
     mut shutdown: watch::Receiver<bool>,
+    pulse: Pulse,
 ) -> anyhow::Result<()> {
+    let _ended = pulse.end_on_drop();
+    let mut beat = tokio::time::interval(PULSE_EVERY);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let stores = start_watches(&client, &settings.namespace, &tx);
     let recorder = Arc::new(Recorder::new(
@@ -363,11 +373,16 @@ pub async fn run(
             _ = leadership.changed() => {}
             _ = retry_wait => driver.schedule.handle(Input::RetryWaitPassed),
             _ = shutdown.changed() => break,
+            _ = beat.tick() => {
+                pulse.beat();
+                continue;
+            }
         }
+        pulse.beat();
         if !driver.schedule.listed() {
             continue;
         }
-        ready.set();
+        ready.set(true);
         let term = leadership.term();
         metrics.leader.set(i64::from(term.is_some()));
         driver.step(term).await;
@@ -962,7 +977,7 @@ mod driver_tests {
                 lb_class: None,
                 stores,
                 services: ServiceCache::default(),
-                metrics: Arc::new(Metrics::new()),
+                metrics: Arc::new(Metrics::new().0),
                 core: Core::new(None),
                 applied_pools: None,
                 report: None,

@@ -1,15 +1,5 @@
-//! Prometheus metrics and the health endpoints (logs: ferrolb-runtime).
+//! Prometheus metrics (served, with health and readiness, by ferrolb-runtime).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -21,7 +11,6 @@ type PoolLabel = Vec<(&'static str, String)>;
 
 /// The controller's metrics: MetalLB's names (users' dashboards expect them) plus `ferrolb_*`.
 pub struct Metrics {
-    registry: Registry,
     /// `metallb_allocator_addresses_total{pool}`.
     pub addresses_total: Family<PoolLabel, Gauge>,
     /// `metallb_allocator_addresses_in_use_total{pool}`.
@@ -49,8 +38,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric.
-    pub fn new() -> Self {
+    /// The metrics, with a registry that serves them.
+    pub fn new() -> (Self, Registry) {
         let mut registry = Registry::default();
         let m = Metrics {
             addresses_total: Family::default(),
@@ -65,7 +54,6 @@ impl Metrics {
             allocation_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             services_assigned: Gauge::default(),
             events_dropped: Counter::default(),
-            registry: Registry::default(),
         };
         registry.register(
             "metallb_allocator_addresses_total",
@@ -127,63 +115,6 @@ impl Metrics {
             "Events dropped because the Event queue was full (Events are best effort)",
             m.events_dropped.clone(),
         );
-        Metrics { registry, ..m }
+        (m, registry)
     }
-
-    fn render(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        encode(&mut out, &self.registry)?;
-        Ok(out)
-    }
-}
-
-/// Readiness: set once every watch has its initial list.
-#[derive(Clone, Default)]
-pub struct Ready(Arc<AtomicBool>);
-
-impl Ready {
-    /// Marks ready.
-    pub fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-    fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-async fn metrics_page(State((metrics, _)): State<(Arc<Metrics>, Ready)>) -> impl IntoResponse {
-    match metrics.render() {
-        Ok(body) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
-}
-
-async fn readyz(State((_, ready)): State<(Arc<Metrics>, Ready)>) -> impl IntoResponse {
-    if ready.get() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n")
-    }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` until the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, ready: Ready) -> anyhow::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state((metrics, ready));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-    axum::serve(listener, app).await?;
-    Ok(())
 }

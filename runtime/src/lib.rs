@@ -1,9 +1,10 @@
 //! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
-//! server, the Kubernetes client, watches into caches and the one watch of the configuration
+//! server with health that reflects the work loop ([`health`]), the Kubernetes client, watches into caches and the one watch of the configuration
 //! ([`watch`]), and Events ([`events`]: a de-duplicating recorder behind a bounded queue). Each binary keeps its own metrics and logic; this crate holds only what would
 //! otherwise be copied between them.
 
 pub mod events;
+pub mod health;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -78,9 +79,9 @@ impl Ready {
     }
 }
 
-type Shared = (Arc<Registry>, Ready, &'static str);
+type Shared = (Arc<Registry>, Ready, &'static str, health::Pulse);
 
-async fn metrics_page(State((registry, _, _)): State<Shared>) -> impl IntoResponse {
+async fn metrics_page(State((registry, _, _, _)): State<Shared>) -> impl IntoResponse {
     let mut body = String::new();
     match encode(&mut body, &registry) {
         Ok(()) => (
@@ -96,7 +97,17 @@ async fn metrics_page(State((registry, _, _)): State<Shared>) -> impl IntoRespon
     }
 }
 
-async fn readyz(State((_, ready, why_not)): State<Shared>) -> impl IntoResponse {
+async fn healthz(State((_, _, _, pulse)): State<Shared>) -> impl IntoResponse {
+    match pulse.check() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}
+
+async fn readyz(State((_, ready, why_not, pulse)): State<Shared>) -> impl IntoResponse {
+    if let Err(why) = pulse.check() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
+    }
     if ready.get() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
@@ -104,19 +115,21 @@ async fn readyz(State((_, ready, why_not)): State<Shared>) -> impl IntoResponse 
     }
 }
 
-/// Serves `/metrics` (OpenMetrics text of `registry`), `/healthz` and `/readyz` (503 with
-/// `not_ready_reason` until `ready` is set) until the task is dropped.
+/// Serves `/metrics` (OpenMetrics text of `registry`), `/healthz` (503 when the work loop's
+/// `pulse` has stopped) and `/readyz` (503 with `not_ready_reason` until `ready` is set, and
+/// while the pulse is stopped) until the task is dropped.
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
     ready: Ready,
     not_ready_reason: &'static str,
+    pulse: health::Pulse,
 ) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_page))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state((registry, ready, not_ready_reason));
+        .with_state((registry, ready, not_ready_reason, pulse));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;

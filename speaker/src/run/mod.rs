@@ -59,11 +59,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = ferrolb_runtime::kube_client(args.kubeconfig.as_deref()).await?;
     let (metrics, registry) = Metrics::new();
     let ready = ferrolb_runtime::Ready::default();
+    // The loop wakes at least every heartbeat interval; silent for this long, it is stuck.
+    let pulse = ferrolb_runtime::health::Pulse::new(Duration::from_secs(10));
     let server = tokio::spawn(ferrolb_runtime::serve(
         args.listen,
         Arc::new(registry),
         ready.clone(),
         "caches not synced",
+        pulse.clone(),
     ));
     let changed = Arc::new(Notify::new());
     let stores = watch::start(
@@ -154,6 +157,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         // Between steps, the mandate to answer is renewed every heartbeat interval while the
         // plan still holds.
         let check = tokio::time::sleep(speaker.args.heartbeat_interval);
+        pulse.beat();
         tokio::select! {
             _ = changed.notified() => {}
             _ = sleep => {}
