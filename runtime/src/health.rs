@@ -93,6 +93,7 @@ impl Drop for EndOnDrop {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]
