@@ -182,6 +182,16 @@ impl Leadership {
             .map(|g| g.term)
     }
 
+    /// The current term and the instant until which this replica may write in it: a write
+    /// started in the term must have finished or been abandoned by then, so that none can land
+    /// after another replica could have taken the Lease.
+    pub fn grant(&self) -> Option<(u64, Instant)> {
+        self.rx
+            .borrow()
+            .filter(|g| Instant::now() < g.until)
+            .map(|g| (g.term, g.until))
+    }
+
     /// Waits until leadership may have changed (a renewal, a loss, or the deadline passing).
     pub async fn changed(&mut self) {
         let deadline = self.rx.borrow().map(|g| g.until);

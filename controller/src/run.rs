@@ -7,7 +7,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use ferrolb_config::allocator::{IP_ALLOCATED_FROM_POOL, ServiceKey, is_ours};
 use ferrolb_config::crd::{
     BFDProfile, BGPPeer, ConfigurationResult, ConfigurationState, ConfigurationStateSpec,
@@ -19,7 +18,7 @@ use ferrolb_config::validate::{NodeInfo, validate};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -172,6 +171,8 @@ struct Decider {
     applied_pools: Option<Vec<Pool>>,
     /// The configuration last applied, until it is reported.
     report: Option<ConfigReport>,
+    /// The term the allocations were rebuilt for (writes carry it).
+    term: u64,
 }
 
 /// A validated configuration to report, with what its BFDProfile finalizers are decided from.
@@ -186,15 +187,25 @@ struct ConfigReport {
 struct ServiceWrite {
     service: Arc<CachedService>,
     outcome: Outcome,
+    /// The leadership term it was decided in: it is sent only while that term lasts.
+    term: u64,
 }
 
 /// What became of one Service's writes.
 enum Applied {
     /// Written (or nothing differed), Events recorded.
     Done,
-    /// Not written: this replica's leadership had lapsed.
+    /// Not written: this replica's leadership (in the term the write was decided in) had lapsed,
+    /// or too little of it was left to finish the write.
     NotLeading,
+    /// Refused by the API server: the Service changed since the copy the write was decided on
+    /// (its resourceVersion precondition failed). Decided again on the newer copy.
+    Stale,
 }
+
+/// A write starts only with at least this much of the leadership grant left: less, and it would
+/// likely be abandoned half-way (every write is abandoned when the grant ends).
+const MIN_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One Service's write in flight.
 type WriteFuture =
@@ -261,12 +272,17 @@ impl<W: Writes> Driver<W> {
                 tracing::debug!(service = %key, "leadership lapsed before the write; retrying when leading again");
                 Written::NotLeading
             }
+            Ok(Applied::Stale) => {
+                tracing::debug!(service = %key, "the Service changed since the write was decided; deciding again");
+                Written::Failed
+            }
             Err(e) => {
                 tracing::warn!(service = %key, error = %format!("{e:#}"), "writing Service failed; retrying");
                 Written::Failed
             }
         };
-        self.schedule.handle(Input::WriteFinished(key, written));
+        self.schedule
+            .handle(Input::WriteFinished(key, written, Instant::now()));
     }
 
     /// Decides what the inputs so far call for under leadership `term` and carries it out.
@@ -295,6 +311,40 @@ impl<W: Writes> Driver<W> {
             }
         }
     }
+}
+
+/// How long a new term's fresh read of the Services may take before it is tried again.
+const FRESH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Services per page of a new term's fresh read (pages keep the memory of a big cluster's read
+/// bounded; a paginated list is still one consistent snapshot).
+const FRESH_READ_PAGE: u32 = 500;
+
+/// A consistent read of every Service, trimmed as the cache keeps them, with the revision it was
+/// read at. A LIST without a resourceVersion is served from etcd by quorum read, never from the
+/// API server's watch cache, so it holds every write acknowledged before it, whatever the state of
+/// this replica's watch.
+async fn fresh_services(client: &Client) -> anyhow::Result<(Vec<CachedService>, Option<u64>)> {
+    let api: Api<Service> = Api::all(client.clone());
+    let mut params = ListParams::default().limit(FRESH_READ_PAGE);
+    let mut services = Vec::new();
+    let mut revision = None;
+    loop {
+        let page = api.list(&params).await?;
+        if revision.is_none() {
+            revision = page
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|r| r.parse().ok());
+        }
+        services.extend(page.items.into_iter().map(CachedService::new));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    Ok((services, revision))
 }
 
 /// How often the idle loop beats its pulse (health: [`Pulse`]).
@@ -327,7 +377,11 @@ pub async fn run(
         metrics.events_dropped.clone(),
     );
     let mut driver = Driver {
-        schedule: Schedule::new(WATCHES, Instant::now()),
+        // Each replica its own jitter.
+        schedule: Schedule::new(WATCHES, Instant::now()).seeded(std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            0u8,
+        )),
         decider: Decider {
             namespace: settings.namespace.clone(),
             lb_class: settings.lb_class.clone(),
@@ -337,6 +391,7 @@ pub async fn run(
             core: Core::new(settings.lb_class.clone()),
             applied_pools: None,
             report: None,
+            term: 0,
         },
         writes: ApiWrites {
             writer: Writer {
@@ -353,8 +408,10 @@ pub async fn run(
         },
         in_flight: FuturesUnordered::new(),
     };
+    // The term whose fresh read is in the cache: a term acts only after one.
+    let mut fresh_for: Option<u64> = None;
     loop {
-        let retry_wait = driver.schedule.retry_wait();
+        let retry_wait = driver.schedule.retry_wait(Instant::now());
         let retry_wait = async {
             match retry_wait {
                 Some(wait) => tokio::time::sleep(wait).await,
@@ -371,11 +428,14 @@ pub async fn run(
                 driver.finished(key, result);
             }
             _ = leadership.changed() => {}
-            _ = retry_wait => driver.schedule.handle(Input::RetryWaitPassed),
+            _ = retry_wait => driver.schedule.handle(Input::RetryDue(Instant::now())),
             _ = shutdown.changed() => break,
             _ = beat.tick() => {
                 pulse.beat();
-                continue;
+                // A new term whose fresh read failed tries again.
+                if leadership.term().is_none_or(|t| fresh_for == Some(t)) {
+                    continue;
+                }
             }
         }
         pulse.beat();
@@ -383,9 +443,40 @@ pub async fn run(
             continue;
         }
         ready.set(true);
-        let term = leadership.term();
+        if let Some(term) = leadership.term()
+            && fresh_for != Some(term)
+        {
+            // A new term decides on a fresh read, not on the watch alone: after an API-server
+            // outage or a partition the watch can be behind the last leader's writes.
+            match tokio::time::timeout(FRESH_READ_TIMEOUT, fresh_services(&client)).await {
+                Ok(Ok((listed, revision))) => {
+                    let changed = driver.decider.services.refresh(listed, revision);
+                    tracing::info!(
+                        term,
+                        changed = changed.len(),
+                        "new term: read every Service afresh"
+                    );
+                    for key in changed {
+                        driver.schedule.handle(Input::ServiceChanged(key));
+                    }
+                    fresh_for = Some(term);
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(term, error = %format!("{e:#}"), "new term: cannot read the Services; not acting until it can")
+                }
+                Err(_) => tracing::warn!(
+                    term,
+                    "new term: reading the Services timed out; not acting until it can"
+                ),
+            }
+            pulse.beat();
+        }
+        let term = leadership.term().filter(|t| fresh_for == Some(*t));
         metrics.leader.set(i64::from(term.is_some()));
         driver.step(term).await;
+        metrics
+            .writes_waiting_retry
+            .set(i64::try_from(driver.schedule.retries_waiting()).unwrap_or(i64::MAX));
     }
     Ok(())
 }
@@ -400,6 +491,7 @@ impl Decide for Decider {
             term,
             "leading: rebuilding allocations from the Services' status"
         );
+        self.term = term;
         self.core = Core::new(self.lb_class.clone());
         self.applied_pools = None;
         self.apply_config();
@@ -494,6 +586,7 @@ impl Decide for Decider {
             Decision::Write(ServiceWrite {
                 service: cached,
                 outcome,
+                term: self.term,
             })
         }
     }
@@ -560,7 +653,7 @@ impl Writes for ApiWrites {
         let writer = self.writer.clone();
         Box::pin(async move {
             writer
-                .apply(&write.service.to_service(), &write.outcome)
+                .apply(&write.service.to_service(), &write.outcome, write.term)
                 .await
         })
     }
@@ -751,14 +844,44 @@ struct Writer {
 }
 
 impl Writer {
-    /// Writes what differs and records the Events, if this replica still leads.
-    async fn apply(&self, service: &Service, outcome: &Outcome) -> anyhow::Result<Applied> {
+    /// Writes what differs and records the Events, if this replica still leads in `term`.
+    ///
+    /// The fence: the write is conditional on the resourceVersion it was decided on, so the API
+    /// server refuses it if anyone (a newer leader among them) wrote the Service since; and it is
+    /// abandoned when this term's grant ends, which is before any other replica can take the
+    /// Lease (docs/decisions/0016-controller-fencing.md).
+    async fn apply(
+        &self,
+        service: &Service,
+        outcome: &Outcome,
+        term: u64,
+    ) -> anyhow::Result<Applied> {
         let started = Instant::now();
-        if !self.leadership.is_leading() {
-            return Ok(Applied::NotLeading);
-        }
+        let until = match self.leadership.grant() {
+            Some((now_term, until)) if now_term == term && until > started + MIN_WRITE_WINDOW => {
+                until
+            }
+            _ => return Ok(Applied::NotLeading),
+        };
         if !matches(service, &outcome.desired) {
-            self.write(service, &outcome.desired).await?;
+            let write = self.write(service, &outcome.desired);
+            match tokio::time::timeout_at(until.into(), write).await {
+                Err(_) => {
+                    self.metrics.write_failed("abandoned");
+                    anyhow::bail!(
+                        "the write did not finish before the leadership grant ended; abandoned"
+                    )
+                }
+                Ok(Err(WriteError::Conflict)) => {
+                    self.metrics.write_failed("conflict");
+                    return Ok(Applied::Stale);
+                }
+                Ok(Err(WriteError::Other(e))) => {
+                    self.metrics.write_failed("error");
+                    return Err(e);
+                }
+                Ok(Ok(())) => {}
+            }
             self.metrics
                 .allocation_seconds
                 .observe(started.elapsed().as_secs_f64());
@@ -769,7 +892,7 @@ impl Writer {
         Ok(Applied::Done)
     }
 
-    async fn write(&self, service: &Service, desired: &Desired) -> anyhow::Result<()> {
+    async fn write(&self, service: &Service, desired: &Desired) -> Result<(), WriteError> {
         let ns = service.metadata.namespace.as_deref().unwrap_or_default();
         let name = service.metadata.name.as_deref().unwrap_or_default();
         let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
@@ -802,25 +925,33 @@ impl Writer {
         // metadata too (as of Kubernetes 1.37 their status strategy resets only the spec), which
         // halves the writes of an allocation. The answer shows whether the server
         // took the annotation; where it did not, it gets its own write.
+        // A resourceVersion in a merge patch is a precondition the API server checks (409
+        // Conflict when the Service has changed since).
         let written = api
             .patch_status(
                 name,
                 &PatchParams::default(),
                 &Patch::Merge(&serde_json::json!({
-                    "metadata": {"annotations": annotations},
+                    "metadata": {
+                        "annotations": annotations,
+                        "resourceVersion": service.metadata.resource_version,
+                    },
                     "status": {"loadBalancer": {"ingress": ingress}},
                 })),
             )
             .await
-            .with_context(|| format!("writing status of Service {ns}/{name}"))?;
+            .map_err(|e| WriteError::of(e, || format!("writing status of Service {ns}/{name}")))?;
         if !annotations_applied(&written, &annotations) {
             api.patch(
                 name,
                 &PatchParams::default(),
-                &Patch::Merge(&serde_json::json!({"metadata": {"annotations": annotations}})),
+                &Patch::Merge(&serde_json::json!({"metadata": {
+                    "annotations": annotations,
+                    "resourceVersion": written.metadata.resource_version,
+                }})),
             )
             .await
-            .with_context(|| format!("annotating Service {ns}/{name}"))?;
+            .map_err(|e| WriteError::of(e, || format!("annotating Service {ns}/{name}")))?;
         }
         tracing::info!(service = %format!("{ns}/{name}"), ?desired, "wrote Service");
         Ok(())
@@ -835,6 +966,24 @@ impl Writer {
             action: "Allocate",
             regarding: service.object_ref(&()),
         });
+    }
+}
+
+/// Why a Service write did not happen.
+#[derive(Debug)]
+enum WriteError {
+    /// The Service changed since the copy the write was decided on.
+    Conflict,
+    /// Anything else, with what was being written.
+    Other(anyhow::Error),
+}
+
+impl WriteError {
+    fn of(error: kube::Error, what: impl FnOnce() -> String) -> Self {
+        match error {
+            kube::Error::Api(ref status) if status.code == 409 => Self::Conflict,
+            e => Self::Other(anyhow::Error::new(e).context(what())),
+        }
     }
 }
 
@@ -981,6 +1130,7 @@ mod driver_tests {
                 core: Core::new(None),
                 applied_pools: None,
                 report: None,
+                term: 0,
             },
             writes: Logged {
                 log: RefCell::default(),

@@ -20,13 +20,15 @@
 //! * **Freed IPs wake waiting Services.** When a decision frees IPs (a deleted Service that held
 //!   some, or fewer IPs held after a pass), the Services still waiting for one are decided again,
 //!   until a pass frees nothing.
-//! * **A write that did not happen is retried.** A failed write, or one that found leadership
-//!   lapsed, is not done: the Service is decided again after [`RETRY_AFTER`] without other input
-//!   (and, like every Service, at the next term).
+//! * **A write that did not happen is retried, with backoff.** A failed write, or one that found
+//!   leadership lapsed, is not done: the Service is decided again once its retry is due (and, like
+//!   every Service, at the next term). Each failure in a row doubles the wait from [`RETRY_AFTER`]
+//!   up to [`RETRY_MAX`], with jitter (half to all of it) so that Services that failed together,
+//!   in an API-server outage, do not retry together; a write that is done resets it.
 //! * **Pool counters** are written when the writes run out, and at least every
 //!   [`POOL_STATUS_INTERVAL`] while they keep coming.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use ferrolb_config::allocator::ServiceKey;
@@ -38,9 +40,25 @@ pub const MAX_IN_FLIGHT: usize = 48;
 /// once when the writes run out).
 pub const POOL_STATUS_INTERVAL: Duration = Duration::from_secs(2);
 
-/// How long the loop must be otherwise quiet before writes that did not happen are decided
-/// again.
+/// The wait before the first retry of a write that did not happen (before jitter).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The longest wait before a retry (before jitter).
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before retry number `attempt` (1 for the first) of `key`'s write: exponential from
+/// [`RETRY_AFTER`] to [`RETRY_MAX`], scaled by a jitter in [0.5, 1) drawn from `seed`, the key
+/// and the attempt (deterministic for tests, spread across Services and replicas).
+pub fn backoff(attempt: u32, key: &ServiceKey, seed: u64) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let exponent = attempt.saturating_sub(1).min(16);
+    let full = RETRY_AFTER.saturating_mul(1 << exponent).min(RETRY_MAX);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (seed, key, attempt).hash(&mut hasher);
+    // 53 random bits as a fraction in [0, 1).
+    let fraction = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    full.mul_f64(0.5 + fraction / 2.0)
+}
 
 /// What happened, as the state machine needs to know it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,10 +69,10 @@ pub enum Input {
     ConfigChanged,
     /// The watch of this kind has listed (the loop acts once every watch has).
     Listed(&'static str),
-    /// The write of this Service has finished.
-    WriteFinished(ServiceKey, Written),
-    /// [`Schedule::retry_wait`] has passed with no other input.
-    RetryWaitPassed,
+    /// The write of this Service has finished, at this time.
+    WriteFinished(ServiceKey, Written, Instant),
+    /// [`Schedule::retry_wait`] has passed: it is now this time.
+    RetryDue(Instant),
     /// Pool counters were written (or found unchanged) at this time.
     PoolStatusWritten(Instant),
 }
@@ -123,8 +141,12 @@ pub struct Schedule<W> {
     config_changed: bool,
     /// Services to decide, in key order.
     dirty: BTreeSet<ServiceKey>,
-    /// Services whose write did not happen, decided again after [`RETRY_AFTER`].
-    retry: BTreeSet<ServiceKey>,
+    /// Services whose write did not happen, with when they are decided again.
+    retry: BTreeMap<ServiceKey, Instant>,
+    /// Failures in a row, by Service (reset by a write that is done).
+    attempts: HashMap<ServiceKey, u32>,
+    /// Seeds the retries' jitter.
+    seed: u64,
     /// Keys in decision order; a key whose write left `queued` is skipped.
     order: VecDeque<ServiceKey>,
     queued: HashMap<ServiceKey, W>,
@@ -144,7 +166,9 @@ impl<W> Schedule<W> {
             term: None,
             config_changed: true,
             dirty: BTreeSet::new(),
-            retry: BTreeSet::new(),
+            retry: BTreeMap::new(),
+            attempts: HashMap::new(),
+            seed: 0,
             order: VecDeque::new(),
             queued: HashMap::new(),
             in_flight: HashSet::new(),
@@ -163,16 +187,39 @@ impl<W> Schedule<W> {
             Input::Listed(kind) => {
                 self.listed.insert(kind);
             }
-            Input::WriteFinished(key, written) => {
+            Input::WriteFinished(key, written, at) => {
                 self.in_flight.remove(&key);
                 if self.deferred.remove(&key) {
                     self.dirty.insert(key.clone());
                 }
-                if written != Written::Done {
-                    self.retry.insert(key);
+                let attempt = match written {
+                    Written::Done => {
+                        self.attempts.remove(&key);
+                        return;
+                    }
+                    // Not a failure of the write: the next term decides it anyway.
+                    Written::NotLeading => 1,
+                    Written::Failed => {
+                        let n = self.attempts.entry(key.clone()).or_insert(0);
+                        *n = n.saturating_add(1);
+                        *n
+                    }
+                };
+                let due = at + backoff(attempt, &key, self.seed);
+                self.retry.insert(key, due);
+            }
+            Input::RetryDue(now) => {
+                let due: Vec<ServiceKey> = self
+                    .retry
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for key in due {
+                    self.retry.remove(&key);
+                    self.dirty.insert(key);
                 }
             }
-            Input::RetryWaitPassed => self.dirty.append(&mut self.retry),
             Input::PoolStatusWritten(at) => self.pool_status_written = at,
         }
     }
@@ -182,10 +229,24 @@ impl<W> Schedule<W> {
         self.listed.len() >= self.watches
     }
 
-    /// How long to wait, with no other input, before [`Input::RetryWaitPassed`]; `None` while
-    /// no write waits for a retry.
-    pub fn retry_wait(&self) -> Option<Duration> {
-        (!self.retry.is_empty()).then_some(RETRY_AFTER)
+    /// Seeds the jitter of retries (each replica its own, so that they spread).
+    pub fn seeded(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// How long from `now` until the next retry is due ([`Input::RetryDue`]); `None` while no
+    /// write waits for a retry.
+    pub fn retry_wait(&self, now: Instant) -> Option<Duration> {
+        self.retry
+            .values()
+            .min()
+            .map(|due| due.saturating_duration_since(now))
+    }
+
+    /// How many Services wait for a retry.
+    pub fn retries_waiting(&self) -> usize {
+        self.retry.len()
     }
 
     /// Decides what the inputs so far call for, under leadership `term` (`None`: not leading)
@@ -206,6 +267,9 @@ impl<W> Schedule<W> {
         if self.term != Some(term) {
             self.term = Some(term);
             self.forget_waiting();
+            // The rebuild decides every Service again.
+            self.retry.clear();
+            self.attempts.clear();
             actions.push(Action::NewTerm(term));
             self.dirty.extend(core.rebuild(term));
             actions.push(Action::ReportConfig);
@@ -277,7 +341,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use std::collections::BTreeMap;
 
     const TERM: Option<u64> = Some(1);
 
@@ -377,7 +440,7 @@ mod tests {
 
         fn finish(&mut self, key: &ServiceKey, written: Written) {
             self.schedule
-                .handle(Input::WriteFinished(key.clone(), written));
+                .handle(Input::WriteFinished(key.clone(), written, self.now));
         }
 
         fn step(&mut self) -> Vec<Action<u32>> {
@@ -525,7 +588,8 @@ mod tests {
         r.step();
         assert!(r.step_in(None).is_empty());
         r.finish(&key("a"), Written::NotLeading);
-        assert_eq!(r.schedule.retry_wait(), Some(RETRY_AFTER));
+        let wait = r.schedule.retry_wait(r.now).unwrap();
+        assert!(wait >= RETRY_AFTER / 2 && wait < RETRY_AFTER, "{wait:?}");
         assert!(r.step_in(None).is_empty());
 
         let actions = r.step_in(Some(2));
@@ -541,16 +605,73 @@ mod tests {
             r.step();
             r.finish(&key("a"), result);
             assert!(started(&r.step()).is_empty());
-            r.schedule.handle(Input::RetryWaitPassed);
-            assert_eq!(r.schedule.retry_wait(), None);
+            let wait = r.schedule.retry_wait(r.now).unwrap();
+            // Not due yet: nothing moves.
+            r.schedule.handle(Input::RetryDue(r.now + wait / 2));
+            assert!(started(&r.step()).is_empty());
+            r.now += wait;
+            r.schedule.handle(Input::RetryDue(r.now));
+            assert_eq!(r.schedule.retry_wait(r.now), None);
             assert_eq!(started(&r.step()), writes(&[("a", 1)]));
             r.finish(&key("a"), Written::Done);
         }
         assert_eq!(
-            r.schedule.retry_wait(),
+            r.schedule.retry_wait(r.now),
             None,
             "a write that is done is not retried"
         );
+    }
+
+    #[test]
+    fn failures_in_a_row_back_off_exponentially_with_jitter_and_a_success_resets() {
+        let mut r = Replica::leading();
+        r.wants("a", 1);
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            assert_eq!(started(&r.step()), writes(&[("a", 1)]));
+            r.finish(&key("a"), Written::Failed);
+            let wait = r.schedule.retry_wait(r.now).unwrap();
+            waits.push(wait);
+            r.now += wait;
+            r.schedule.handle(Input::RetryDue(r.now));
+        }
+        for (i, wait) in waits.iter().enumerate() {
+            let full = RETRY_AFTER.saturating_mul(1 << i).min(RETRY_MAX);
+            assert!(
+                *wait >= full / 2 && *wait < full,
+                "retry {i}: {wait:?} of {full:?}"
+            );
+        }
+        assert!(waits[9] >= RETRY_MAX / 2, "capped, not stopped: {waits:?}");
+        // Done resets: the next failure waits the first wait again.
+        assert_eq!(started(&r.step()), writes(&[("a", 1)]));
+        r.finish(&key("a"), Written::Done);
+        r.wants("a", 2);
+        r.step();
+        r.finish(&key("a"), Written::Failed);
+        assert!(r.schedule.retry_wait(r.now).unwrap() < RETRY_AFTER);
+    }
+
+    #[test]
+    fn services_that_fail_together_retry_spread_out() {
+        let mut r = Replica::leading();
+        for i in 0..40 {
+            r.wants(&format!("s{i:02}"), 1);
+        }
+        let started = started(&r.step());
+        for k in started.keys() {
+            r.finish(k, Written::Failed);
+        }
+        let due: BTreeSet<Instant> = r.schedule.retry.values().copied().collect();
+        assert!(
+            due.len() > 30,
+            "40 failures retry at {} distinct times",
+            due.len()
+        );
+        // Another replica (another seed) spreads them differently.
+        let a = backoff(3, &key("x"), 1);
+        let b = backoff(3, &key("x"), 2);
+        assert_ne!(a, b);
     }
 
     #[test]
@@ -729,11 +850,11 @@ mod tests {
                             if !flying.is_empty() {
                                 let k = flying.remove(i % flying.len());
                                 let written = match r { 0 => Written::NotLeading, 1 => Written::Failed, _ => Written::Done };
-                                schedule.handle(Input::WriteFinished(k, written));
+                                schedule.handle(Input::WriteFinished(k, written, now));
                             }
                         }
                         Op::Config => schedule.handle(Input::ConfigChanged),
-                        Op::Retry => schedule.handle(Input::RetryWaitPassed),
+                        Op::Retry => schedule.handle(Input::RetryDue(now + RETRY_MAX)),
                         Op::Step(term, ms) => {
                             now += Duration::from_millis(ms);
                             for action in schedule.step(term, now, &mut core) {

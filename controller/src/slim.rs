@@ -84,6 +84,9 @@ struct Spec {
 pub struct CachedService {
     key: ServiceKey,
     uid: Option<Box<str>>,
+    /// The version this copy is of: writes are conditional on it (a write decided on an older
+    /// copy than the API server holds is refused), and the cache never goes back to an older one.
+    resource_version: Option<Box<str>>,
     labels: Option<BTreeMap<String, String>>,
     /// `metallb.io/*` and `metallb.universe.tf/*` annotations, sorted by key.
     annotations: Box<[(Text, Box<str>)]>,
@@ -136,6 +139,7 @@ impl CachedService {
         Self {
             key,
             uid: meta.uid.map(String::into_boxed_str),
+            resource_version: meta.resource_version.map(String::into_boxed_str),
             labels: meta.labels,
             annotations,
             spec,
@@ -148,6 +152,18 @@ impl CachedService {
         &self.key
     }
 
+    /// The resourceVersion as a number, where it is one. Kubernetes 1.35 made resourceVersions
+    /// comparable (KEP-5504: decimal integers, ordered as etcd revisions); anything else is
+    /// treated as not comparable, and then the newest copy to arrive wins, as before.
+    fn revision(&self) -> Option<u64> {
+        self.resource_version.as_deref()?.parse().ok()
+    }
+
+    /// Whether this copy is older than `other` (both comparable and this one's revision lower).
+    fn older_than(&self, other: &CachedService) -> bool {
+        matches!((self.revision(), other.revision()), (Some(a), Some(b)) if a < b)
+    }
+
     /// A `Service` with what was kept, for the code that reads Services.
     pub fn to_service(&self) -> Service {
         let owned = |t: &Text| t.to_string();
@@ -156,6 +172,7 @@ impl CachedService {
                 name: Some(self.key.name().to_string()),
                 namespace: Some(self.key.namespace().to_string()),
                 uid: self.uid.as_deref().map(str::to_string),
+                resource_version: self.resource_version.as_deref().map(str::to_string),
                 labels: self.labels.clone(),
                 annotations: (!self.annotations.is_empty()).then(|| {
                     self.annotations
@@ -223,11 +240,27 @@ impl ServiceCache {
     pub fn apply(&mut self, event: Event<CachedService>) -> Vec<ServiceKey> {
         match event {
             Event::Apply(service) => {
+                if self
+                    .current
+                    .get(&service.key)
+                    .is_some_and(|c| service.older_than(c))
+                {
+                    // The watch is behind a fresh read (see [`Self::refresh`]): keep the newer copy.
+                    return Vec::new();
+                }
                 let key = service.key.clone();
                 self.current.insert(key.clone(), Arc::new(service));
                 vec![key]
             }
             Event::Delete(service) => {
+                if self
+                    .current
+                    .get(&service.key)
+                    .is_some_and(|c| service.older_than(c))
+                {
+                    // A Service deleted and created again since, as a fresh read found it.
+                    return Vec::new();
+                }
                 self.current.remove(&service.key);
                 vec![service.key]
             }
@@ -254,6 +287,41 @@ impl ServiceCache {
                 changed
             }
         }
+    }
+
+    /// Takes in a fresh, consistent read of every Service (a list from etcd at revision
+    /// `revision`), as a new leader does before it decides anything: the watch may be behind (it
+    /// is after an API-server outage), and a decision made on a copy older than the previous
+    /// leader's last writes could give one IP to two Services. A listed copy replaces a cached one
+    /// unless the cached one is newer; a cached Service the list does not hold is dropped unless it
+    /// is newer than the list (created since). Returns the Services that changed.
+    pub fn refresh(
+        &mut self,
+        listed: Vec<CachedService>,
+        revision: Option<u64>,
+    ) -> Vec<ServiceKey> {
+        let mut changed = Vec::new();
+        let mut seen = std::collections::HashSet::with_capacity(listed.len());
+        for service in listed {
+            seen.insert(service.key.clone());
+            match self.current.get(&service.key) {
+                Some(cached) if service.older_than(cached) || **cached == service => {}
+                _ => {
+                    changed.push(service.key.clone());
+                    self.current.insert(service.key.clone(), Arc::new(service));
+                }
+            }
+        }
+        self.current.retain(|key, cached| {
+            let created_since =
+                matches!((cached.revision(), revision), (Some(c), Some(r)) if c > r);
+            let keep = seen.contains(key) || created_since;
+            if !keep {
+                changed.push(key.clone());
+            }
+            keep
+        });
+        changed
     }
 
     /// The Service of `key`, if it exists.
@@ -493,6 +561,79 @@ mod tests {
         cache.apply(Event::InitApply(cached("b", Some("198.18.200.2"))));
         cache.apply(Event::InitApply(cached("d", None)));
         assert!(cache.apply(Event::InitDone).is_empty());
+    }
+
+    fn versioned(name: &str, ip: Option<&str>, version: &str) -> CachedService {
+        let status = ip.map_or(
+            serde_json::Value::Null,
+            |ip| serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
+        );
+        CachedService::new(full(serde_json::json!({
+            "metadata": {"name": name, "resourceVersion": version}, "status": status
+        })))
+    }
+
+    #[test]
+    fn a_fresh_read_brings_a_lagging_cache_up_to_date_and_the_watch_never_takes_it_back() {
+        let mut cache = ServiceCache::default();
+        cache.apply(Event::Init);
+        for (name, ip, rv) in [
+            ("a", None, "10"),
+            ("b", Some("198.18.200.2"), "11"),
+            ("gone", None, "12"),
+        ] {
+            cache.apply(Event::InitApply(versioned(name, ip, rv)));
+        }
+        cache.apply(Event::InitDone);
+        // The previous leader gave a an IP (rv 20), deleted gone, created c (21); this replica's
+        // watch has seen none of it. A fresh read at revision 21 does.
+        let listed = vec![
+            versioned("a", Some("198.18.200.1"), "20"),
+            versioned("b", Some("198.18.200.2"), "11"),
+            versioned("c", None, "21"),
+        ];
+        assert_eq!(keys(cache.refresh(listed, Some(21))), ["a", "c", "gone"]);
+        let a = Arc::clone(cache.get(&versioned("a", None, "1").key).unwrap());
+        assert_eq!(a.ips.as_ref(), [ip("198.18.200.1")]);
+        // The watch catches up late: an older copy of a is not taken, nor the old delete of c...
+        assert!(
+            cache
+                .apply(Event::Apply(versioned("a", None, "15")))
+                .is_empty()
+        );
+        assert_eq!(
+            cache.get(&a.key).unwrap().resource_version.as_deref(),
+            Some("20")
+        );
+        assert!(
+            cache
+                .apply(Event::Delete(versioned("c", None, "5")))
+                .is_empty()
+        );
+        assert!(cache.get(&versioned("c", None, "1").key).is_some());
+        // ...while newer ones are.
+        assert_eq!(
+            keys(cache.apply(Event::Apply(versioned("a", None, "30")))),
+            ["a"]
+        );
+        // A Service created after the read's revision survives a refresh that does not list it.
+        cache.apply(Event::Apply(versioned("d", None, "40")));
+        assert_eq!(
+            keys(cache.refresh(
+                vec![
+                    versioned("a", None, "30"),
+                    versioned("b", Some("198.18.200.2"), "11")
+                ],
+                Some(35)
+            )),
+            ["c"]
+        );
+        assert!(cache.get(&versioned("d", None, "1").key).is_some());
+        // Versions that are not numbers are not compared: the newest to arrive wins.
+        assert_eq!(
+            keys(cache.apply(Event::Apply(versioned("a", None, "x")))),
+            ["a"]
+        );
     }
 
     #[test]

@@ -9,6 +9,9 @@ use prometheus_client::registry::Registry;
 /// Labels with one `pool` label.
 type PoolLabel = Vec<(&'static str, String)>;
 
+/// Labels with one `reason` label.
+type ReasonLabel = Vec<(&'static str, &'static str)>;
+
 /// The controller's metrics: MetalLB's names (users' dashboards expect them) plus `ferrolb_*`.
 pub struct Metrics {
     /// `metallb_allocator_addresses_total{pool}`.
@@ -35,6 +38,20 @@ pub struct Metrics {
     pub services_assigned: Gauge,
     /// Events dropped because the Event queue was full.
     pub events_dropped: Counter,
+    /// Service writes that did not happen, by `reason`: `conflict` (the Service changed since the
+    /// decision), `abandoned` (the leadership grant ended first), `error` (refused or no answer).
+    pub writes_failed: Family<ReasonLabel, Counter>,
+    /// Services whose write waits for its retry (with backoff).
+    pub writes_waiting_retry: Gauge,
+}
+
+impl Metrics {
+    /// Counts one Service write that did not happen.
+    pub fn write_failed(&self, reason: &'static str) {
+        self.writes_failed
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
+    }
 }
 
 impl Metrics {
@@ -54,6 +71,8 @@ impl Metrics {
             allocation_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             services_assigned: Gauge::default(),
             events_dropped: Counter::default(),
+            writes_failed: Family::default(),
+            writes_waiting_retry: Gauge::default(),
         };
         registry.register(
             "metallb_allocator_addresses_total",
@@ -114,6 +133,16 @@ impl Metrics {
             "ferrolb_controller_events_dropped",
             "Events dropped because the Event queue was full (Events are best effort)",
             m.events_dropped.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_writes_failed",
+            "Service writes that did not happen, by reason (conflict, abandoned, error)",
+            m.writes_failed.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_writes_waiting_retry",
+            "Services whose write waits for its retry (exponential backoff with jitter)",
+            m.writes_waiting_retry.clone(),
         );
         (m, registry)
     }

@@ -32,10 +32,48 @@ struct Replicas {
 
 impl Replicas {
     fn start(&self, identity: &str, port: u16) -> anyhow::Result<()> {
-        let p =
-            ferrolb_e2e::ferrolb::start_controller(&self.lab, &self.kubeconfig, identity, port)?;
+        let kubeconfig = self.kubeconfig_of(identity)?;
+        let p = ferrolb_e2e::ferrolb::start_controller(&self.lab, &kubeconfig, identity, port)?;
         self.running.lock().unwrap().push((identity.to_string(), p));
         Ok(())
+    }
+
+    /// The address replica `identity` reaches the API server at: each its own, so that a test
+    /// can cut one replica off (`a` over loopback, `b` over the control plane's IPv6 address; the
+    /// rest of the lab uses its IPv4 address; all three are in the serving certificate).
+    fn api_address(&self, identity: &str) -> String {
+        let cp_v6 = self
+            .lab
+            .topology
+            .host("cp")
+            .map(|h| h.interfaces[0].ipv6.to_string())
+            .unwrap_or_default();
+        if identity == "a" {
+            "127.0.0.1".into()
+        } else {
+            cp_v6
+        }
+    }
+
+    /// A copy of the controller's kubeconfig that reaches the API server at the replica's address.
+    fn kubeconfig_of(&self, identity: &str) -> anyhow::Result<PathBuf> {
+        let text = std::fs::read_to_string(&self.kubeconfig)?;
+        let usual = format!("https://{}:6443", self.lab.topology.apiserver_address());
+        anyhow::ensure!(
+            text.contains(&usual),
+            "the kubeconfig does not name {usual}"
+        );
+        let address = self.api_address(identity);
+        let server = if address.contains(':') {
+            format!("https://[{address}]:6443")
+        } else {
+            format!("https://{address}:6443")
+        };
+        let path = self
+            .kubeconfig
+            .with_extension(format!("{identity}.kubeconfig"));
+        std::fs::write(&path, text.replace(&usual, &server))?;
+        Ok(path)
     }
 
     fn kill(&self, identity: &str) {
@@ -769,6 +807,270 @@ async fn restart_and_failover_change_no_ip(
     Ok(())
 }
 
+/// A fault on one replica's traffic to the API server, in the control plane's namespace; removed
+/// on drop (also when the test fails).
+struct ApiFault {
+    lab: Lab,
+    undo: Vec<(String, Vec<String>)>,
+}
+
+impl ApiFault {
+    fn run(lab: &Lab, program: &str, args: &[String]) -> anyhow::Result<()> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        lab.exec("cp", program, &args)?;
+        Ok(())
+    }
+
+    /// Drops every packet the replica sends to the API server.
+    fn drop_all(lab: &Lab, address: &str) -> anyhow::Result<Self> {
+        let tables = if address.contains(':') {
+            "ip6tables"
+        } else {
+            "iptables"
+        };
+        let rule = |op: &str| -> Vec<String> {
+            [
+                op, "OUTPUT", "-p", "tcp", "-d", address, "--dport", "6443", "-j", "DROP",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        Self::run(lab, tables, &rule("-I"))?;
+        Ok(Self {
+            lab: lab.clone(),
+            undo: vec![(tables.into(), rule("-D"))],
+        })
+    }
+
+    /// Delays every packet the replica sends to the API server by `ms` (netem on loopback, which
+    /// carries the control plane's traffic to its own addresses, behind a filter for that address
+    /// and port only).
+    fn delay(lab: &Lab, address: &str, ms: u32) -> anyhow::Result<Self> {
+        let fault = Self {
+            lab: lab.clone(),
+            undo: vec![(
+                "tc".into(),
+                ["qdisc", "del", "dev", "lo", "root"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            )],
+        };
+        let (protocol, family, bits) = if address.contains(':') {
+            ("ipv6", "ip6", 128)
+        } else {
+            ("ip", "ip", 32)
+        };
+        let steps: Vec<Vec<String>> = vec![
+            "qdisc add dev lo root handle 1: prio".split(' ').map(String::from).collect(),
+            format!("qdisc add dev lo parent 1:3 handle 30: netem delay {ms}ms")
+                .split(' ')
+                .map(String::from)
+                .collect(),
+            format!(
+                "filter add dev lo protocol {protocol} parent 1:0 prio 3 u32 match {family} dst {address}/{bits} match {family} dport 6443 0xffff flowid 1:3"
+            )
+            .split(' ')
+            .map(String::from)
+            .collect(),
+        ];
+        for step in steps {
+            // On failure, the drop removes what was added.
+            Self::run(&fault.lab, "tc", &step)?;
+        }
+        Ok(fault)
+    }
+}
+
+impl Drop for ApiFault {
+    fn drop(&mut self) {
+        for (program, args) in &self.undo {
+            let _ = Self::run(&self.lab, program, args);
+        }
+    }
+}
+
+/// What a watcher of Services saw go wrong: an IP on two Services at once, or a Service whose IP
+/// changed or went away.
+#[derive(Default)]
+struct Invariants {
+    ips: BTreeMap<String, Vec<String>>,
+    violations: Vec<String>,
+    events: usize,
+}
+
+impl Invariants {
+    fn saw(&mut self, name: &str, ips: Option<Vec<String>>) {
+        self.events += 1;
+        match ips {
+            None => {
+                self.ips.remove(name);
+            }
+            Some(ips) => {
+                if let Some(before) = self.ips.get(name)
+                    && !before.is_empty()
+                    && *before != ips
+                {
+                    self.violations
+                        .push(format!("{name}: IP changed from {before:?} to {ips:?}"));
+                }
+                for ip in &ips {
+                    if let Some((other, _)) = self
+                        .ips
+                        .iter()
+                        .find(|(n, held)| n.as_str() != name && held.contains(ip))
+                    {
+                        self.violations
+                            .push(format!("{ip} on {name} and {other} at once"));
+                    }
+                }
+                self.ips.insert(name.to_string(), ips);
+            }
+        }
+    }
+}
+
+/// Watches the Services of `api` and checks [`Invariants`] on every change until dropped.
+fn watch_invariants(
+    api: Api<Service>,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Invariants>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Invariants::default()));
+    let writer = std::sync::Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        use kube::runtime::watcher::{self, Event as W};
+        let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+        while let Some(event) = stream.next().await {
+            let mut seen = writer.lock().unwrap();
+            match event {
+                Ok(W::Apply(s) | W::InitApply(s)) => seen.saw(
+                    &s.metadata.name.clone().unwrap_or_default(),
+                    Some(ingress_ips(&s)),
+                ),
+                Ok(W::Delete(s)) => seen.saw(&s.metadata.name.clone().unwrap_or_default(), None),
+                Ok(W::Init | W::InitDone) | Err(_) => {}
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Creates Services `prefix-000`.. in a burst (16 at a time).
+async fn create_burst(api: &Api<Service>, prefix: &str, count: usize) -> anyhow::Result<()> {
+    let created = futures::stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            let name = format!("{prefix}-{i:03}");
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &lb_service(&name, serde_json::json!({})),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for r in created {
+        r?;
+    }
+    Ok(())
+}
+
+/// The leader cut off from the API server (its packets dropped, then delayed past its lease)
+/// while Services are created and deleted in bursts: the other replica takes over, and a watcher
+/// sees no IP on two Services at once and no Service's IP change, then or after the heal.
+async fn leader_cut_off_from_the_api_server(lab: &Lab, replicas: &Replicas) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-fence").await?;
+    case.pool("ctl-fence", &["198.18.224.0/24"], "")?;
+    let api = case.services().await?;
+    let (seen, watcher) = watch_invariants(api.clone());
+    struct Abort(tokio::task::JoinHandle<()>);
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _watcher = Abort(watcher);
+    create_burst(&api, "before", 60).await?;
+    let mut total = 60;
+    for (round, fault) in ["drop", "delay"].iter().enumerate() {
+        let cut = leader(lab).await?;
+        let address = replicas.api_address(&cut);
+        let guard = if *fault == "drop" {
+            ApiFault::drop_all(lab, &address)?
+        } else {
+            // Longer than the whole lease (4 s): its renewals and writes arrive late.
+            ApiFault::delay(lab, &address, 5000)?
+        };
+        // Churn while it is cut off: deletions free IPs that new Services may take.
+        for i in (round * 10)..(round * 10 + 10) {
+            api.delete(&format!("before-{i:03}"), &DeleteParams::default())
+                .await?;
+        }
+        total -= 10;
+        create_burst(&api, fault, 60).await?;
+        total += 60;
+        wait_for(
+            &format!("another replica to lead while {cut} is cut off ({fault})"),
+            Duration::from_secs(60),
+            || async {
+                match leader(lab).await {
+                    Ok(l) if l != cut => Ok(Some(())),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        drop(guard);
+        // After the heal the old leader's late traffic (delayed packets, retransmissions) lands.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+    }
+    let want = total;
+    wait_for(
+        &format!("all {want} Services to get an IP"),
+        Duration::from_secs(120),
+        || async {
+            let snap = snapshot(&api).await.map_err(|e| e.to_string())?;
+            let done = snap.values().filter(|ips| ips.len() == 1).count();
+            if done == want {
+                Ok(Some(()))
+            } else {
+                Err(format!("{done}/{want} have an IP"))
+            }
+        },
+    )
+    .await?;
+    let snap = snapshot(&api).await?;
+    let mut all: Vec<&String> = snap.values().flatten().collect();
+    all.sort();
+    let distinct = all.len();
+    all.dedup();
+    ensure!(
+        all.len() == distinct,
+        "{} IPs given twice at the end",
+        distinct - all.len()
+    );
+    let seen = seen.lock().unwrap();
+    eprintln!(
+        "ctl-fence: {} Service changes watched, {} violations",
+        seen.events,
+        seen.violations.len()
+    );
+    ensure!(
+        seen.violations.is_empty(),
+        "{} violations, e.g. {:?}",
+        seen.violations.len(),
+        seen.violations.iter().take(5).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
 /// A test body: an async function of the lab.
 /// What every test gets: the lab and the two replicas.
 #[derive(Clone)]
@@ -844,6 +1146,14 @@ fn main() -> std::process::ExitCode {
         .test("metrics_health_and_readiness_of_the_leader", |c| {
             Box::pin(async move { metrics_and_health(&c.lab).await })
         })
+        .test(
+            "a_leader_cut_off_from_the_api_server_gives_no_ip_twice_and_changes_none",
+            |c| {
+                Box::pin(
+                    async move { leader_cut_off_from_the_api_server(&c.lab, &c.replicas).await },
+                )
+            },
+        )
         .test(
             "restart_of_every_replica_and_leader_failover_change_no_ip_of_1000_services",
             |c| {
