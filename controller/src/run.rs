@@ -864,23 +864,29 @@ impl Writer {
             _ => return Ok(Applied::NotLeading),
         };
         if !matches(service, &outcome.desired) {
-            let write = self.write(service, &outcome.desired);
-            match tokio::time::timeout_at(until.into(), write).await {
-                Err(_) => {
+            // Biased: once the grant has ended, the write is never polled again (not even once
+            // on waking from a freeze, which plain `timeout` would do before checking the time).
+            let result = tokio::select! {
+                biased;
+                () = tokio::time::sleep_until(until.into()) => None,
+                r = self.write(service, &outcome.desired) => Some(r),
+            };
+            match result {
+                None => {
                     self.metrics.write_failed("abandoned");
                     anyhow::bail!(
                         "the write did not finish before the leadership grant ended; abandoned"
                     )
                 }
-                Ok(Err(WriteError::Conflict)) => {
+                Some(Err(WriteError::Conflict)) => {
                     self.metrics.write_failed("conflict");
                     return Ok(Applied::Stale);
                 }
-                Ok(Err(WriteError::Other(e))) => {
+                Some(Err(WriteError::Other(e))) => {
                     self.metrics.write_failed("error");
                     return Err(e);
                 }
-                Ok(Ok(())) => {}
+                Some(Ok(())) => {}
             }
             self.metrics
                 .allocation_seconds
@@ -922,9 +928,8 @@ impl Writer {
             );
         }
         // One write for the IP and the pool annotation: the status subresource of Services takes
-        // metadata too (as of Kubernetes 1.37 their status strategy resets only the spec), which
-        // halves the writes of an allocation. The answer shows whether the server
-        // took the annotation; where it did not, it gets its own write.
+        // metadata too (their status strategy resets only the spec), which halves the writes of
+        // an allocation and lets the controller do without write access to Services themselves.
         // A resourceVersion in a merge patch is a precondition the API server checks (409
         // Conflict when the Service has changed since).
         let written = api
@@ -942,16 +947,11 @@ impl Writer {
             .await
             .map_err(|e| WriteError::of(e, || format!("writing status of Service {ns}/{name}")))?;
         if !annotations_applied(&written, &annotations) {
-            api.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&serde_json::json!({"metadata": {
-                    "annotations": annotations,
-                    "resourceVersion": written.metadata.resource_version,
-                }})),
-            )
-            .await
-            .map_err(|e| WriteError::of(e, || format!("annotating Service {ns}/{name}")))?;
+            // Services' status subresource has always taken metadata (Kubernetes' own service
+            // controller writes its finalizer that way), so this is an API server that drops it.
+            return Err(WriteError::Other(anyhow::anyhow!(
+                "the API server did not keep the pool annotation written with the status of Service {ns}/{name}"
+            )));
         }
         tracing::info!(service = %format!("{ns}/{name}"), ?desired, "wrote Service");
         Ok(())
