@@ -410,6 +410,12 @@ fn speaker_has_host_network_and_only_net_raw() -> anyhow::Result<()> {
         env["NODE_NAME"]
     );
     ensure!(env["FERROLB_GOSSIP_PORT"] == "7946");
+    // Metrics and health on the node's own address, not on every interface of the host network.
+    ensure!(
+        env["FERROLB_LISTEN_IP"].contains("status.hostIP"),
+        "FERROLB_LISTEN_IP {}",
+        env["FERROLB_LISTEN_IP"]
+    );
     // The key file is inside the mounted Secret, which is the chart's gossip Secret.
     let key_file = &env["FERROLB_GOSSIP_KEY_FILE"];
     let mount = &c["volumeMounts"][0];
@@ -467,6 +473,7 @@ fn speaker_has_host_network_and_only_net_raw() -> anyhow::Result<()> {
         ("FERROLB_IGNORE_INTERFACES", "docker,veth,cni,flannel,vxlan"),
         ("FERROLB_GOSSIP_PORT", "7947"),
         ("FERROLB_LOG_LEVEL", "debug"),
+        ("FERROLB_LISTEN_IP", "0.0.0.0"),
     ] {
         ensure!(
             env.get(k).map(String::as_str) == Some(v),

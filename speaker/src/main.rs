@@ -40,6 +40,11 @@ pub struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
     pub listen: SocketAddr,
+    /// Serve /metrics, /healthz and /readyz on this IP instead of `--listen`'s (same port). The
+    /// chart passes the node's own address: the speaker runs in the host network, and binding
+    /// every interface would serve metrics on the LAN the LoadBalancer IPs face.
+    #[arg(long, env = "FERROLB_LISTEN_IP")]
+    pub listen_ip: Option<std::net::IpAddr>,
     /// Name prefix of the speakers' presence Leases (`<prefix>-<node>`, labelled
     /// `ferrolb.io/speaker-presence=<prefix>`); speakers of one release share it, and a quorum
     /// counts the speakers that do.

@@ -61,8 +61,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let ready = ferrolb_runtime::Ready::default();
     // The loop wakes at least every heartbeat interval; silent for this long, it is stuck.
     let pulse = ferrolb_runtime::health::Pulse::new(Duration::from_secs(10));
+    let listen = args.listen_ip.map_or(args.listen, |ip| {
+        std::net::SocketAddr::new(ip, args.listen.port())
+    });
     let server = tokio::spawn(ferrolb_runtime::serve(
-        args.listen,
+        listen,
         Arc::new(registry),
         ready.clone(),
         "caches not synced",
