@@ -38,9 +38,27 @@ where
     T: FnMut(&mut K) + Send + 'static,
     F: FnMut(Change<'_, K>) -> Continue + Send + 'static,
 {
+    reflect_abortable(stream, kind, trim, on).0
+}
+
+/// Like [`reflect`], with a handle that stops the watch (for watches that come and go with the
+/// configuration, which may never see another event to stop on).
+pub fn reflect_abortable<K, S, T, F>(
+    stream: S,
+    kind: &'static str,
+    trim: T,
+    on: F,
+) -> (Store<K>, tokio::task::AbortHandle)
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    T: FnMut(&mut K) + Send + 'static,
+    F: FnMut(Change<'_, K>) -> Continue + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let mut on = on;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let stream = reflector::reflector(writer, stream.modify(trim)).default_backoff();
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
@@ -60,7 +78,7 @@ where
             }
         }
     });
-    reader
+    (reader, task.abort_handle())
 }
 
 /// Drops what no one reads from a configuration object and that can be large: its field

@@ -415,12 +415,13 @@ impl Speaker {
                 .sweep_departed(&self.args.node_name, &nodes, members.keys());
         }
         // BGP: every eligible node advertises (ECMP), independent of the layer 2 owner choice.
+        stores
+            .secrets
+            .want(&watch::password_secrets(&config, &self.args.namespace));
         let bgp_plan = self
             .bgp
             .apply(&config, &nodes, &self.args.node_name, &views, |name| {
-                stores.secrets.get(
-                    &kube::runtime::reflector::ObjectRef::new(name).within(&self.args.namespace),
-                )
+                stores.secrets.get(name)
             });
 
         if claims {

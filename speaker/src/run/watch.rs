@@ -1,11 +1,15 @@
 //! Watches of the objects the speaker plans from, cached in reflector stores. Every change wakes
 //! the work loop; configuration changes also mark the configuration for re-validation.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use ferrolb_config::model::{Config, PeerPassword};
 use ferrolb_config::validate::{NodeInfo, Validated, validate};
-use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
+use ferrolb_runtime::watch::{
+    Change, ConfigChange, ConfigStores, Continue, reflect, reflect_abortable,
+};
 use ferrolb_speaker::l2::presence::selector;
 use ferrolb_speaker::view::{trim_node, trim_service, trim_slice};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -20,9 +24,9 @@ use tokio::sync::Notify;
 /// Objects per page of an initial list: a page is held whole while it is decoded.
 const PAGE_SIZE: u32 = 500;
 
-/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes, Secrets,
-/// presence Leases and the configuration's.
-const WATCHES: usize = 5 + ConfigStores::WATCHES;
+/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes, presence
+/// Leases and the configuration's (Secrets are watched one by one as BGPPeers name them).
+const WATCHES: usize = 4 + ConfigStores::WATCHES;
 
 /// The caches.
 pub struct Stores {
@@ -32,9 +36,8 @@ pub struct Stores {
     pub slices: Store<EndpointSlice>,
     /// Nodes.
     pub nodes: Store<Node>,
-    /// Secrets of the speaker's namespace, holding only the `password` key (BGPPeer
-    /// `passwordSecret`).
-    pub secrets: Store<Secret>,
+    /// The Secrets BGPPeers name (`passwordSecret`), holding only the `password` key.
+    pub secrets: NamedSecrets,
     /// The speakers' presence Leases.
     pub presence: Store<Lease>,
     config: ConfigStores,
@@ -168,15 +171,11 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             true,
             trim_node,
         ),
-        // A BGP password may arrive after its BGPPeer: the loop looks at peers again then.
-        secrets: watch(
-            Api::namespaced(client.clone(), namespace),
-            all(),
-            "secrets",
-            &wake,
-            false,
-            keep_only_password,
-        ),
+        secrets: NamedSecrets {
+            api: Api::namespaced(client.clone(), namespace),
+            wake: wake.clone(),
+            watches: Mutex::default(),
+        },
         // The speakers' presence Leases: the known set of the quorum rule.
         presence: watch(
             Api::namespaced(client.clone(), namespace),
@@ -190,6 +189,86 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
         synced: wake.synced,
         config_dirty: wake.config_dirty,
     }
+}
+
+/// The Secrets that BGPPeers name, each watched by name (a `metadata.name` field selector): the
+/// speaker never lists, watches or holds the other Secrets of its namespace. Watches start and
+/// stop as the configuration names Secrets or stops naming them.
+pub struct NamedSecrets {
+    api: Api<Secret>,
+    wake: Wake,
+    watches: Mutex<BTreeMap<String, (Store<Secret>, tokio::task::AbortHandle)>>,
+}
+
+impl NamedSecrets {
+    /// Watches exactly the Secrets `names` (starting the new ones, stopping the others).
+    pub fn want(&self, names: &BTreeSet<String>) {
+        let Ok(mut watches) = self.watches.lock() else {
+            return;
+        };
+        watches.retain(|name, (_, task)| {
+            let keep = names.contains(name);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for name in names {
+            if watches.contains_key(name) {
+                continue;
+            }
+            let wake = self.wake.clone();
+            // A BGP password may arrive after its BGPPeer: the loop looks at peers again then.
+            let watched = reflect_abortable(
+                watcher(
+                    self.api.clone(),
+                    watcher::Config::default().fields(&format!("metadata.name={name}")),
+                ),
+                "secrets",
+                |s: &mut Secret| {
+                    s.metadata.managed_fields = None;
+                    keep_only_password(s);
+                },
+                move |_| wake.heard(false, false),
+            );
+            watches.insert(name.clone(), watched);
+        }
+    }
+
+    /// The Secret `name`, if it is watched and exists.
+    pub fn get(&self, name: &str) -> Option<Arc<Secret>> {
+        let watches = self.watches.lock().ok()?;
+        let (store, _) = watches.get(name)?;
+        store
+            .state()
+            .into_iter()
+            .find(|s| s.metadata.name.as_deref() == Some(name))
+    }
+}
+
+impl Drop for NamedSecrets {
+    fn drop(&mut self) {
+        if let Ok(watches) = self.watches.lock() {
+            for (_, task) in watches.values() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// The Secrets of `namespace` that the configuration's BGPPeers take passwords from.
+pub fn password_secrets(config: &Config, namespace: &str) -> BTreeSet<String> {
+    config
+        .peers
+        .values()
+        .filter_map(|p| match &p.password {
+            Some(PeerPassword::Secret {
+                name,
+                namespace: ns,
+            }) if ns == namespace => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Drops everything of a Secret but its `password` key and type: the speaker has no use for
