@@ -628,6 +628,138 @@ async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Resul
     Ok(())
 }
 
+/// How long the API server stays down in [`api_server_outage`] (`FERROLB_API_OUTAGE_SECONDS`,
+/// default 60).
+fn api_outage() -> Duration {
+    Duration::from_secs(
+        std::env::var("FERROLB_API_OUTAGE_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60),
+    )
+}
+
+/// Starts the API server again when dropped, should the test fail while it is down.
+struct ApiServerBack<'a>(&'a Lab, bool);
+
+impl ApiServerBack<'_> {
+    fn start(&mut self) -> anyhow::Result<()> {
+        self.1 = true;
+        self.0.restart("kube-apiserver")?;
+        Ok(())
+    }
+}
+
+impl Drop for ApiServerBack<'_> {
+    fn drop(&mut self) {
+        if !self.1 {
+            let _ = self.0.restart("kube-apiserver");
+        }
+    }
+}
+
+/// The API server stopped (etcd kept) and started again: the client's requests are served
+/// throughout and by one MAC per IP, no IP changes, and afterwards the controller and the
+/// speakers carry on by themselves: a new Service gets an IP and is announced.
+async fn api_server_outage(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-api-outage").await?;
+    scope.deploy("web", &["node1", "node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 2).await?;
+    let first = owner(lab, &scope.namespace, "web").await?;
+
+    let mut back = ApiServerBack(lab, false);
+    lab.stop_keeping("kube-apiserver")?;
+    let outage = api_outage();
+    let started = std::time::Instant::now();
+    let (mut served, mut failed) = (0usize, Vec::new());
+    while started.elapsed() < outage {
+        for ip in &ips {
+            match http(lab, ip) {
+                Ok(_) => served += 1,
+                Err(e) => failed.push(format!("{:.1?} {ip}: {e:#}", started.elapsed())),
+            }
+            let macs = lab.l2_answers("client", ip)?;
+            ensure!(
+                macs.len() == 1,
+                "{ip} answered by {macs:?} with the API server down"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    back.start()?;
+    eprintln!(
+        "api-outage: {:?} down, {served} requests served, {} failed",
+        outage,
+        failed.len()
+    );
+    ensure!(
+        failed.is_empty(),
+        "requests failed with the API server down: {failed:?}"
+    );
+    // Back: the controller and the speakers carry on by themselves.
+    wait_for(
+        "the API server to serve again",
+        Duration::from_secs(90),
+        || async {
+            let client = lab.client().await.map_err(|e| e.to_string())?;
+            let services: Api<Service> = Api::namespaced(client, &scope.namespace);
+            services
+                .list(&ListParams::default())
+                .await
+                .map(|_| Some(()))
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "after",
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let after = ingress_ips(&wait_ips(&api, "after", 1).await?);
+    ensure!(
+        ingress_ips(&api.get("web").await?) == ips,
+        "web's IPs changed across the outage"
+    );
+    for ip in ips.iter().chain(&after) {
+        wait_for(
+            &format!("{ip} served after the outage"),
+            Duration::from_secs(30),
+            || async {
+                http(lab, ip)
+                    .map(|_| Some(()))
+                    .map_err(|e| format!("{e:#}"))
+            },
+        )
+        .await?;
+        let macs = lab.l2_answers("client", ip)?;
+        ensure!(
+            macs.len() == 1,
+            "{ip} answered by {macs:?} after the outage"
+        );
+    }
+    ensure!(
+        owner(lab, &scope.namespace, "web").await? == first,
+        "the owner of web changed across the outage"
+    );
+    Ok(())
+}
+
 /// The owner's metrics count requests and answers for its IPs; health and readiness answer.
 async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
@@ -699,6 +831,9 @@ fn main() -> std::process::ExitCode {
         })
         .test("frozen_owner_resumes_without_a_second_answer", |c| {
             Box::pin(frozen_owner_resumes_without_a_second_answer(c))
+        })
+        .test("api_server_outage_keeps_traffic_and_ips", |c| {
+            Box::pin(api_server_outage(c))
         })
         .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
         .run(&args, |lab| {

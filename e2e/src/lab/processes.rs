@@ -50,6 +50,22 @@ impl Lab {
         state.save(&self.dir)
     }
 
+    /// Stops the recorded process `name` (by PID) and keeps its record, so that
+    /// [`Lab::restart`] starts it again: an outage of one component (the API server, etcd) that
+    /// a test ends itself.
+    pub fn stop_keeping(&self, name: &str) -> anyhow::Result<()> {
+        let state = State::load(&self.dir)?.context("the lab is not up")?;
+        let p = state
+            .processes
+            .iter()
+            .rev()
+            .find(|p| p.name == name)
+            .cloned()
+            .with_context(|| format!("no lab process {name:?}"))?;
+        process::stop(&p, Duration::from_secs(5));
+        Ok(())
+    }
+
     /// Starts the recorded process `name` again with the command it was started with (stopping
     /// it first if it still runs), appending to the same log; returns the new process.
     pub fn restart(&self, name: &str) -> anyhow::Result<LabProcess> {
