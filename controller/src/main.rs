@@ -34,7 +34,7 @@ enum Command {
     /// Every replica watches Services, Namespaces, Nodes and the metallb.io objects of its
     /// namespace and keeps them cached; only the replica holding the Lease writes. Every option
     /// can also be set through the environment variable shown.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Validate metallb.io manifests offline, as the controller would.
     ///
     /// Reads multi-document YAML files (other API groups are skipped), prints `valid` or one
@@ -95,6 +95,13 @@ struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
     listen: SocketAddr,
+    /// A work loop that makes no progress for this long is stuck: /healthz fails and the
+    /// replica gives up the Lease (Go duration).
+    #[arg(long, env = "FERROLB_STALL_TIMEOUT", default_value = "30s", value_parser = duration)]
+    stall_timeout: Duration,
+    /// Directory of failpoint files (tests only; debug builds).
+    #[arg(long, hide = true)]
+    failpoints: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -117,9 +124,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (metrics, registry) = telemetry::Metrics::new();
     let metrics = std::sync::Arc::new(metrics);
     let ready = ferrolb_runtime::Ready::default();
-    // The work loop beats every second; a loop silent for this long is stuck (a rebuild of
-    // 100,000 Services takes seconds, not this).
-    let pulse = ferrolb_runtime::health::Pulse::new(std::time::Duration::from_secs(30));
+    // The work loop beats every second; a loop silent for the stall timeout is stuck (a
+    // rebuild of 100,000 Services takes seconds, not the default 30).
+    let pulse = ferrolb_runtime::health::Pulse::new(args.stall_timeout);
     let server = tokio::spawn(ferrolb_runtime::serve(
         args.listen,
         std::sync::Arc::new(registry),
@@ -152,6 +159,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         namespace: args.namespace.clone(),
         lb_class: args.lb_class.clone(),
         identity,
+        failpoints: ferrolb_runtime::failpoint::Failpoints::new(args.failpoints.clone()),
     };
     let mut controller = tokio::spawn(run::run(
         client,
@@ -195,7 +203,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => {
             ferrolb_runtime::init_logs(args.log_format, &args.log_level);
-            ferrolb_runtime::block_on_main(run(args))
+            ferrolb_runtime::block_on_main(run(*args))
         }
         Command::CheckConfig { namespace, files } => {
             let stdout = std::io::stdout();

@@ -45,6 +45,8 @@ pub struct Settings {
     pub lb_class: Option<String>,
     /// This replica's identity (events, lease).
     pub identity: String,
+    /// Failpoints a test may arm (`controller-loop`: stall the work loop).
+    pub failpoints: ferrolb_runtime::failpoint::Failpoints,
 }
 
 /// Work items the watches produce.
@@ -410,7 +412,9 @@ pub async fn run(
     };
     // The term whose fresh read is in the cache: a term acts only after one.
     let mut fresh_for: Option<u64> = None;
+    let failpoints = settings.failpoints.clone();
     loop {
+        failpoints.hold("controller-loop").await;
         let retry_wait = driver.schedule.retry_wait(Instant::now());
         let retry_wait = async {
             match retry_wait {

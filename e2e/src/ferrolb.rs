@@ -88,6 +88,14 @@ pub fn install(lab: &Lab) -> anyhow::Result<PathBuf> {
     lab.service_account_kubeconfig(NAMESPACE, "ferrolb-controller")
 }
 
+/// The failpoint directory of controller replica `identity`: a file `controller-loop` in it
+/// stalls that replica's work loop until removed (debug builds).
+pub fn controller_failpoints(lab: &Lab, identity: &str) -> PathBuf {
+    lab.dir
+        .join("failpoints")
+        .join(format!("controller-{identity}"))
+}
+
 /// Starts a controller replica in the control-plane host, with fast lease timings.
 pub fn start_controller(
     lab: &Lab,
@@ -113,6 +121,10 @@ pub fn start_controller(
         "3s",
         "--retry-period",
         "500ms",
+        "--stall-timeout",
+        "3s",
+        "--failpoints",
+        &controller_failpoints(lab, identity).display().to_string(),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -1071,6 +1071,88 @@ async fn leader_cut_off_from_the_api_server(lab: &Lab, replicas: &Replicas) -> a
     Ok(())
 }
 
+/// The leader's work loop stalls (a failpoint) while its Lease task runs on: its health fails
+/// and it gives up the Lease, the other replica takes over and serves; released, it recovers as
+/// a healthy follower.
+async fn stalled_loop_hands_leadership_over(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-stall").await?;
+    case.pool("ctl-stall", &["198.18.225.0/28"], "")?;
+    let api = case.services().await?;
+    let stalled = leader(lab).await?;
+    let port = if stalled == "a" { 7472 } else { 7473 };
+    let health = || -> anyhow::Result<String> {
+        lab.exec(
+            "cp",
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &format!("http://127.0.0.1:{port}/healthz"),
+            ],
+        )
+    };
+    ensure!(health()? == "200", "{stalled} unhealthy before the stall");
+    let dir = ferrolb_e2e::ferrolb::controller_failpoints(lab, &stalled);
+    std::fs::create_dir_all(&dir)?;
+    let armed = dir.join("controller-loop");
+    std::fs::write(&armed, "")?;
+    // Disarmed also when the test fails.
+    struct Disarm(PathBuf);
+    impl Drop for Disarm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let disarm = Disarm(armed);
+    let started = std::time::Instant::now();
+    let new_leader = wait_for(
+        &format!("another replica to lead while {stalled}'s loop is stalled"),
+        Duration::from_secs(60),
+        || async {
+            match leader(lab).await {
+                Ok(l) if l != stalled => Ok(Some(l)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    let handover = started.elapsed();
+    let code = health()?;
+    ensure!(
+        code == "503",
+        "{stalled}'s /healthz answered {code} with its loop stalled"
+    );
+    api.create(
+        &PostParams::default(),
+        &lb_service("during-stall", serde_json::json!({})),
+    )
+    .await?;
+    wait_ips(&api, "during-stall", 1).await?;
+    drop(disarm);
+    wait_for(
+        &format!("{stalled} healthy again"),
+        Duration::from_secs(30),
+        || async {
+            match health() {
+                Ok(c) if c == "200" => Ok(Some(())),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        leader(lab).await? == new_leader,
+        "leadership moved again after the release"
+    );
+    eprintln!(
+        "stalled loop: {new_leader} led {handover:.1?} after {stalled}'s loop stalled (stall timeout 3 s, lease 4 s)"
+    );
+    Ok(())
+}
+
 /// A test body: an async function of the lab.
 /// What every test gets: the lab and the two replicas.
 #[derive(Clone)]
@@ -1146,6 +1228,10 @@ fn main() -> std::process::ExitCode {
         .test("metrics_health_and_readiness_of_the_leader", |c| {
             Box::pin(async move { metrics_and_health(&c.lab).await })
         })
+        .test(
+            "a_stalled_work_loop_fails_health_and_hands_leadership_over",
+            |c| Box::pin(async move { stalled_loop_hands_leadership_over(&c.lab).await }),
+        )
         .test(
             "a_leader_cut_off_from_the_api_server_gives_no_ip_twice_and_changes_none",
             |c| {
