@@ -527,6 +527,33 @@ fn password_and_password_secret_together_are_rejected() {
 }
 
 #[test]
+fn password_longer_than_a_tcp_md5_key_is_rejected() {
+    // Linux's TCP_MD5SIG_MAXKEYLEN is 80 bytes: the speaker could not protect the session.
+    let long = "x".repeat(81);
+    rejects(
+        &peer("p", &format!("{{{GOOD}, password: {long}}}")),
+        "BGPPeer metallb-system/p: spec.password",
+        "81 bytes",
+    );
+    // Bytes, not characters: 41 two-byte characters are 82 bytes.
+    let wide = "é".repeat(41);
+    rejects(
+        &peer("p", &format!("{{{GOOD}, password: {wide}}}")),
+        "BGPPeer metallb-system/p: spec.password",
+        "82 bytes",
+    );
+    let v = check(&peer(
+        "p",
+        &format!("{{{GOOD}, password: {}}}", "x".repeat(80)),
+    ));
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    assert_eq!(
+        v.config.peers["p"].password,
+        Some(PeerPassword::Plain("x".repeat(80)))
+    );
+}
+
+#[test]
 fn peers_sharing_a_node_must_agree_on_router_id_asn_and_not_repeat_an_address() {
     let a = peer("a", &format!("{{{GOOD}, routerID: 10.0.0.1}}"));
     rejects(

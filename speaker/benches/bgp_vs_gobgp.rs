@@ -666,8 +666,9 @@ impl DriverThread {
                             let first = driver.status().is_empty();
                             let t = now();
                             let start = Instant::now();
-                            driver.apply(desired(routes));
+                            let refused = driver.apply(desired(routes));
                             let took = start.elapsed();
+                            assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
                             let _ = reply.send((t, took));
                             if first {
                                 let mut w = driver.watch_status("frr").unwrap();
@@ -1043,7 +1044,8 @@ fn child_main(ns: &str) {
         .unwrap();
     rt.block_on(async move {
         let mut driver = Driver::new(Arc::new(NoObserver));
-        driver.apply(desired(AdjRibOut::new()));
+        let refused = driver.apply(desired(AdjRibOut::new()));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         let mut w = driver.watch_status("frr").unwrap();
         let up = tokio::time::timeout(Duration::from_secs(60), async {
             while w.borrow_and_update().state != State::Established {
@@ -1062,7 +1064,8 @@ fn child_main(ns: &str) {
             while let Some(line) = rx.recv().await {
                 match line.as_str() {
                     "go" => {
-                        driver.apply(desired(plan_of((0..n).map(bulk_prefix))));
+                        let refused = driver.apply(desired(plan_of((0..n).map(bulk_prefix))));
+                        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
                         println!("applied");
                     }
                     _ => break,

@@ -171,7 +171,8 @@ fn lab_thread(
     lab.speaker.thread(move || {
         runtime().block_on(async move {
             let mut driver = Driver::new(Arc::new(NoObserver));
-            driver.apply(desired.clone());
+            let refused = driver.apply(desired.clone());
+            assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
             let until = Instant::now() + Duration::from_secs(45);
             loop {
                 let status = driver.status();
@@ -196,7 +197,8 @@ fn lab_thread(
                 .into_iter()
                 .map(|(n, (s, _))| (n, (s, AdjRibOut::new())))
                 .collect();
-            driver.apply(withdrawn);
+            let refused = driver.apply(withdrawn);
+            assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
             let _ = tx.send("withdrawn");
             wait_blocking(&back).await;
@@ -441,7 +443,8 @@ fn frr_md5_mismatch_keeps_the_session_down() {
     lab.in_speaker(move || async move {
         let mut driver = Driver::new(Arc::new(NoObserver));
         let wrong = fast_peer("frr", ROUTER_V4, Some("wrong"), Duration::from_secs(1));
-        driver.apply(settings(&[wrong]));
+        let refused = driver.apply(settings(&[wrong]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         let until = Instant::now() + Duration::from_secs(8);
         let mut last_router_check = Instant::now();
         while Instant::now() < until {
@@ -462,7 +465,8 @@ fn frr_md5_mismatch_keeps_the_session_down() {
             "no MD5 failure counted by the router's kernel"
         );
         let right = fast_peer("frr", ROUTER_V4, Some("s3cret"), Duration::from_secs(1));
-        driver.apply(settings(&[right]));
+        let refused = driver.apply(settings(&[right]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         wait_state(&driver, "frr", Duration::from_secs(30), established).await;
         wait_for("FRR established", Duration::from_secs(10), || {
             router
@@ -488,12 +492,13 @@ fn frr_silent_peer_hold_timer_expires_and_session_recovers() {
     let router = start_frr(&mut lab, &frr_neighbour_conf(""));
     lab.in_speaker(move || async move {
         let mut driver = Driver::new(Arc::new(NoObserver));
-        driver.apply(settings(&[fast_peer(
+        let refused = driver.apply(settings(&[fast_peer(
             "frr",
             ROUTER_V4,
             None,
             Duration::from_secs(1),
         )]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         wait_state(&driver, "frr", Duration::from_secs(30), established).await;
         wait_for("route in FRR", Duration::from_secs(10), || {
             router.frr_has_route(PREFIX_V4)
@@ -687,7 +692,8 @@ fn malformed_messages_get_the_right_notification_and_spare_other_sessions() {
         raw.keepalive_time = Duration::from_secs(3);
         let frr = fast_peer("frr", ROUTER_V4, None, Duration::from_secs(1));
         let mut driver = Driver::new(Arc::new(NoObserver));
-        driver.apply(settings(&[frr, raw]));
+        let refused = driver.apply(settings(&[frr, raw]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         wait_state(&driver, "frr", Duration::from_secs(30), established).await;
         wait_for("route in FRR", Duration::from_secs(10), || {
             router.frr_has_route(PREFIX_V4)
@@ -843,13 +849,15 @@ fn frr_connects_to_the_speakers_listener_with_md5() {
             p.port = 1790;
             p
         };
-        driver.apply(settings(&[peer("wrong")]));
+        let refused = driver.apply(settings(&[peer("wrong")]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_ne!(driver.status()["frr"].state, State::Established);
         assert!(!router.frr_established(SPEAKER_V4));
         let failures = speaker.tcp_counter("TcpExtTCPMD5Failure");
         assert!(failures > 0, "the listener's kernel saw no MD5 failure");
-        driver.apply(settings(&[peer("s3cret")]));
+        let refused = driver.apply(settings(&[peer("s3cret")]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         let started = Instant::now();
         wait_state(&driver, "frr", Duration::from_secs(30), established).await;
         eprintln!(
@@ -894,7 +902,8 @@ fn collision(speaker_id: &str, keeps: &str) {
         assert!(driver.listen(&DEFAULT_LISTEN).is_empty());
         let mut p = fast_peer("frr", ROUTER_V4, None, Duration::from_secs(1));
         p.router_id = Some(speaker_id);
-        driver.apply(settings(&[p]));
+        let refused = driver.apply(settings(&[p]));
+        assert!(refused.is_empty(), "MD5 keys refused: {refused:?}");
         wait_state(&driver, "frr", Duration::from_secs(10), |s| {
             s == State::OpenSent
         })

@@ -14,6 +14,10 @@ use crate::model::{BfdProfile, Peer, PeerAsn, PeerPassword, PeerTarget};
 /// MetalLB's default hold time when neither timer is set.
 const DEFAULT_HOLD: Duration = Duration::from_secs(90);
 
+/// The longest TCP MD5 key, in bytes: Linux's `TCP_MD5SIG_MAXKEYLEN` (FRR refuses longer
+/// passwords too). A longer password cannot protect the session at all.
+const MAX_PASSWORD_BYTES: usize = 80;
+
 /// Validates BFD profiles, applying MetalLB's defaults.
 pub(super) fn validate_bfd_profiles(
     report: &mut Report,
@@ -224,7 +228,19 @@ fn validate_one(
             );
             None
         }
-        (Some(p), None) => Some(PeerPassword::Plain(p.clone())),
+        (Some(p), None) => {
+            if p.len() > MAX_PASSWORD_BYTES {
+                report.error(
+                    me,
+                    "spec.password",
+                    format!(
+                        "is {} bytes; a TCP MD5 password is at most {MAX_PASSWORD_BYTES} bytes (Linux TCP_MD5SIG_MAXKEYLEN)",
+                        p.len()
+                    ),
+                );
+            }
+            Some(PeerPassword::Plain(p.clone()))
+        }
         (None, Some(secret)) => {
             let name = secret.name.clone().unwrap_or_default();
             if name.is_empty() {

@@ -8,20 +8,38 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolb_config::model::{Config, PeerPassword};
-use ferrolb_speaker::bgp::driver::{Driver, Observer, PeerSettings};
+use ferrolb_runtime::events::{EventQueue, Queued};
+use ferrolb_speaker::bgp::driver::{Driver, Observer, PeerSettings, SettingsError};
 use ferrolb_speaker::bgp::plan::{self, Inputs};
 use ferrolb_speaker::view::{NodeView, ServiceView};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use tokio::sync::watch;
 
 use super::bgp_status;
 use super::metrics::{AnnouncedLabels, Metrics, peer_label};
 
+/// Why a BGPPeer is not running on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct NotStarted {
+    /// Its TCP MD5 key cannot be used: an error and an `MD5KeyFailed` Event, since the peer
+    /// would otherwise have run without the signatures the operator asked for.
+    md5: bool,
+    /// The reason, for the log and the Event.
+    why: String,
+}
+
 /// The BGP half of the speaker.
 pub struct Bgp {
     driver: Driver,
-    /// Peers already reported as unusable, with the reason, so each is logged once.
+    /// Peers already reported as unusable, with the reason, so each is reported once while it
+    /// lasts.
     reported: BTreeSet<(String, String)>,
+    /// Where the Events about BGPPeers go.
+    events: EventQueue,
+    /// The namespace of the BGPPeers (the speaker's).
+    namespace: String,
+    /// This node, named in the Events.
+    node: String,
     metrics: Metrics,
     /// `metallb_speaker_announced{protocol="bgp"}` label sets currently set.
     announced: BTreeSet<AnnouncedLabels>,
@@ -47,8 +65,12 @@ impl Bgp {
         events: ferrolb_runtime::events::EventQueue,
     ) -> Self {
         let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
-        let (status, status_task) =
-            super::status_objects::spawn::<bgp_status::Bgp>(client, namespace, node, events);
+        let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(
+            client,
+            namespace.clone(),
+            node.clone(),
+            events.clone(),
+        );
         let mut driver = Driver::new(Arc::new(MetricsObserver(metrics.clone())));
         if !listen.is_empty() {
             let failed = driver.listen(listen);
@@ -57,6 +79,9 @@ impl Bgp {
         Self {
             driver,
             reported: BTreeSet::new(),
+            events,
+            namespace,
+            node,
             metrics,
             announced: BTreeSet::new(),
             status,
@@ -102,6 +127,7 @@ impl Bgp {
             .map(|n| n.addresses.clone())
             .unwrap_or_default();
         let mut desired = BTreeMap::new();
+        let mut not_started: BTreeMap<String, NotStarted> = BTreeMap::new();
         for (name, peer_plan) in &plan.peers {
             let Some(peer) = config.peers.get(name) else {
                 continue;
@@ -113,10 +139,8 @@ impl Bgp {
                     name: secret_name, ..
                 }) => match secret_password(secret_name, secret(secret_name).as_deref()) {
                     Ok(p) => Some(p),
-                    Err(e) => {
-                        if self.reported.insert((name.clone(), e.clone())) {
-                            tracing::warn!(peer = %name, error = %e, "BGP peer not started");
-                        }
+                    Err(why) => {
+                        not_started.insert(name.clone(), NotStarted { md5: false, why });
                         continue;
                     }
                 },
@@ -124,20 +148,54 @@ impl Bgp {
             };
             match PeerSettings::from_peer(peer, &addresses, password.as_deref()) {
                 Ok(settings) => {
-                    // Report again should it break again.
-                    self.reported.retain(|(peer, _)| peer != name);
                     desired.insert(name.clone(), (settings, peer_plan.routes.clone()));
                 }
                 Err(e) => {
-                    if self.reported.insert((name.clone(), e.to_string())) {
-                        tracing::warn!(peer = %name, error = %e, "BGP peer not started");
-                    }
+                    let md5 = matches!(e, SettingsError::PasswordTooLong { .. });
+                    not_started.insert(
+                        name.clone(),
+                        NotStarted {
+                            md5,
+                            why: e.to_string(),
+                        },
+                    );
                 }
             }
         }
-        self.driver.apply(desired);
+        // The driver refuses peers whose MD5 key the kernel does not take (and tries them
+        // again on the next call, so a corrected BGPPeer or Secret starts them).
+        for (name, e) in self.driver.apply(desired) {
+            not_started.insert(
+                name,
+                NotStarted {
+                    md5: true,
+                    why: e.to_string(),
+                },
+            );
+        }
+        self.report_not_started(&not_started);
         self.report(&plan, me, services);
         plan
+    }
+
+    /// Logs each peer that is not running, and records an `MD5KeyFailed` Event on the BGPPeer
+    /// when its MD5 key is at fault.
+    fn report_not_started(&mut self, not_started: &BTreeMap<String, NotStarted>) {
+        for (name, n) in newly_not_started(&mut self.reported, not_started) {
+            if n.md5 {
+                tracing::error!(peer = %name, error = %n.why, "BGP peer not started: its TCP MD5 key cannot be installed, and it is never run without it");
+                // Dashboards and alerts watch this gauge: a peer refused before it ever ran
+                // would otherwise have no series at all.
+                self.metrics
+                    .bgp_session_up
+                    .get_or_create(&peer_label(name))
+                    .set(0);
+                self.events
+                    .push(md5_key_failed(&self.namespace, name, &self.node, &n.why));
+            } else {
+                tracing::warn!(peer = %name, error = %n.why, "BGP peer not started");
+            }
+        }
     }
 
     /// Metrics and ServiceBGPStatus objects for what `plan` advertises.
@@ -216,6 +274,37 @@ fn secret_password(name: &str, secret: Option<&Secret>) -> Result<String, String
     Ok(password)
 }
 
+/// Of the peers `not_started`, those to report now: each once per reason while it lasts, and
+/// again should it break again after running. `reported` remembers what was reported.
+fn newly_not_started<'a>(
+    reported: &mut BTreeSet<(String, String)>,
+    not_started: &'a BTreeMap<String, NotStarted>,
+) -> Vec<(&'a String, &'a NotStarted)> {
+    reported.retain(|(name, why)| not_started.get(name).is_some_and(|n| n.why == *why));
+    not_started
+        .iter()
+        .filter(|(name, n)| reported.insert(((*name).clone(), n.why.clone())))
+        .collect()
+}
+
+/// The `MD5KeyFailed` Event on BGPPeer `namespace/name`: the peer is not started on `node`
+/// because its TCP MD5 key cannot be installed (`why`).
+fn md5_key_failed(namespace: &str, name: &str, node: &str, why: &str) -> Queued {
+    Queued {
+        warning: true,
+        reason: "MD5KeyFailed",
+        message: format!("BGP session not started on node {node}: {why}"),
+        action: "StartSession",
+        regarding: ObjectReference {
+            api_version: Some("metallb.io/v1beta2".into()),
+            kind: Some("BGPPeer".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+    }
+}
+
 /// Session reports into `metallb_bgp_*`.
 struct MetricsObserver(Metrics);
 
@@ -262,6 +351,56 @@ mod tests {
             ),
             ..Secret::default()
         }
+    }
+
+    fn not_started(entries: &[(&str, bool, &str)]) -> BTreeMap<String, NotStarted> {
+        entries
+            .iter()
+            .map(|(name, md5, why)| {
+                (
+                    (*name).to_string(),
+                    NotStarted {
+                        md5: *md5,
+                        why: (*why).to_string(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Each peer is reported once per reason while it lasts, and again after it ran.
+    #[test]
+    fn a_peer_that_cannot_start_is_reported_once_per_reason() {
+        let mut reported = BTreeSet::new();
+        let names = |v: Vec<(&String, &NotStarted)>| -> Vec<String> {
+            v.into_iter().map(|(n, _)| n.clone()).collect()
+        };
+        let now = not_started(&[("a", true, "key refused"), ("b", false, "no Secret")]);
+        assert_eq!(names(newly_not_started(&mut reported, &now)), ["a", "b"]);
+        assert!(newly_not_started(&mut reported, &now).is_empty());
+        let now = not_started(&[("a", true, "key too long"), ("b", false, "no Secret")]);
+        assert_eq!(names(newly_not_started(&mut reported, &now)), ["a"]);
+        // a starts, then breaks again the same way: reported again.
+        let now = not_started(&[("b", false, "no Secret")]);
+        assert!(newly_not_started(&mut reported, &now).is_empty());
+        let now = not_started(&[("a", true, "key too long"), ("b", false, "no Secret")]);
+        assert_eq!(names(newly_not_started(&mut reported, &now)), ["a"]);
+    }
+
+    /// The Event names the BGPPeer (so `kubectl describe bgppeer` shows it), the node and why.
+    #[test]
+    fn the_md5_event_is_on_the_bgppeer() {
+        let e = md5_key_failed("metallb-system", "tor", "node1", "too long");
+        assert!(e.warning);
+        assert_eq!(e.reason, "MD5KeyFailed");
+        assert_eq!(e.message, "BGP session not started on node node1: too long");
+        assert_eq!(e.regarding.kind.as_deref(), Some("BGPPeer"));
+        assert_eq!(
+            e.regarding.api_version.as_deref(),
+            Some("metallb.io/v1beta2")
+        );
+        assert_eq!(e.regarding.namespace.as_deref(), Some("metallb-system"));
+        assert_eq!(e.regarding.name.as_deref(), Some("tor"));
     }
 
     #[test]

@@ -10,6 +10,10 @@
 //! [`Driver::listen`] also accepts the peers' connections (port 179 by default): each goes to
 //! the session of the peer with that address, others are closed at once, and a connection that
 //! collides with our own is settled as RFC 4271 §6.8 says (see `session`).
+//!
+//! TCP MD5 fails closed: a peer whose key the kernel refuses, on the listening sockets or on a
+//! socket we connect from, is not started (nor dialled, nor accepted) and [`Driver::apply`]
+//! returns it with the reason; every later `apply` tries again.
 
 mod listen;
 mod session;
@@ -73,6 +77,17 @@ pub enum SettingsError {
     /// VRFs are not supported yet.
     #[error("vrf {0} is not supported")]
     Vrf(String),
+    /// The password is longer than a TCP MD5 key can be.
+    #[error(
+        "{what} is {len} bytes; a TCP MD5 key is at most {max} bytes (Linux TCP_MD5SIG_MAXKEYLEN)",
+        max = socket::MD5_MAX_KEY_LEN
+    )]
+    PasswordTooLong {
+        /// Where the password comes from: `spec.password` or the `passwordSecret`.
+        what: String,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// The timers or ASNs do not make a valid session.
     #[error("{0}")]
     Fsm(#[from] fsm::ConfigError),
@@ -111,13 +126,26 @@ impl PeerSettings {
             .ok_or(SettingsError::NoRouterId)?;
         let password = match &peer.password {
             None => None,
-            Some(PeerPassword::Plain(p)) => Some(p.clone()),
-            Some(PeerPassword::Secret { name, .. }) => Some(
+            // An empty password is no password, as in MetalLB (its FRR configuration leaves
+            // `neighbor ... password` out); a zero-length key would delete, not set, a key.
+            Some(PeerPassword::Plain(p)) if p.is_empty() => None,
+            Some(PeerPassword::Plain(p)) => Some((p.clone(), "spec.password".to_string())),
+            Some(PeerPassword::Secret { name, .. }) => Some((
                 secret
                     .ok_or_else(|| SettingsError::SecretUnresolved(name.clone()))?
                     .to_string(),
-            ),
+                format!("the password of passwordSecret {name:?}"),
+            )),
         };
+        if let Some((p, what)) = &password
+            && p.len() > socket::MD5_MAX_KEY_LEN
+        {
+            return Err(SettingsError::PasswordTooLong {
+                what: what.clone(),
+                len: p.len(),
+            });
+        }
+        let password = password.map(|(p, _)| p);
         let internal = peer.is_ibgp();
         // Directly connected eBGP sends TTL 1 (as FRR and MetalLB do); multi-hop eBGP and iBGP 255.
         let ttl = if internal || peer.ebgp_multi_hop {
@@ -187,6 +215,30 @@ impl Default for PeerStatus {
     }
 }
 
+/// Why a peer's TCP MD5 key could not be installed. The peer is then not started: without its
+/// key the kernel would send and accept unsigned segments for it.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A socket to connect from refused the key.
+    #[error("cannot set the TCP MD5 key for {peer} on an outgoing socket: {source}")]
+    Connect {
+        /// The peer's address.
+        peer: IpAddr,
+        /// What the kernel said.
+        source: io::Error,
+    },
+    /// A listening socket refused the key.
+    #[error("cannot set the TCP MD5 key for {peer} on the BGP listener {listener}: {source}")]
+    Listener {
+        /// The peer's address.
+        peer: IpAddr,
+        /// The listening socket.
+        listener: SocketAddr,
+        /// What the kernel said.
+        source: io::Error,
+    },
+}
+
 /// Notified of session changes (the binary turns them into metrics).
 pub trait Observer: Send + Sync + 'static {
     /// The session with `peer` went up or down.
@@ -216,6 +268,16 @@ struct Handle {
     task: JoinHandle<()>,
 }
 
+/// A peer about to start: its settings, routes and the channel for its peer's connections.
+struct Starting {
+    settings: PeerSettings,
+    routes: Arc<AdjRibOut>,
+    incoming: (
+        mpsc::Sender<tokio::net::TcpStream>,
+        mpsc::Receiver<tokio::net::TcpStream>,
+    ),
+}
+
 /// All sessions of this node.
 pub struct Driver {
     peers: BTreeMap<String, Handle>,
@@ -236,7 +298,9 @@ impl Driver {
     /// Also accepts the peers' connections on `addresses` (usually [`DEFAULT_LISTEN`]; an IPv6
     /// address listens for IPv6 only). An address that cannot be bound (port 179 taken, no
     /// such address) is logged and skipped: the sessions then rely on their own connections.
-    /// Returns those failures. Must be called within a tokio runtime.
+    /// Returns those failures. A running peer whose MD5 key a new socket refuses is stopped
+    /// (logged as an error; the next [`Driver::apply`] tries it again and reports it). Must be
+    /// called within a tokio runtime.
     pub fn listen(&mut self, addresses: &[SocketAddr]) -> Vec<(SocketAddr, io::Error)> {
         let mut failed = Vec::new();
         for address in addresses {
@@ -248,7 +312,10 @@ impl Driver {
                 }
             }
         }
-        self.update_listener();
+        let (_, refused) = self.update_listener(BTreeMap::new());
+        for (name, e) in refused {
+            tracing::error!(peer = %name, error = %e, "BGP peer stopped: its TCP MD5 key cannot be installed");
+        }
         failed
     }
 
@@ -257,37 +324,82 @@ impl Driver {
         self.listener.addresses()
     }
 
-    /// Tells the listener who may connect and with which MD5 key. With several peers at one
-    /// address, connections go to the first by name.
-    fn update_listener(&mut self) {
-        let mut targets = BTreeMap::new();
-        let mut keys = BTreeMap::new();
-        for (name, h) in &self.peers {
-            let c = &h.settings.connect;
-            let address = c.peer.ip().to_canonical();
-            if targets.contains_key(&address) {
-                tracing::warn!(peer = %name, %address, "another BGPPeer has this address: its connections go to that one");
-                continue;
-            }
-            targets.insert(
-                address,
-                listen::Target {
-                    name: name.clone(),
-                    ttl: c.ttl,
-                    source: c.source.map(|s| s.to_canonical()),
-                    tx: h.incoming.clone(),
-                },
+    /// Tells the listener who may connect (the running peers and `starting`) and with which
+    /// MD5 key. With several peers at one address, connections go to the first by name. A peer
+    /// whose key a listening socket refuses is taken out of `starting`, or stopped when
+    /// running, and returned; the next peer by name at that address is tried in its place.
+    fn update_listener(
+        &mut self,
+        mut starting: BTreeMap<String, Starting>,
+    ) -> (BTreeMap<String, Starting>, BTreeMap<String, KeyError>) {
+        let mut refused = BTreeMap::new();
+        loop {
+            let mut candidates: BTreeMap<&String, (&PeerSettings, &mpsc::Sender<_>)> = self
+                .peers
+                .iter()
+                .map(|(n, h)| (n, (&h.settings, &h.incoming)))
+                .collect();
+            candidates.extend(
+                starting
+                    .iter()
+                    .map(|(n, s)| (n, (&s.settings, &s.incoming.0))),
             );
-            if let Some(password) = &c.password {
-                keys.insert(address, password.clone());
+            let mut targets = BTreeMap::new();
+            for (name, (settings, tx)) in candidates {
+                let c = &settings.connect;
+                let address = c.peer.ip().to_canonical();
+                if targets.contains_key(&address) {
+                    tracing::warn!(peer = %name, %address, "another BGPPeer has this address: its connections go to that one");
+                    continue;
+                }
+                targets.insert(
+                    address,
+                    listen::Target {
+                        name: name.clone(),
+                        ttl: c.ttl,
+                        source: c.source.map(|s| s.to_canonical()),
+                        key: c.password.clone(),
+                        tx: tx.clone(),
+                    },
+                );
+            }
+            let failed = self.listener.update(&targets);
+            if failed.is_empty() {
+                return (starting, refused);
+            }
+            // Each round drops at least one peer, so this ends.
+            for (address, r) in failed {
+                let Some(name) = targets.get(&address).map(|t| t.name.clone()) else {
+                    continue;
+                };
+                starting.remove(&name);
+                if let Some(h) = self.peers.remove(&name) {
+                    let _ = h.stop.send(true);
+                }
+                self.observer.session_up(&name, false);
+                refused.insert(
+                    name,
+                    KeyError::Listener {
+                        peer: address,
+                        listener: r.listener,
+                        source: r.error,
+                    },
+                );
             }
         }
-        self.listener.update(targets, keys);
     }
 
     /// Brings the sessions to `desired` (by BGPPeer name: settings and routes). Must be called
     /// within a tokio runtime.
-    pub fn apply(&mut self, desired: BTreeMap<String, (PeerSettings, AdjRibOut)>) {
+    ///
+    /// Returns the peers that were not started because their TCP MD5 key cannot be installed
+    /// (see [`KeyError`]): no connection goes to them and none from them is accepted. They are
+    /// tried again on every call, so a corrected BGPPeer or Secret starts them.
+    #[must_use = "peers whose TCP MD5 key cannot be installed are not started: report them"]
+    pub fn apply(
+        &mut self,
+        desired: BTreeMap<String, (PeerSettings, AdjRibOut)>,
+    ) -> BTreeMap<String, KeyError> {
         let gone: Vec<String> = self
             .peers
             .iter()
@@ -301,6 +413,8 @@ impl Driver {
                 self.observer.session_up(&name, false);
             }
         }
+        let mut refused = BTreeMap::new();
+        let mut starting = BTreeMap::new();
         for (name, (settings, routes)) in desired {
             let routes = Arc::new(routes);
             if let Some(h) = self.peers.get(&name) {
@@ -313,13 +427,43 @@ impl Driver {
                 });
                 continue;
             }
-            tracing::info!(peer = %name, address = %settings.connect.peer, "starting BGP session");
-            let (routes_tx, routes_rx) = watch::channel(routes);
+            // Every connect sets the key before its SYN and gives up when that fails, so a
+            // key the kernel refuses would only show as endless failed attempts: try it on a
+            // spare socket first, and do not start the peer at all when it is refused.
+            if let Some(password) = &settings.connect.password
+                && let Err(source) = socket::check_md5(settings.connect.peer.ip(), password)
+            {
+                self.observer.session_up(&name, false);
+                refused.insert(
+                    name,
+                    KeyError::Connect {
+                        peer: settings.connect.peer.ip(),
+                        source,
+                    },
+                );
+                continue;
+            }
+            starting.insert(
+                name,
+                Starting {
+                    settings,
+                    routes,
+                    incoming: mpsc::channel(4),
+                },
+            );
+        }
+        // Keys go on the listener before any session starts, so no session of a refused peer
+        // ever dials or takes a connection.
+        let (starting, on_listener) = self.update_listener(starting);
+        refused.extend(on_listener);
+        for (name, s) in starting {
+            tracing::info!(peer = %name, address = %s.settings.connect.peer, "starting BGP session");
+            let (routes_tx, routes_rx) = watch::channel(s.routes);
             let (status_tx, status_rx) = watch::channel(PeerStatus::default());
             let (stop_tx, stop_rx) = watch::channel(false);
-            let (incoming_tx, incoming_rx) = mpsc::channel(4);
+            let (incoming_tx, incoming_rx) = s.incoming;
             let task = tokio::spawn(session::run(
-                settings.clone(),
+                s.settings.clone(),
                 routes_rx,
                 status_tx,
                 stop_rx,
@@ -329,7 +473,7 @@ impl Driver {
             self.peers.insert(
                 name,
                 Handle {
-                    settings,
+                    settings: s.settings,
                     routes: routes_tx,
                     status: status_rx,
                     stop: stop_tx,
@@ -338,7 +482,7 @@ impl Driver {
                 },
             );
         }
-        self.update_listener();
+        refused
     }
 
     /// The status of every session.
@@ -392,12 +536,15 @@ mod tests {
         b.name = "b".into();
         let settings = |p: &Peer| PeerSettings::from_peer(p, &addrs, None).unwrap();
         let mut d = Driver::new(Arc::new(NoObserver));
-        d.apply(
-            [
-                ("a".to_string(), (settings(&a), AdjRibOut::new())),
-                ("b".to_string(), (settings(&b), AdjRibOut::new())),
-            ]
-            .into(),
+        assert!(
+            d.apply(
+                [
+                    ("a".to_string(), (settings(&a), AdjRibOut::new())),
+                    ("b".to_string(), (settings(&b), AdjRibOut::new())),
+                ]
+                .into(),
+            )
+            .is_empty()
         );
         let ids = |d: &Driver| -> Vec<tokio::task::Id> {
             d.peers.values().map(|h| h.task.id()).collect()
@@ -406,17 +553,20 @@ mod tests {
         let routes: AdjRibOut = [("192.0.2.1/32".parse().unwrap(), Default::default())].into();
         b.hold_time = Duration::from_secs(30);
         b.keepalive_time = Duration::from_secs(10);
-        d.apply(
-            [
-                ("a".to_string(), (settings(&a), routes)),
-                ("b".to_string(), (settings(&b), AdjRibOut::new())),
-            ]
-            .into(),
+        assert!(
+            d.apply(
+                [
+                    ("a".to_string(), (settings(&a), routes)),
+                    ("b".to_string(), (settings(&b), AdjRibOut::new())),
+                ]
+                .into(),
+            )
+            .is_empty()
         );
         let after = ids(&d);
         assert_eq!(before[0], after[0], "peer a was restarted");
         assert_ne!(before[1], after[1], "peer b kept its old settings");
-        d.apply(BTreeMap::new());
+        assert!(d.apply(BTreeMap::new()).is_empty());
         assert!(d.status().is_empty());
         d.shutdown(Duration::from_secs(1)).await;
     }
@@ -451,21 +601,93 @@ mod tests {
         let mut d = Driver::new(Arc::new(NoObserver));
         assert!(d.listen(&["127.0.0.1:0".parse().unwrap()]).is_empty());
         let at = d.listening()[0];
-        d.apply(
-            [(
-                "r".to_string(),
-                (
-                    PeerSettings::from_peer(&p, &[], None).unwrap(),
-                    AdjRibOut::new(),
-                ),
-            )]
-            .into(),
+        assert!(
+            d.apply(
+                [(
+                    "r".to_string(),
+                    (
+                        PeerSettings::from_peer(&p, &[], None).unwrap(),
+                        AdjRibOut::new(),
+                    ),
+                )]
+                .into(),
+            )
+            .is_empty()
         );
         assert!(
             connect_from("127.0.0.3", at).await.is_empty(),
             "a stranger was not closed"
         );
         let first = connect_from("127.0.0.2", at).await;
+        assert_eq!(first.get(18), Some(&1), "no OPEN for the peer: {first:?}");
+        d.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Like `connect_from`, but signs the connection with the TCP MD5 `key`.
+    async fn connect_signed(from: &str, to: SocketAddr, key: &str) -> Vec<u8> {
+        use tokio::io::AsyncReadExt as _;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(from.parse().unwrap(), 0))
+            .unwrap();
+        socket::set_md5(&socket, to.ip(), key).unwrap();
+        let mut stream = tokio::time::timeout(Duration::from_secs(2), socket.connect(to))
+            .await
+            .expect("the signed connection was not accepted")
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
+            .await
+            .expect("neither data nor close")
+            .unwrap_or(0);
+        buf.truncate(n);
+        buf
+    }
+
+    /// Issue #14 item 5: a peer whose MD5 key cannot be installed (81 bytes: Linux takes 80)
+    /// is not started, not dialled, and its unsigned connections are closed; once its key is
+    /// fixed, the next `apply` starts it and its signed connection gets our OPEN.
+    #[tokio::test]
+    async fn a_key_that_cannot_be_installed_keeps_the_peer_out() {
+        // The "router": it must never see a connection from the refused peer.
+        let router = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+        router.set_nonblocking(true).unwrap();
+        let mut p = peer();
+        p.target = PeerTarget::Address("127.0.0.2".parse().unwrap());
+        p.port = router.local_addr().unwrap().port();
+        p.router_id = Some("192.0.2.254".parse().unwrap());
+        let good = PeerSettings::from_peer(&p, &[], None).unwrap();
+        // What a Secret could bring or a kernel could refuse, past `from_peer`'s own check.
+        let mut bad = good.clone();
+        bad.connect.password = Some("k".repeat(socket::MD5_MAX_KEY_LEN + 1));
+        let mut d = Driver::new(Arc::new(NoObserver));
+        assert!(d.listen(&["127.0.0.1:0".parse().unwrap()]).is_empty());
+        let at = d.listening()[0];
+
+        let refused = d.apply([("r".to_string(), (bad, AdjRibOut::new()))].into());
+        let e = refused.get("r").expect("the peer was started");
+        assert!(
+            e.to_string().contains("127.0.0.2") && e.to_string().contains("81 bytes"),
+            "{e}"
+        );
+        assert!(d.status().is_empty(), "a session runs for the refused peer");
+        assert!(
+            connect_from("127.0.0.2", at).await.is_empty(),
+            "the refused peer's unsigned connection was taken"
+        );
+        assert_eq!(
+            router.accept().map_err(|e| e.kind()).err(),
+            Some(io::ErrorKind::WouldBlock),
+            "the refused peer was dialled"
+        );
+
+        // The configuration changes: tried again, installed, started.
+        assert!(
+            d.apply([("r".to_string(), (good, AdjRibOut::new()))].into())
+                .is_empty()
+        );
+        assert!(d.status().contains_key("r"));
+        let first = connect_signed("127.0.0.2", at, "pw").await;
         assert_eq!(first.get(18), Some(&1), "no OPEN for the peer: {first:?}");
         d.shutdown(Duration::from_secs(1)).await;
     }
@@ -485,15 +707,18 @@ mod tests {
         p.port = at.port();
         p.router_id = Some("192.0.2.254".parse().unwrap());
         p.password = None;
-        d.apply(
-            [(
-                "r".to_string(),
-                (
-                    PeerSettings::from_peer(&p, &[], None).unwrap(),
-                    AdjRibOut::new(),
-                ),
-            )]
-            .into(),
+        assert!(
+            d.apply(
+                [(
+                    "r".to_string(),
+                    (
+                        PeerSettings::from_peer(&p, &[], None).unwrap(),
+                        AdjRibOut::new(),
+                    ),
+                )]
+                .into(),
+            )
+            .is_empty()
         );
         // Our own connection still goes out (to the listener that holds the port).
         let (_conn, _) = tokio::time::timeout(Duration::from_secs(5), async {
@@ -534,6 +759,33 @@ mod tests {
             PeerSettings::from_peer(&p, &addrs, None),
             Err(SettingsError::SecretUnresolved(_))
         ));
+        assert_eq!(
+            PeerSettings::from_peer(&p, &addrs, Some(&"x".repeat(81))),
+            Err(SettingsError::PasswordTooLong {
+                what: "the password of passwordSecret \"s\"".into(),
+                len: 81
+            })
+        );
+        assert!(
+            PeerSettings::from_peer(&p, &addrs, Some(&"x".repeat(80))).is_ok(),
+            "80 bytes is the longest key Linux takes"
+        );
+        let mut p2 = peer();
+        p2.password = Some(PeerPassword::Plain("é".repeat(41)));
+        let e = PeerSettings::from_peer(&p2, &addrs, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "spec.password is 82 bytes; a TCP MD5 key is at most 80 bytes (Linux TCP_MD5SIG_MAXKEYLEN)"
+        );
+        // An empty password is none (as MetalLB), not a zero-length key.
+        p2.password = Some(PeerPassword::Plain(String::new()));
+        assert_eq!(
+            PeerSettings::from_peer(&p2, &addrs, None)
+                .unwrap()
+                .connect
+                .password,
+            None
+        );
         assert_eq!(
             PeerSettings::from_peer(&p, &addrs, Some("x"))
                 .unwrap()

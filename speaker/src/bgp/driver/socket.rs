@@ -4,7 +4,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 
-use socket2::SockRef;
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Linux `TCP_MD5SIG` (include/uapi/linux/tcp.h); libc does not export it for Linux.
@@ -58,9 +58,13 @@ pub fn set_ttl(socket: &impl std::os::fd::AsFd, peer: IpAddr, ttl: u8) -> io::Re
 /// u8 key[80]`. Built by hand so no `unsafe` is needed to fill it.
 pub fn md5sig_bytes(peer: IpAddr, key: &[u8]) -> io::Result<Vec<u8>> {
     if key.len() > MD5_MAX_KEY_LEN {
+        // The kernel would answer EINVAL; say why instead.
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("TCP MD5 password longer than {MD5_MAX_KEY_LEN} bytes"),
+            format!(
+                "the TCP MD5 password is {} bytes, more than the {MD5_MAX_KEY_LEN} Linux allows",
+                key.len()
+            ),
         ));
     }
     let mut b = vec![0u8; SOCKADDR_STORAGE_LEN + 8 + MD5_MAX_KEY_LEN];
@@ -110,6 +114,18 @@ pub fn set_md5(socket: &impl AsRawFd, peer: IpAddr, password: &str) -> io::Resul
     }
 }
 
+/// Whether the kernel takes `password` as the TCP MD5 key for `peer`: tried on a spare socket
+/// of the peer's family that is never connected, so a key that would be refused on every
+/// connect is known before the session starts.
+pub fn check_md5(peer: IpAddr, password: &str) -> io::Result<()> {
+    let socket = Socket::new(
+        Domain::for_address(SocketAddr::new(peer, 0)),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    set_md5(&socket, peer, password)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -135,5 +151,25 @@ mod tests {
         let socket = TcpSocket::new_v6().unwrap();
         set_ttl(&socket, "::1".parse().unwrap(), 255).unwrap();
         set_md5(&socket, "::1".parse().unwrap(), "secret").unwrap();
+    }
+
+    /// The longest key Linux takes is accepted; one byte more is refused, on either family.
+    #[test]
+    fn check_md5_refuses_what_the_kernel_refuses() {
+        for peer in ["192.0.2.1", "2001:db8::1"] {
+            let peer: IpAddr = peer.parse().unwrap();
+            check_md5(peer, &"k".repeat(MD5_MAX_KEY_LEN)).unwrap();
+            let e = check_md5(peer, &"k".repeat(MD5_MAX_KEY_LEN + 1)).unwrap_err();
+            assert!(e.to_string().contains("81 bytes"), "{e}");
+        }
+    }
+
+    /// The kernel's own check, past our length check: a key for an IPv4 address on an IPv6
+    /// socket is refused with EINVAL, and that error reaches the caller.
+    #[test]
+    fn a_key_the_kernel_refuses_is_an_error() {
+        let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        let e = set_md5(&socket, "192.0.2.1".parse().unwrap(), "secret").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
     }
 }
