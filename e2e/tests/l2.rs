@@ -545,6 +545,202 @@ async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// netem on the heartbeats one node sends (UDP to port 7946, both families), behind a prio
+/// qdisc's filter so that ARP, NDP and the client's traffic pass untouched; removed on drop.
+struct HeartbeatNetem<'a> {
+    lab: &'a Lab,
+    node: String,
+    device: String,
+}
+
+impl<'a> HeartbeatNetem<'a> {
+    fn add(lab: &'a Lab, node: &str, netem: &str) -> anyhow::Result<Self> {
+        let device = lab.topology.host(node).unwrap().interfaces[0].name.clone();
+        let fault = Self {
+            lab,
+            node: node.to_string(),
+            device: device.clone(),
+        };
+        let tc = |args: &str| -> anyhow::Result<()> {
+            let args: Vec<&str> = args.split(' ').collect();
+            lab.exec(node, "tc", &args)?;
+            Ok(())
+        };
+        tc(&format!("qdisc add dev {device} root handle 1: prio"))?;
+        tc(&format!(
+            "qdisc add dev {device} parent 1:3 handle 30: netem {netem}"
+        ))?;
+        tc(&format!(
+            "filter add dev {device} protocol ip parent 1:0 prio 3 u32 match ip protocol 17 0xff match ip dport 7946 0xffff flowid 1:3"
+        ))?;
+        tc(&format!(
+            "filter add dev {device} protocol ipv6 parent 1:0 prio 4 u32 match ip6 protocol 17 0xff match ip6 dport 7946 0xffff flowid 1:3"
+        ))?;
+        Ok(fault)
+    }
+}
+
+impl Drop for HeartbeatNetem<'_> {
+    fn drop(&mut self) {
+        let _ = self.lab.exec(
+            &self.node,
+            "tc",
+            &["qdisc", "del", "dev", &self.device, "root"],
+        );
+    }
+}
+
+/// Sends `count` junk datagrams to `address`:7946 from the host over the lab's bridge: random
+/// bytes of random lengths, some starting like a heartbeat (`FLB` and a version byte), spread over
+/// about `over`.
+fn junk_flood(address: std::net::IpAddr, count: usize, over: Duration) -> anyhow::Result<()> {
+    use std::hash::{BuildHasher, Hasher};
+    let bind: std::net::SocketAddr = if address.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let socket = std::net::UdpSocket::bind(bind)?;
+    let seed = std::collections::hash_map::RandomState::new();
+    let word = |i: u64| {
+        let mut h = seed.build_hasher();
+        h.write_u64(i);
+        h.finish()
+    };
+    let pause = over / u32::try_from(count.max(1)).unwrap_or(u32::MAX);
+    for i in 0..count {
+        let len = 1 + (word(i as u64) % 1400) as usize;
+        let mut datagram: Vec<u8> = (0..len)
+            .map(|j| word((i * 2000 + j) as u64) as u8)
+            .collect();
+        if i % 3 == 0 && len > 4 {
+            datagram[..4].copy_from_slice(b"FLB\x02");
+        }
+        socket.send_to(&datagram, (address, 7946))?;
+        if i % 100 == 0 {
+            std::thread::sleep(pause * 100);
+        }
+    }
+    Ok(())
+}
+
+/// One node's heartbeats lost (80 %) or late (600 ms), and a flood of junk at the heartbeat port:
+/// never more than one MAC answers an IP, and once healed the owner answers again. Losing or
+/// delaying the owner's heartbeats may cost it its IPs for a while (the others stop hearing it);
+/// the junk costs nothing.
+async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-heartbeats-lossy").await?;
+    scope.deploy("web", &["node1", "node2", "node3"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 3).await?;
+    let first = owner(lab, &scope.namespace, "web").await?;
+    let other = NODES
+        .iter()
+        .copied()
+        .find(|n| *n != first)
+        .unwrap_or("node1")
+        .to_string();
+    let faults: [(&str, &str, &str); 4] = [
+        (
+            "80 % of the owner's heartbeats lost",
+            first.as_str(),
+            "loss 80%",
+        ),
+        (
+            "the owner's heartbeats 600 ms late",
+            first.as_str(),
+            "delay 600ms",
+        ),
+        (
+            "80 % of a non-owner's heartbeats lost",
+            other.as_str(),
+            "loss 80%",
+        ),
+        ("junk datagrams at the heartbeat port of every node", "", ""),
+    ];
+    for (what, node, netem) in faults {
+        let started = std::time::Instant::now();
+        let (mut most, mut served, mut failed, mut rounds) = (0usize, 0usize, 0usize, 0usize);
+        let outcome = async {
+            let _fault = if netem.is_empty() {
+                None
+            } else {
+                Some(HeartbeatNetem::add(lab, node, netem)?)
+            };
+            let flood = netem.is_empty().then(|| {
+                let targets: Vec<std::net::IpAddr> = NODES
+                    .iter()
+                    .map(|n| lab.topology.host(n).unwrap().interfaces[0].ipv4.into())
+                    .collect();
+                std::thread::spawn(move || -> anyhow::Result<()> {
+                    for target in targets {
+                        junk_flood(target, 20_000, Duration::from_secs(3))?;
+                    }
+                    Ok(())
+                })
+            });
+            // Detection (the failure timeout, 500 ms, and a heartbeat's round), then 8 s of
+            // the fault, asking ARP and NDP and sending a request for every IP.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            while started.elapsed() < Duration::from_secs(10) {
+                rounds += 1;
+                for ip in &ips {
+                    let macs = lab.l2_answers("client", ip)?;
+                    most = most.max(macs.len());
+                    ensure!(macs.len() <= 1, "{what}: {ip} answered by {macs:?}");
+                    match http(lab, ip) {
+                        Ok(_) => served += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+            }
+            if let Some(flood) = flood {
+                flood
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("the flood panicked"))??;
+                // Junk must cost nothing: the owner kept its IPs.
+                for ip in &ips {
+                    ensure!(
+                        answering_node(lab, ip).await? == first,
+                        "{what}: {ip} moved away from {first}"
+                    );
+                }
+                ensure!(failed == 0, "{what}: {failed} requests failed");
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        eprintln!(
+            "l2 partial fault: {what}: most MACs answering one IP: {most}; {rounds} rounds, requests served {served}, failed {failed}"
+        );
+        outcome?;
+        for ip in &ips {
+            wait_for(
+                &format!("{first} to answer for {ip} again after {what}"),
+                Duration::from_secs(30),
+                || async {
+                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                    if n == first { Ok(Some(())) } else { Err(n) }
+                },
+            )
+            .await?;
+            let macs = lab.l2_answers("client", ip)?;
+            ensure!(macs.len() == 1, "after {what}: {ip} answered by {macs:?}");
+        }
+    }
+    Ok(())
+}
+
 /// An owner whose speaker is frozen (SIGSTOP) for 5 s, as a stalled VM or a stuck process: the
 /// others take its IPs over, and when it resumes it answers nothing from its old ownership,
 /// not even the ARP requests that queued while it was frozen, until it has heard the others
@@ -828,6 +1024,9 @@ fn main() -> std::process::ExitCode {
         .test("failover", |c| Box::pin(failover(c)))
         .test("heartbeats_blocked_on_one_node", |c| {
             Box::pin(heartbeats_blocked_on_one_node(c))
+        })
+        .test("heartbeats_lossy_late_or_flooded", |c| {
+            Box::pin(heartbeats_lossy_late_or_flooded(c))
         })
         .test("frozen_owner_resumes_without_a_second_answer", |c| {
             Box::pin(frozen_owner_resumes_without_a_second_answer(c))
