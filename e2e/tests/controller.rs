@@ -726,24 +726,7 @@ async fn restart_and_failover_change_no_ip(
     let api = case.services().await?;
     // Create in an order unrelated to name order, so a restart that allocated in name order
     // would give different IPs.
-    let names: Vec<String> = (0..count).rev().map(|i| format!("svc-{i:05}")).collect();
-    let created = futures::stream::iter(names.iter().cloned())
-        .map(|n| {
-            let api = api.clone();
-            async move {
-                api.create(
-                    &PostParams::default(),
-                    &lb_service(&n, serde_json::json!({})),
-                )
-                .await
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    for r in created {
-        r?;
-    }
+    create_all(&api, (0..count).rev().map(|i| format!("svc-{i:05}"))).await?;
     let before = wait_for(
         &format!("all {count} Services to get an IP"),
         Duration::from_secs(300),
@@ -958,12 +941,11 @@ fn watch_invariants(
     (seen, task)
 }
 
-/// Creates Services `prefix-000`.. in a burst (16 at a time).
-async fn create_burst(api: &Api<Service>, prefix: &str, count: usize) -> anyhow::Result<()> {
-    let created = futures::stream::iter(0..count)
-        .map(|i| {
+/// Creates LoadBalancer Services named `names`, 16 at a time, in that order.
+async fn create_all(api: &Api<Service>, names: impl Iterator<Item = String>) -> anyhow::Result<()> {
+    let created = futures::stream::iter(names)
+        .map(|name| {
             let api = api.clone();
-            let name = format!("{prefix}-{i:03}");
             async move {
                 api.create(
                     &PostParams::default(),
@@ -979,6 +961,11 @@ async fn create_burst(api: &Api<Service>, prefix: &str, count: usize) -> anyhow:
         r?;
     }
     Ok(())
+}
+
+/// Creates Services `prefix-000`.. in a burst.
+async fn create_burst(api: &Api<Service>, prefix: &str, count: usize) -> anyhow::Result<()> {
+    create_all(api, (0..count).map(|i| format!("{prefix}-{i:03}"))).await
 }
 
 /// The leader cut off from the API server (its packets dropped, then delayed past its lease)

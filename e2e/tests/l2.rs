@@ -104,6 +104,50 @@ fn node_address(lab: &Lab, node: &str, ip: &str) -> String {
     }
 }
 
+/// A namespace `ns` with pods `web` on `nodes` and a dual-stack LoadBalancer Service `web` for
+/// them, once it has both IPs and an endpoint on every node; returns its IPs.
+async fn dual_stack_web(
+    lab: &Lab,
+    ns: &str,
+    nodes: &[&str],
+) -> anyhow::Result<(TestScope, Api<Service>, Vec<String>)> {
+    let mut scope = TestScope::new(lab, ns).await?;
+    scope.deploy("web", nodes).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        lb_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", nodes.len()).await?;
+    Ok((scope, api, ips))
+}
+
+/// Waits until `node` answers for every IP of `ips` again after `what`.
+async fn answered_again_by(
+    lab: &Lab,
+    ips: &[String],
+    node: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    for ip in ips {
+        wait_for(
+            &format!("{node} to answer for {ip} again after {what}"),
+            Duration::from_secs(30),
+            || async {
+                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                if n == node { Ok(Some(())) } else { Err(n) }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
     api.create(&PostParams::default(), &svc).await?;
     Ok(())
@@ -357,19 +401,7 @@ spec:
 /// node answers and the Service stays reachable; afterwards the owner takes its IP back.
 async fn failover(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "l2-failover").await?;
-    scope.deploy("web", &["node1", "node2", "node3"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
-    scope.wait_ready_endpoints("web", 3).await?;
+    let (scope, _, ips) = dual_stack_web(lab, "l2-failover", &["node1", "node2", "node3"]).await?;
     let first = owner(lab, &scope.namespace, "web").await?;
     for ip in &ips {
         ensure!(answering_node(lab, ip).await? == first);
@@ -436,19 +468,8 @@ async fn failover(ctx: Ctx) -> anyhow::Result<()> {
 /// the IPs (before the quorum rule it claimed every one of them).
 async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "l2-heartbeats-blocked").await?;
-    scope.deploy("web", &["node1", "node2", "node3"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
-    scope.wait_ready_endpoints("web", 3).await?;
+    let (scope, _, ips) =
+        dual_stack_web(lab, "l2-heartbeats-blocked", &["node1", "node2", "node3"]).await?;
     let first = owner(lab, &scope.namespace, "web").await?;
     for ip in &ips {
         ensure!(answering_node(lab, ip).await? == first);
@@ -530,17 +551,7 @@ async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
             rule("-D", chain)?;
         }
         outcome?;
-        for ip in &ips {
-            wait_for(
-                &format!("{first} to answer for {ip} again after {what}"),
-                Duration::from_secs(30),
-                || async {
-                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
-                    if n == first { Ok(Some(())) } else { Err(n) }
-                },
-            )
-            .await?;
-        }
+        answered_again_by(lab, &ips, &first, what).await?;
     }
     Ok(())
 }
@@ -630,19 +641,8 @@ fn junk_flood(address: std::net::IpAddr, count: usize, over: Duration) -> anyhow
 /// the junk costs nothing.
 async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "l2-heartbeats-lossy").await?;
-    scope.deploy("web", &["node1", "node2", "node3"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
-    scope.wait_ready_endpoints("web", 3).await?;
+    let (scope, _, ips) =
+        dual_stack_web(lab, "l2-heartbeats-lossy", &["node1", "node2", "node3"]).await?;
     let first = owner(lab, &scope.namespace, "web").await?;
     let other = NODES
         .iter()
@@ -724,16 +724,8 @@ async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
             "l2 partial fault: {what}: most MACs answering one IP: {most}; {rounds} rounds, requests served {served}, failed {failed}"
         );
         outcome?;
+        answered_again_by(lab, &ips, &first, what).await?;
         for ip in &ips {
-            wait_for(
-                &format!("{first} to answer for {ip} again after {what}"),
-                Duration::from_secs(30),
-                || async {
-                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
-                    if n == first { Ok(Some(())) } else { Err(n) }
-                },
-            )
-            .await?;
             let macs = lab.l2_answers("client", ip)?;
             ensure!(macs.len() == 1, "after {what}: {ip} answered by {macs:?}");
         }
@@ -747,19 +739,8 @@ async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
 /// and the IPs are given back to it.
 async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "l2-frozen-owner").await?;
-    scope.deploy("web", &["node1", "node2", "node3"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
-    scope.wait_ready_endpoints("web", 3).await?;
+    let (scope, _, ips) =
+        dual_stack_web(lab, "l2-frozen-owner", &["node1", "node2", "node3"]).await?;
     let first = owner(lab, &scope.namespace, "web").await?;
     for ip in &ips {
         ensure!(answering_node(lab, ip).await? == first);
@@ -810,17 +791,7 @@ async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Resul
     // Never leave a frozen speaker behind.
     let _ = ctx.speakers.freeze(&first, false);
     outcome?;
-    for ip in &ips {
-        wait_for(
-            &format!("{first} to answer for {ip} again after its freeze"),
-            Duration::from_secs(30),
-            || async {
-                let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
-                if n == first { Ok(Some(())) } else { Err(n) }
-            },
-        )
-        .await?;
-    }
+    answered_again_by(lab, &ips, &first, "its freeze").await?;
     Ok(())
 }
 
@@ -859,19 +830,7 @@ impl Drop for ApiServerBack<'_> {
 /// speakers carry on by themselves: a new Service gets an IP and is announced.
 async fn api_server_outage(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let mut scope = TestScope::new(lab, "l2-api-outage").await?;
-    scope.deploy("web", &["node1", "node2"]).await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
-    scope.wait_ready_endpoints("web", 2).await?;
+    let (scope, _, ips) = dual_stack_web(lab, "l2-api-outage", &["node1", "node2"]).await?;
     let first = owner(lab, &scope.namespace, "web").await?;
 
     let mut back = ApiServerBack(lab, false);
