@@ -795,8 +795,8 @@ async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Resul
     Ok(())
 }
 
-/// How long the API server stays down in [`api_server_outage`] (`FERROLB_API_OUTAGE_SECONDS`,
-/// default 60).
+/// How long the API server stays down in [`control_plane_outages`]
+/// (`FERROLB_API_OUTAGE_SECONDS`, default 60; etcd stays down a third of it).
 fn api_outage() -> Duration {
     Duration::from_secs(
         std::env::var("FERROLB_API_OUTAGE_SECONDS")
@@ -806,112 +806,125 @@ fn api_outage() -> Duration {
     )
 }
 
-/// Starts the API server again when dropped, should the test fail while it is down.
-struct ApiServerBack<'a>(&'a Lab, bool);
+/// Starts a stopped lab component again when dropped, should the test fail while it is down.
+struct StartAgain<'a> {
+    lab: &'a Lab,
+    name: &'static str,
+    started: bool,
+}
 
-impl ApiServerBack<'_> {
-    fn start(&mut self) -> anyhow::Result<()> {
-        self.1 = true;
-        self.0.restart("kube-apiserver")?;
+impl StartAgain<'_> {
+    fn now(&mut self) -> anyhow::Result<()> {
+        self.started = true;
+        self.lab.restart(self.name)?;
         Ok(())
     }
 }
 
-impl Drop for ApiServerBack<'_> {
+impl Drop for StartAgain<'_> {
     fn drop(&mut self) {
-        if !self.1 {
-            let _ = self.0.restart("kube-apiserver");
+        if !self.started {
+            let _ = self.lab.restart(self.name);
         }
     }
 }
 
-/// The API server stopped (etcd kept) and started again: the client's requests are served
-/// throughout and by one MAC per IP, no IP changes, and afterwards the controller and the
-/// speakers carry on by themselves: a new Service gets an IP and is announced.
-async fn api_server_outage(ctx: Ctx) -> anyhow::Result<()> {
+/// The API server stopped (etcd kept) and started again, then etcd: the client's requests are
+/// served throughout by one MAC per IP, no IP or owner changes, and after each outage the
+/// controller and the speakers carry on by themselves (their watches relist): a new Service gets
+/// an IP and is announced.
+async fn control_plane_outages(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
     let (scope, _, ips) = dual_stack_web(lab, "l2-api-outage", &["node1", "node2"]).await?;
     let first = owner(lab, &scope.namespace, "web").await?;
-
-    let mut back = ApiServerBack(lab, false);
-    lab.stop_keeping("kube-apiserver")?;
-    let outage = api_outage();
-    let started = std::time::Instant::now();
-    let (mut served, mut failed) = (0usize, Vec::new());
-    while started.elapsed() < outage {
-        for ip in &ips {
-            match http(lab, ip) {
-                Ok(_) => served += 1,
-                Err(e) => failed.push(format!("{:.1?} {ip}: {e:#}", started.elapsed())),
+    for (component, outage) in [("kube-apiserver", api_outage()), ("etcd", api_outage() / 3)] {
+        let mut back = StartAgain {
+            lab,
+            name: component,
+            started: false,
+        };
+        lab.stop_keeping(component)?;
+        let started = std::time::Instant::now();
+        let (mut served, mut failed) = (0usize, Vec::new());
+        while started.elapsed() < outage {
+            for ip in &ips {
+                match http(lab, ip) {
+                    Ok(_) => served += 1,
+                    Err(e) => failed.push(format!("{:.1?} {ip}: {e:#}", started.elapsed())),
+                }
+                let macs = lab.l2_answers("client", ip)?;
+                ensure!(
+                    macs.len() == 1,
+                    "{ip} answered by {macs:?} with {component} down"
+                );
             }
-            let macs = lab.l2_answers("client", ip)?;
-            ensure!(
-                macs.len() == 1,
-                "{ip} answered by {macs:?} with the API server down"
-            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    back.start()?;
-    eprintln!(
-        "api-outage: {:?} down, {served} requests served, {} failed",
-        outage,
-        failed.len()
-    );
-    ensure!(
-        failed.is_empty(),
-        "requests failed with the API server down: {failed:?}"
-    );
-    // Back: the controller and the speakers carry on by themselves.
-    wait_for(
-        "the API server to serve again",
-        Duration::from_secs(90),
-        || async {
-            let client = lab.client().await.map_err(|e| e.to_string())?;
-            let services: Api<Service> = Api::namespaced(client, &scope.namespace);
-            services
-                .list(&ListParams::default())
-                .await
-                .map(|_| Some(()))
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await?;
-    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "after",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
-    let after = ingress_ips(&wait_ips(&api, "after", 1).await?);
-    ensure!(
-        ingress_ips(&api.get("web").await?) == ips,
-        "web's IPs changed across the outage"
-    );
-    for ip in ips.iter().chain(&after) {
-        wait_for(
-            &format!("{ip} served after the outage"),
-            Duration::from_secs(30),
+        back.now()?;
+        let restarted = std::time::Instant::now();
+        eprintln!(
+            "control-plane outage: {component} down {outage:?}: {served} requests served, {} failed",
+            failed.len()
+        );
+        ensure!(
+            failed.is_empty(),
+            "requests failed with {component} down: {failed:?}"
+        );
+        // Back: the controller and the speakers carry on by themselves.
+        let api: Api<Service> = wait_for(
+            &format!("the API server to serve again after the {component} outage"),
+            Duration::from_secs(90),
             || async {
-                http(lab, ip)
-                    .map(|_| Some(()))
-                    .map_err(|e| format!("{e:#}"))
+                let client = lab.client().await.map_err(|e| e.to_string())?;
+                let services: Api<Service> = Api::namespaced(client, &scope.namespace);
+                services
+                    .list(&ListParams::default())
+                    .await
+                    .map(|_| Some(services.clone()))
+                    .map_err(|e| e.to_string())
             },
         )
         .await?;
-        let macs = lab.l2_answers("client", ip)?;
+        let name = format!("after-{component}");
+        create(
+            &api,
+            lb_service(
+                &name,
+                serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+            )?,
+        )
+        .await?;
+        let after = ingress_ips(&wait_ips(&api, &name, 1).await?);
         ensure!(
-            macs.len() == 1,
-            "{ip} answered by {macs:?} after the outage"
+            ingress_ips(&api.get("web").await?) == ips,
+            "web's IPs changed across the {component} outage"
+        );
+        for ip in ips.iter().chain(&after) {
+            wait_for(
+                &format!("{ip} served after the {component} outage"),
+                Duration::from_secs(30),
+                || async {
+                    http(lab, ip)
+                        .map(|_| Some(()))
+                        .map_err(|e| format!("{e:#}"))
+                },
+            )
+            .await?;
+            let macs = lab.l2_answers("client", ip)?;
+            ensure!(
+                macs.len() == 1,
+                "{ip} answered by {macs:?} after the {component} outage"
+            );
+        }
+        eprintln!(
+            "control-plane outage: {component} back; a new Service served {:.1?} after the restart",
+            restarted.elapsed()
+        );
+        ensure!(
+            owner(lab, &scope.namespace, "web").await? == first,
+            "the owner of web changed across the {component} outage"
         );
     }
-    ensure!(
-        owner(lab, &scope.namespace, "web").await? == first,
-        "the owner of web changed across the outage"
-    );
     Ok(())
 }
 
@@ -990,8 +1003,8 @@ fn main() -> std::process::ExitCode {
         .test("frozen_owner_resumes_without_a_second_answer", |c| {
             Box::pin(frozen_owner_resumes_without_a_second_answer(c))
         })
-        .test("api_server_outage_keeps_traffic_and_ips", |c| {
-            Box::pin(api_server_outage(c))
+        .test("api_server_and_etcd_outages_keep_traffic_and_ips", |c| {
+            Box::pin(control_plane_outages(c))
         })
         .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
         .run(&args, |lab| {
