@@ -14,9 +14,12 @@
 //!   packet socket.
 //! - [`owner`] chooses the node that owns a Service IP by rendezvous hashing, the same on every
 //!   node.
+//! - [`damping`] holds a node that lost its quorum and got it back out of ownership for a while,
+//!   longer each time it flaps.
 //! - [`liveness`] encodes and checks the speakers' authenticated heartbeats and keeps the table
 //!   of live speakers that owner choice runs over.
 
+pub mod damping;
 pub mod liveness;
 pub mod owner;
 pub mod packet;
