@@ -287,9 +287,13 @@ impl Speakers {
         &self.credentials
     }
 
-    /// Starts the speaker of `node` with the standard arguments.
+    /// Starts the speaker of `node` with the standard arguments, and any in
+    /// `FERROLB_LAB_SPEAKER_ARGS` (space-separated; for measuring a setting against the default,
+    /// e.g. `--flap-damping=false`).
     pub fn start(&self, node: &str) -> anyhow::Result<()> {
-        let p = start_speaker(&self.lab, &self.credentials, node, &[])?;
+        let extra = std::env::var("FERROLB_LAB_SPEAKER_ARGS").unwrap_or_default();
+        let extra: Vec<&str> = extra.split_whitespace().collect();
+        let p = start_speaker(&self.lab, &self.credentials, node, &extra)?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }

@@ -671,6 +671,8 @@ async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
     for (what, node, netem) in faults {
         let started = std::time::Instant::now();
         let (mut most, mut served, mut failed, mut rounds) = (0usize, 0usize, 0usize, 0usize);
+        // IP moves during the fault: changes of the node answering the first IP.
+        let (mut moves, mut last) = (0usize, first.clone());
         let outcome = async {
             let _fault = if netem.is_empty() {
                 None
@@ -694,10 +696,19 @@ async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             while started.elapsed() < Duration::from_secs(10) {
                 rounds += 1;
-                for ip in &ips {
+                for (i, ip) in ips.iter().enumerate() {
                     let macs = lab.l2_answers("client", ip)?;
                     most = most.max(macs.len());
                     ensure!(macs.len() <= 1, "{what}: {ip} answered by {macs:?}");
+                    if i == 0
+                        && let Some(mac) = macs.iter().next()
+                    {
+                        let node = node_of_mac(lab, mac)?;
+                        if node != last {
+                            moves += 1;
+                            last = node;
+                        }
+                    }
                     match http(lab, ip) {
                         Ok(_) => served += 1,
                         Err(_) => failed += 1,
@@ -721,7 +732,7 @@ async fn heartbeats_lossy_late_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
         }
         .await;
         eprintln!(
-            "l2 partial fault: {what}: most MACs answering one IP: {most}; {rounds} rounds, requests served {served}, failed {failed}"
+            "l2 partial fault: {what}: most MACs answering one IP: {most}; {rounds} rounds, requests served {served}, failed {failed}; IP moves during the fault {moves}"
         );
         outcome?;
         answered_again_by(lab, &ips, &first, what).await?;

@@ -84,6 +84,11 @@ pub struct Args {
     /// 300 s MAC-table ageing of switches (docs/decisions/0015).
     #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "60s", value_parser = duration)]
     pub garp_refresh: Duration,
+    /// Flap damping: after losing its quorum, this node waits 2 s (doubling per loss within a
+    /// minute, up to 30 s) before it may own layer 2 IPs again, so that an owner whose heartbeats
+    /// are lost in bursts does not move its IPs back and forth (docs/decisions/0015).
+    #[arg(long, env = "FERROLB_FLAP_DAMPING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub flap_damping: bool,
     /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
     /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.

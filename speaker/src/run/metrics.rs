@@ -35,6 +35,9 @@ pub struct Metrics {
     /// 1 while this node hears a majority of the known speakers and a majority hears it (it
     /// may own layer 2 IPs); 0 when it is cut off and owns none.
     pub quorum: Gauge,
+    /// 1 while flap damping holds this node back from owning layer 2 IPs after it regained its
+    /// quorum.
+    pub damped: Gauge,
     /// 1 when the last renewal of this node's presence Lease succeeded.
     pub presence_renewed: Gauge,
     /// IPs this node took over (became owner of).
@@ -97,6 +100,11 @@ impl Metrics {
             "ferrolb_speaker_known",
             "Speakers with a current presence Lease (the set quorums are counted in)",
             m.speakers_known.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_damped",
+            "1 while flap damping holds this node back from owning layer 2 IPs after a loss of quorum",
+            m.damped.clone(),
         );
         r.register(
             "ferrolb_layer2_quorum",

@@ -120,6 +120,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         announcer: announce::Announcer::new(metrics.clone(), args.garp_refresh),
         config: None,
         settling: step::Settling::default(),
+        damping: ferrolb_layer2::damping::Damping::new(),
+        held: false,
         claim: step::Settling::default(),
         acted: false,
         planned_members: BTreeMap::new(),
@@ -248,6 +250,10 @@ struct Speaker {
     config: Option<Arc<ferrolb_config::model::Config>>,
     /// When this speaker may own IPs (docs in [`step::Settling`]).
     settling: step::Settling,
+    /// Flap damping after a loss of quorum.
+    damping: ferrolb_layer2::damping::Damping,
+    /// Whether the damping holds this node back (for logging the change).
+    held: bool,
     /// When this speaker, acting, claims IPs ([`CLAIM_AFTER_BEATS`]).
     claim: step::Settling,
     /// Whether the last step acted (for logging the changes).
@@ -310,7 +316,24 @@ impl Speaker {
             settled,
             &usable_names,
         );
-        let acts = settled && verdict.acts();
+        // Flap damping (docs in ferrolb_layer2::damping): after losing its quorum, this node
+        // says it is ready again only once held down for a while, so that IPs do not bounce.
+        if settled && self.args.flap_damping {
+            self.damping.observe(verdict.acts(), now);
+        }
+        let held = self.damping.held_until(now);
+        if held.is_some() != self.held {
+            match held {
+                Some(until) => tracing::warn!(
+                    hold = ?until.saturating_duration_since(now),
+                    "quorum regained after a loss: holding back from owning layer 2 IPs for a while (flap damping)"
+                ),
+                None => tracing::info!("flap damping over: this node may own layer 2 IPs again"),
+            }
+            self.held = held.is_some();
+        }
+        self.metrics.damped.set(i64::from(self.held));
+        let acts = settled && verdict.acts() && held.is_none();
         let claims =
             self.claim
                 .observe(acts, now, self.args.heartbeat_interval * CLAIM_AFTER_BEATS);
