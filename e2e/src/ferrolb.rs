@@ -122,7 +122,7 @@ pub fn start_controller(
         "--retry-period",
         "500ms",
         "--stall-timeout",
-        "3s",
+        "5s",
         "--failpoints",
         &controller_failpoints(lab, identity).display().to_string(),
     ]
