@@ -135,6 +135,18 @@ impl Gossip {
         *lock(&self.peers) = list;
     }
 
+    /// Sets the names of the cluster's Nodes: the table of peers forgets the others and stops
+    /// tracking names that are not Nodes (a heartbeat from one is refused).
+    pub fn set_nodes(&self, names: BTreeSet<String>) {
+        let forgotten = lock(&self.membership).set_nodes(names);
+        if forgotten > 0 {
+            tracing::info!(
+                forgotten,
+                "forgot the heartbeat state of peers that are no longer Nodes"
+            );
+        }
+    }
+
     /// Sets what this speaker says about itself (and confirms the work loop is alive); a
     /// change goes out at once.
     pub async fn set_local(&self, ready: bool, interfaces: BTreeSet<String>) {
@@ -237,13 +249,17 @@ impl Gossip {
                         HeartbeatError::BadTag => "authentication",
                         HeartbeatError::Clock { .. } => "clock",
                         HeartbeatError::Replay => "replay",
+                        HeartbeatError::UnknownNode(_) => "unknown_node",
+                        HeartbeatError::TableFull(_) => "table_full",
                     };
                     self.metrics
                         .heartbeats_refused
                         .get_or_create(&vec![("reason", reason.to_string())])
                         .inc();
-                    // Duplicates are normal; everything else is worth a (rate-limited) warning.
-                    if reason != "replay"
+                    // Duplicates are normal, and so are heartbeats from a node just added or
+                    // deleted (the Node watch lags); everything else is worth a (rate-limited)
+                    // warning.
+                    if !matches!(reason, "replay" | "unknown_node")
                         && last_warning
                             .is_none_or(|t| now.duration_since(t) > Duration::from_secs(30))
                     {

@@ -300,6 +300,9 @@ impl Speaker {
                 .filter(|n| n.name != self.args.node_name)
                 .filter_map(|n| n.addresses.first().copied()),
         );
+        // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
+        // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
+        gossip.set_nodes(nodes.keys().cloned().collect());
         // The quorum rule: who may own IPs, this node included (docs in ferrolb_layer2::quorum).
         let known = known_speakers(&stores.presence.state());
         let reports = gossip.reports(now);
