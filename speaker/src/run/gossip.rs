@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, Membership};
+use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, KeyRing, Membership};
 use ferrolb_layer2::quorum::Report;
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
@@ -27,7 +27,9 @@ struct Local {
 /// The heartbeat exchange: the live peers, and what this speaker announces about itself.
 pub struct Gossip {
     node: String,
-    key: Vec<u8>,
+    /// The keys: heartbeats are signed with the first and accepted under any. Replaced whole
+    /// when the key files change (`keys.rs`); the table of peers is untouched.
+    keys: Mutex<Arc<KeyRing>>,
     port: u16,
     boot: u64,
     seq: Mutex<u64>,
@@ -52,6 +54,16 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// The key metrics for a ring just put in use.
+fn note_keys(metrics: &Metrics, keys: &KeyRing) {
+    metrics
+        .gossip_keys
+        .set(i64::try_from(keys.len()).unwrap_or(i64::MAX));
+    metrics
+        .gossip_keys_loaded
+        .set(i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX));
 }
 
 /// A random number per process start, from the kernel.
@@ -81,7 +93,7 @@ impl Gossip {
     /// the live peers may have changed.
     pub async fn start(
         node: String,
-        key: Vec<u8>,
+        keys: KeyRing,
         port: u16,
         timing: Timing,
         changed: Arc<Notify>,
@@ -96,10 +108,11 @@ impl Gossip {
                     .await
                     .with_context(|| format!("binding heartbeat port {port}"))?,
             };
+        note_keys(&metrics, &keys);
         let gossip = Arc::new(Gossip {
             membership: Mutex::new(Membership::new(node.clone(), timing.timeout)),
             node,
-            key,
+            keys: Mutex::new(Arc::new(keys)),
             port,
             boot: boot_id(),
             seq: Mutex::new(0),
@@ -145,6 +158,17 @@ impl Gossip {
                 "forgot the heartbeat state of peers that are no longer Nodes"
             );
         }
+    }
+
+    /// The keys in use.
+    pub fn keys(&self) -> Arc<KeyRing> {
+        lock(&self.keys).clone()
+    }
+
+    /// Replaces the keys; the next heartbeat is signed with the new first key.
+    pub fn set_keys(&self, keys: KeyRing) {
+        note_keys(&self.metrics, &keys);
+        *lock(&self.keys) = Arc::new(keys);
     }
 
     /// Sets what this speaker says about itself (and confirms the work loop is alive); a
@@ -203,7 +227,7 @@ impl Gossip {
                 hears: lock(&self.membership).hears(Instant::now()),
             }
         };
-        let bytes = match beat.encode(&self.key) {
+        let bytes = match beat.encode(self.keys().signing()) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "cannot encode a heartbeat");
@@ -238,8 +262,14 @@ impl Gossip {
                 }
             };
             let now = Instant::now();
-            let result = Heartbeat::decode(&buf[..len], &self.key)
-                .and_then(|beat| lock(&self.membership).receive(beat, now, unix_ms()));
+            let keys = self.keys();
+            let result = Heartbeat::decode_with(&buf[..len], &keys).and_then(|(beat, key)| {
+                if key > 0 {
+                    // During a rotation: a peer signing with a key other than ours.
+                    self.metrics.heartbeats_other_key.inc();
+                }
+                lock(&self.membership).receive(beat, now, unix_ms())
+            });
             match result {
                 Ok(true) => self.changed.notify_one(),
                 Ok(false) => {}
