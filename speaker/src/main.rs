@@ -58,9 +58,14 @@ pub struct Args {
     #[arg(long, env = "FERROLB_GOSSIP_PORT", default_value_t = 7946)]
     pub gossip_port: u16,
     /// File holding the key that authenticates heartbeats (the same on every node; mount it
-    /// from a Secret). At least 16 bytes.
+    /// from a Secret): the whole file but trailing whitespace. At least 16 bytes.
     #[arg(long, env = "FERROLB_GOSSIP_KEY_FILE")]
     pub gossip_key_file: PathBuf,
+    /// File holding the next gossip key during a key rotation (the Secret's `nextkey`):
+    /// heartbeats signed with it are accepted too. Absent or empty: no next key. Both files are
+    /// re-read every few seconds, so a changed Secret takes effect without a restart.
+    #[arg(long, env = "FERROLB_GOSSIP_NEXT_KEY_FILE")]
+    pub gossip_next_key_file: Option<PathBuf>,
     /// How often each speaker sends a heartbeat to every other speaker (Go duration).
     #[arg(long, env = "FERROLB_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = duration)]
     pub heartbeat_interval: Duration,

@@ -1,6 +1,7 @@
 //! Any datagram at the heartbeat port: decoding must return, never panic; what decodes must
 //! encode back to the same bytes; and any sequence of heartbeats (any boots, sequence numbers and
-//! clocks, from any key holder) must be refused or taken by the membership table without a panic.
+//! clocks, from any key holder) must be refused or taken by the membership table without a panic,
+//! the table holding only the cluster's nodes once it knows them.
 //!
 //! Three kinds of input, by the first byte: raw datagrams (the tag check refuses nearly all);
 //! datagrams signed here with the fuzzer's key and optionally given the magic, which reach the
@@ -10,13 +11,15 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrolb_layer2::liveness::{Heartbeat, Membership};
+use ferrolb_layer2::liveness::{Heartbeat, KeyRing, Membership};
 use ferrolb_layer2::quorum;
 use hmac::{Hmac, Mac};
 use libfuzzer_sys::fuzz_target;
 use sha2::Sha256;
 
-const KEY: &[u8] = b"fuzz key";
+const KEY: &[u8] = b"fuzz key, at least 16 bytes";
+/// The current key of a rotation whose next key is [`KEY`].
+const OTHER: &[u8] = b"another fuzz key, 16 bytes";
 /// Bytes of the truncated tag (layer2/src/liveness.rs).
 const TAG_LEN: usize = 16;
 
@@ -45,6 +48,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let start = Instant::now();
     let mut members = Membership::new("self", Duration::from_millis(500));
+    let Ok(ring) = KeyRing::new([OTHER.to_vec(), KEY.to_vec()]) else {
+        return;
+    };
     if mode % 3 == 2 {
         // 26 bytes a heartbeat: sender, flags, boot, seq, sender's clock; ours is near it.
         for (i, chunk) in body.chunks(26).take(64).enumerate() {
@@ -66,13 +72,35 @@ fuzz_target!(|data: &[u8]| {
                 continue;
             };
             assert_eq!(Heartbeat::decode(&bytes, KEY).as_ref(), Ok(&beat));
+            assert_eq!(Heartbeat::decode_with(&bytes, &ring), Ok((beat.clone(), 1)));
+            // Now and then the node list arrives or changes: only its names stay in the table.
+            let first = chunk.first().copied().unwrap_or(0);
+            if first & 0x80 != 0 {
+                let listed = usize::from((first >> 4) & 3) + 1;
+                members.set_nodes(
+                    (0..listed)
+                        .map(|n| format!("node{n}"))
+                        .chain(["self".to_string()])
+                        .collect(),
+                );
+                assert!(members.known() <= listed);
+            }
             let now = start + Duration::from_millis(10 * i as u64);
             let skew = u64::from(chunk.get(1).copied().unwrap_or(0));
             let _ = members.receive(beat.clone(), now, beat.unix_ms.wrapping_add(skew * 1000));
             let _ = members.alive(now);
             let _ = members.next_expiry(now);
-            let known = (0..4).map(|n| format!("node{n}")).chain(["self".to_string()]).collect();
-            let verdict = quorum::decide("self", &known, &members.reports(now), true, &BTreeSet::new());
+            let known = (0..4)
+                .map(|n| format!("node{n}"))
+                .chain(["self".to_string()])
+                .collect();
+            let verdict = quorum::decide(
+                "self",
+                &known,
+                &members.reports(now),
+                true,
+                &BTreeSet::new(),
+            );
             assert!(verdict.acts() || !verdict.candidates.contains_key("self"));
         }
         return;
@@ -85,8 +113,13 @@ fuzz_target!(|data: &[u8]| {
         signed([b"FLB\x01".as_slice(), body].concat())
     };
     let Ok(beat) = Heartbeat::decode(&datagram, KEY) else {
+        assert!(Heartbeat::decode_with(&datagram, &ring).is_err());
         return;
     };
+    assert_eq!(
+        Heartbeat::decode_with(&datagram, &ring),
+        Ok((beat.clone(), 1))
+    );
     assert_eq!(
         beat.encode(KEY).as_deref(),
         Ok(&datagram[..]),

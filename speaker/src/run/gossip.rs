@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, Membership};
+use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, KeyRing, Membership};
 use ferrolb_layer2::quorum::Report;
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
@@ -27,7 +27,9 @@ struct Local {
 /// The heartbeat exchange: the live peers, and what this speaker announces about itself.
 pub struct Gossip {
     node: String,
-    key: Vec<u8>,
+    /// The keys: heartbeats are signed with the first and accepted under any. Replaced whole
+    /// when the key files change (`keys.rs`); the table of peers is untouched.
+    keys: Mutex<Arc<KeyRing>>,
     port: u16,
     boot: u64,
     seq: Mutex<u64>,
@@ -52,6 +54,16 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// The key metrics for a ring just put in use.
+fn note_keys(metrics: &Metrics, keys: &KeyRing) {
+    metrics
+        .gossip_keys
+        .set(i64::try_from(keys.len()).unwrap_or(i64::MAX));
+    metrics
+        .gossip_keys_loaded
+        .set(i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX));
 }
 
 /// A random number per process start, from the kernel.
@@ -81,7 +93,7 @@ impl Gossip {
     /// the live peers may have changed.
     pub async fn start(
         node: String,
-        key: Vec<u8>,
+        keys: KeyRing,
         port: u16,
         timing: Timing,
         changed: Arc<Notify>,
@@ -96,10 +108,11 @@ impl Gossip {
                     .await
                     .with_context(|| format!("binding heartbeat port {port}"))?,
             };
+        note_keys(&metrics, &keys);
         let gossip = Arc::new(Gossip {
             membership: Mutex::new(Membership::new(node.clone(), timing.timeout)),
             node,
-            key,
+            keys: Mutex::new(Arc::new(keys)),
             port,
             boot: boot_id(),
             seq: Mutex::new(0),
@@ -133,6 +146,29 @@ impl Gossip {
         list.sort();
         list.dedup();
         *lock(&self.peers) = list;
+    }
+
+    /// Sets the names of the cluster's Nodes: the table of peers forgets the others and stops
+    /// tracking names that are not Nodes (a heartbeat from one is refused).
+    pub fn set_nodes(&self, names: BTreeSet<String>) {
+        let forgotten = lock(&self.membership).set_nodes(names);
+        if forgotten > 0 {
+            tracing::info!(
+                forgotten,
+                "forgot the heartbeat state of peers that are no longer Nodes"
+            );
+        }
+    }
+
+    /// The keys in use.
+    pub fn keys(&self) -> Arc<KeyRing> {
+        lock(&self.keys).clone()
+    }
+
+    /// Replaces the keys; the next heartbeat is signed with the new first key.
+    pub fn set_keys(&self, keys: KeyRing) {
+        note_keys(&self.metrics, &keys);
+        *lock(&self.keys) = Arc::new(keys);
     }
 
     /// Sets what this speaker says about itself (and confirms the work loop is alive); a
@@ -191,7 +227,7 @@ impl Gossip {
                 hears: lock(&self.membership).hears(Instant::now()),
             }
         };
-        let bytes = match beat.encode(&self.key) {
+        let bytes = match beat.encode(self.keys().signing()) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "cannot encode a heartbeat");
@@ -226,8 +262,14 @@ impl Gossip {
                 }
             };
             let now = Instant::now();
-            let result = Heartbeat::decode(&buf[..len], &self.key)
-                .and_then(|beat| lock(&self.membership).receive(beat, now, unix_ms()));
+            let keys = self.keys();
+            let result = Heartbeat::decode_with(&buf[..len], &keys).and_then(|(beat, key)| {
+                if key > 0 {
+                    // During a rotation: a peer signing with a key other than ours.
+                    self.metrics.heartbeats_other_key.inc();
+                }
+                lock(&self.membership).receive(beat, now, unix_ms())
+            });
             match result {
                 Ok(true) => self.changed.notify_one(),
                 Ok(false) => {}
@@ -237,13 +279,17 @@ impl Gossip {
                         HeartbeatError::BadTag => "authentication",
                         HeartbeatError::Clock { .. } => "clock",
                         HeartbeatError::Replay => "replay",
+                        HeartbeatError::UnknownNode(_) => "unknown_node",
+                        HeartbeatError::TableFull(_) => "table_full",
                     };
                     self.metrics
                         .heartbeats_refused
                         .get_or_create(&vec![("reason", reason.to_string())])
                         .inc();
-                    // Duplicates are normal; everything else is worth a (rate-limited) warning.
-                    if reason != "replay"
+                    // Duplicates are normal, and so are heartbeats from a node just added or
+                    // deleted (the Node watch lags); everything else is worth a (rate-limited)
+                    // warning.
+                    if !matches!(reason, "replay" | "unknown_node")
                         && last_warning
                             .is_none_or(|t| now.duration_since(t) > Duration::from_secs(30))
                     {

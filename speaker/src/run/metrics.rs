@@ -28,6 +28,17 @@ pub struct Metrics {
     pub malformed_frames: Family<Vec<(&'static str, String)>, Counter>,
     /// Heartbeats refused, by reason.
     pub heartbeats_refused: Family<Vec<(&'static str, String)>, Counter>,
+    /// Heartbeats that verified under a key other than the one this speaker signs with (during
+    /// a key rotation: peers that have not swapped keys yet, or have swapped before this one).
+    pub heartbeats_other_key: Counter,
+    /// Gossip keys held: 1, or 2 during a key rotation.
+    pub gossip_keys: Gauge,
+    /// When the keys in use were read (start, or the last change), Unix seconds: a speaker whose
+    /// value is older than an edit of the Secret has not taken the edit in yet.
+    pub gossip_keys_loaded: Gauge,
+    /// Polls of the key files that changed the keys (`applied`) or found them unusable and kept
+    /// the last good ones (`unreadable`, `invalid`).
+    pub gossip_key_reloads: Family<Vec<(&'static str, String)>, Counter>,
     /// Other speakers alive.
     pub peers_alive: Gauge,
     /// Speakers the presence Leases name (the quorum rule's known set).
@@ -90,6 +101,28 @@ impl Metrics {
             "ferrolb_speaker_heartbeats_refused",
             "Heartbeats refused (authentication, replay, clock)",
             m.heartbeats_refused.clone(),
+        );
+        // A counter's exposition adds `_total`: `ferrolb_speaker_heartbeats_other_key_total`.
+        r.register(
+            "ferrolb_speaker_heartbeats_other_key",
+            "Heartbeats verified by a key other than this speaker's signing key (key rotation in progress)",
+            m.heartbeats_other_key.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_gossip_keys",
+            "Gossip keys held (2 while a next key is configured for a rotation)",
+            m.gossip_keys.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_gossip_keys_loaded_timestamp_seconds",
+            "When the gossip keys in use were read from their files (start or last change), Unix time",
+            m.gossip_keys_loaded.clone(),
+        );
+        // `ferrolb_speaker_gossip_key_reloads_total{result}`.
+        r.register(
+            "ferrolb_speaker_gossip_key_reloads",
+            "Polls of the gossip key files that changed the keys (applied) or kept the last good keys (unreadable, invalid)",
+            m.gossip_key_reloads.clone(),
         );
         r.register(
             "ferrolb_speaker_peers_alive",

@@ -6,6 +6,7 @@ mod bgp;
 mod bgp_status;
 mod gossip;
 mod interfaces;
+mod keys;
 mod metrics;
 mod presence;
 mod status;
@@ -17,7 +18,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::quorum;
@@ -48,14 +48,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "--presence-group {:?}: must be at most 63 lowercase letters, digits, '-' or '.', starting and ending with a letter or digit",
         args.presence_group
     );
-    let key = std::fs::read(&args.gossip_key_file)
-        .with_context(|| format!("reading the gossip key {}", args.gossip_key_file.display()))?;
-    let key: Vec<u8> = trim_key(key);
-    anyhow::ensure!(
-        key.len() >= 16,
-        "the gossip key in {} is shorter than 16 bytes",
-        args.gossip_key_file.display()
-    );
+    // At start a missing or short key is fatal; later changes that break it keep the last good
+    // keys instead (keys.rs).
+    let key_files = keys::KeyFiles {
+        key: args.gossip_key_file.clone(),
+        next: args.gossip_next_key_file.clone(),
+    };
+    let key_ring = key_files.read()?;
     let client = ferrolb_runtime::kube_client(args.kubeconfig.as_deref()).await?;
     let (metrics, registry) = Metrics::new();
     let ready = ferrolb_runtime::Ready::default();
@@ -80,7 +79,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     let gossip = gossip::Gossip::start(
         args.node_name.clone(),
-        key,
+        key_ring,
         args.gossip_port,
         gossip::Timing {
             interval: args.heartbeat_interval,
@@ -91,6 +90,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.clone(),
     )
     .await?;
+    tokio::spawn(keys::keep_reloading(
+        key_files,
+        gossip.clone(),
+        metrics.clone(),
+    ));
     let presence = |c: &kube::Client| {
         presence::Presence::new(c, &args.namespace, &args.presence_group, &args.node_name)
     };
@@ -209,14 +213,6 @@ fn mandate_for(failure_timeout: Duration, heartbeat_interval: Duration) -> Durat
         .max(heartbeat_interval)
 }
 
-/// A key file may end in a newline (`kubectl create secret --from-file` keeps it).
-fn trim_key(mut key: Vec<u8>) -> Vec<u8> {
-    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        key.pop();
-    }
-    key
-}
-
 async fn poll_interfaces(
     links: Arc<std::sync::Mutex<BTreeMap<String, Interface>>>,
     changed: Arc<Notify>,
@@ -306,6 +302,9 @@ impl Speaker {
                 .filter(|n| n.name != self.args.node_name)
                 .filter_map(|n| n.addresses.first().copied()),
         );
+        // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
+        // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
+        gossip.set_nodes(nodes.keys().cloned().collect());
         // The quorum rule: who may own IPs, this node included (docs in ferrolb_layer2::quorum).
         let known = known_speakers(&stores.presence.state());
         let reports = gossip.reports(now);
