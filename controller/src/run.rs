@@ -85,7 +85,7 @@ fn spawn_service_watch(client: &Client, tx: mpsc::UnboundedSender<Work>) {
         Api::<Service>::all(client.clone()),
         watcher::Config::default().page_size(PAGE_SIZE),
     )
-    .default_backoff();
+    .backoff(ferrolb_runtime::watch::WatchBackoff::default());
     tokio::spawn(async move {
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {

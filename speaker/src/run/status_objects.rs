@@ -110,7 +110,7 @@ pub fn spawn<K: StatusKind>(
             writer.api.clone(),
             watcher::Config::default().labels(&format!("{NODE_LABEL}={node}")),
         )
-        .default_backoff();
+        .backoff(ferrolb_runtime::watch::WatchBackoff::default());
         futures::pin_mut!(own);
         let mut lost: BTreeSet<String> = BTreeSet::new();
         loop {
