@@ -940,9 +940,11 @@ async fn control_plane_outages(ctx: Ctx) -> anyhow::Result<()> {
             "web's IPs changed across the {component} outage"
         );
         for ip in ips.iter().chain(&after) {
+            // A new Service is served once kube-controller-manager has caught up too (its
+            // EndpointSlices), which takes the lab's kube-controller-manager up to a minute.
             wait_for(
                 &format!("{ip} served after the {component} outage"),
-                Duration::from_secs(30),
+                Duration::from_secs(120),
                 || async {
                     http(lab, ip)
                         .map(|_| Some(()))
