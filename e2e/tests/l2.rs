@@ -926,12 +926,23 @@ async fn control_plane_outages(ctx: Ctx) -> anyhow::Result<()> {
         )
         .await?;
         let name = format!("after-{component}");
-        create(
-            &api,
-            lb_service(
-                &name,
-                serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-            )?,
+        // Right after it starts, the API server may refuse to create a Service for a few
+        // seconds ("failed to allocate a serviceIP: range is full" until its ClusterIP
+        // allocator has synced): retry as any client would.
+        let svc = lb_service(
+            &name,
+            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
+        )?;
+        wait_for(
+            &format!("the API server to create Service {name}"),
+            Duration::from_secs(60),
+            || async {
+                match api.create(&PostParams::default(), &svc).await {
+                    Ok(_) => Ok(Some(())),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
         )
         .await?;
         let after = ingress_ips(&wait_ips(&api, &name, 1).await?);
