@@ -349,6 +349,40 @@ async fn fresh_services(client: &Client) -> anyhow::Result<(Vec<CachedService>, 
     Ok((services, revision))
 }
 
+impl<W: Writes> Driver<W> {
+    /// Reads every Service afresh for a new `term` and takes what changed in; false when the read
+    /// failed or timed out (the term does not act until a read succeeds). A new term decides on a
+    /// fresh read, not on the watch alone: after an API-server outage or a partition the watch can
+    /// be behind the last leader's writes.
+    async fn read_afresh(&mut self, client: &Client, term: u64) -> bool {
+        match tokio::time::timeout(FRESH_READ_TIMEOUT, fresh_services(client)).await {
+            Ok(Ok((listed, revision))) => {
+                let changed = self.decider.services.refresh(listed, revision);
+                tracing::info!(
+                    term,
+                    changed = changed.len(),
+                    "new term: read every Service afresh"
+                );
+                for key in changed {
+                    self.schedule.handle(Input::ServiceChanged(key));
+                }
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(term, error = %format!("{e:#}"), "new term: cannot read the Services; not acting until it can");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    term,
+                    "new term: reading the Services timed out; not acting until it can"
+                );
+                false
+            }
+        }
+    }
+}
+
 /// How often the idle loop beats its pulse (health: [`Pulse`]).
 pub const PULSE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -450,29 +484,10 @@ pub async fn run(
         if let Some(term) = leadership.term()
             && fresh_for != Some(term)
         {
-            // A new term decides on a fresh read, not on the watch alone: after an API-server
-            // outage or a partition the watch can be behind the last leader's writes.
-            match tokio::time::timeout(FRESH_READ_TIMEOUT, fresh_services(&client)).await {
-                Ok(Ok((listed, revision))) => {
-                    let changed = driver.decider.services.refresh(listed, revision);
-                    tracing::info!(
-                        term,
-                        changed = changed.len(),
-                        "new term: read every Service afresh"
-                    );
-                    for key in changed {
-                        driver.schedule.handle(Input::ServiceChanged(key));
-                    }
-                    fresh_for = Some(term);
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(term, error = %format!("{e:#}"), "new term: cannot read the Services; not acting until it can")
-                }
-                Err(_) => tracing::warn!(
-                    term,
-                    "new term: reading the Services timed out; not acting until it can"
-                ),
+            if driver.read_afresh(&client, term).await {
+                fresh_for = Some(term);
             }
+            // The read may take seconds.
             pulse.beat();
         }
         let term = leadership.term().filter(|t| fresh_for == Some(*t));

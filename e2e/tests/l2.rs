@@ -127,6 +127,22 @@ async fn dual_stack_web(
     Ok((scope, api, ips))
 }
 
+/// [`dual_stack_web`] with pods on every node, and its owner once it answers for every IP.
+async fn owned_web(lab: &Lab, ns: &str) -> anyhow::Result<(TestScope, Vec<String>, String)> {
+    let (scope, _, ips) = dual_stack_web(lab, ns, &NODES).await?;
+    let owner = settled_owner(lab, &scope.namespace, &ips).await?;
+    Ok((scope, ips, owner))
+}
+
+/// A lab node other than `node`.
+fn other_than(node: &str) -> &'static str {
+    NODES
+        .iter()
+        .copied()
+        .find(|n| *n != node)
+        .unwrap_or("node1")
+}
+
 /// The owner of Service `web` once it is the node answering for every IP of `ips` (a test that
 /// follows a fault may start while the IPs are still settling, e.g. a node held back by flap
 /// damping).
@@ -422,11 +438,7 @@ spec:
 /// node answers and the Service stays reachable; afterwards the owner takes its IP back.
 async fn failover(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let (scope, _, ips) = dual_stack_web(lab, "l2-failover", &["node1", "node2", "node3"]).await?;
-    let first = settled_owner(lab, &scope.namespace, &ips).await?;
-    for ip in &ips {
-        ensure!(answering_node(lab, ip).await? == first);
-    }
+    let (_scope, ips, first) = owned_web(lab, "l2-failover").await?;
 
     // The link, cut from the bridge side; the speaker, SIGKILLed without a goodbye; then a
     // clean stop, which hands over before exiting.
@@ -489,17 +501,8 @@ async fn failover(ctx: Ctx) -> anyhow::Result<()> {
 /// the IPs (before the quorum rule it claimed every one of them).
 async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let (scope, _, ips) =
-        dual_stack_web(lab, "l2-heartbeats-blocked", &["node1", "node2", "node3"]).await?;
-    let first = settled_owner(lab, &scope.namespace, &ips).await?;
-    for ip in &ips {
-        ensure!(answering_node(lab, ip).await? == first);
-    }
-    let other = NODES
-        .iter()
-        .copied()
-        .find(|n| *n != first)
-        .unwrap_or("node1");
+    let (_scope, ips, first) = owned_web(lab, "l2-heartbeats-blocked").await?;
+    let other = other_than(&first);
     // The speakers' heartbeat port (their default, as MetalLB's memberlist).
     let port = "7946";
     // (what, node, chains): INPUT drops what the node hears, OUTPUT what it sends.
@@ -671,22 +674,11 @@ fn junk_flood(address: std::net::IpAddr, count: usize, over: Duration) -> anyhow
 /// it; flap damping keeps them from bouncing back and forth); the junk costs nothing.
 async fn heartbeats_lossy_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let (scope, _, ips) =
-        dual_stack_web(lab, "l2-heartbeats-lossy", &["node1", "node2", "node3"]).await?;
-    let first = settled_owner(lab, &scope.namespace, &ips).await?;
-    let other = NODES
-        .iter()
-        .copied()
-        .find(|n| *n != first)
-        .unwrap_or("node1")
-        .to_string();
+    let (_scope, ips, first) = owned_web(lab, "l2-heartbeats-lossy").await?;
+    let other = other_than(&first);
     let faults: [(&str, &str, &str); 3] = [
         ("80 % of the owner's heartbeats lost", first.as_str(), "0.8"),
-        (
-            "80 % of a non-owner's heartbeats lost",
-            other.as_str(),
-            "0.8",
-        ),
+        ("80 % of a non-owner's heartbeats lost", other, "0.8"),
         ("junk datagrams at the heartbeat port of every node", "", ""),
     ];
     for (what, node, loss) in faults {
@@ -779,12 +771,7 @@ async fn heartbeats_lossy_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
 /// and the IPs are given back to it.
 async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let (scope, _, ips) =
-        dual_stack_web(lab, "l2-frozen-owner", &["node1", "node2", "node3"]).await?;
-    let first = settled_owner(lab, &scope.namespace, &ips).await?;
-    for ip in &ips {
-        ensure!(answering_node(lab, ip).await? == first);
-    }
+    let (_scope, ips, first) = owned_web(lab, "l2-frozen-owner").await?;
     ctx.speakers.freeze(&first, true)?;
     let outcome = async {
         tokio::time::sleep(Duration::from_millis(1500)).await;

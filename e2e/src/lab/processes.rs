@@ -54,23 +54,14 @@ impl Lab {
     /// [`Lab::restart`] starts it again: an outage of one component (the API server, etcd) that
     /// a test ends itself.
     pub fn stop_keeping(&self, name: &str) -> anyhow::Result<()> {
-        let state = State::load(&self.dir)?.context("the lab is not up")?;
-        let p = state
-            .processes
-            .iter()
-            .rev()
-            .find(|p| p.name == name)
-            .cloned()
-            .with_context(|| format!("no lab process {name:?}"))?;
-        process::stop(&p, Duration::from_secs(5));
+        process::stop(&self.recorded(name)?, Duration::from_secs(5));
         Ok(())
     }
 
-    /// Starts the recorded process `name` again with the command it was started with (stopping
-    /// it first if it still runs), appending to the same log; returns the new process.
-    pub fn restart(&self, name: &str) -> anyhow::Result<LabProcess> {
+    /// The latest recorded process named `name`.
+    fn recorded(&self, name: &str) -> anyhow::Result<LabProcess> {
         let state = State::load(&self.dir)?.context("the lab is not up")?;
-        let old = state
+        state
             .processes
             .iter()
             .rev()
@@ -79,7 +70,13 @@ impl Lab {
             .with_context(|| {
                 let names: Vec<&str> = state.processes.iter().map(|p| p.name.as_str()).collect();
                 format!("no lab process {name:?}; the lab has: {}", names.join(", "))
-            })?;
+            })
+    }
+
+    /// Starts the recorded process `name` again with the command it was started with (stopping
+    /// it first if it still runs), appending to the same log; returns the new process.
+    pub fn restart(&self, name: &str) -> anyhow::Result<LabProcess> {
+        let old = self.recorded(name)?;
         let spec = old.command.clone().with_context(|| {
             format!("{name} was recorded without its command line: start it the way it was started")
         })?;

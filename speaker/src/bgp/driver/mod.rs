@@ -571,14 +571,21 @@ mod tests {
         d.shutdown(Duration::from_secs(1)).await;
     }
 
-    /// Connects to `to` from `from` and reads what the other side sends first (at most 2 s).
-    async fn connect_from(from: &str, to: SocketAddr) -> Vec<u8> {
+    /// Connects to `to` from `from` (signed with the TCP MD5 `key`, if any) and reads what the
+    /// other side sends first (at most 2 s each for connecting and reading).
+    async fn connect(from: &str, to: SocketAddr, key: Option<&str>) -> Vec<u8> {
         use tokio::io::AsyncReadExt as _;
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket
             .bind(SocketAddr::new(from.parse().unwrap(), 0))
             .unwrap();
-        let mut stream = socket.connect(to).await.unwrap();
+        if let Some(key) = key {
+            socket::set_md5(&socket, to.ip(), key).unwrap();
+        }
+        let mut stream = tokio::time::timeout(Duration::from_secs(2), socket.connect(to))
+            .await
+            .expect("the connection was not accepted")
+            .unwrap();
         let mut buf = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
             .await
@@ -586,6 +593,11 @@ mod tests {
             .unwrap_or(0);
         buf.truncate(n);
         buf
+    }
+
+    /// Connects unsigned (see [`connect`]).
+    async fn connect_from(from: &str, to: SocketAddr) -> Vec<u8> {
+        connect(from, to, None).await
     }
 
     /// A connection from the peer's address gets our OPEN; one from any other address is
@@ -623,25 +635,9 @@ mod tests {
         d.shutdown(Duration::from_secs(1)).await;
     }
 
-    /// Like `connect_from`, but signs the connection with the TCP MD5 `key`.
+    /// Connects signed with the TCP MD5 `key` (see [`connect`]).
     async fn connect_signed(from: &str, to: SocketAddr, key: &str) -> Vec<u8> {
-        use tokio::io::AsyncReadExt as _;
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind(SocketAddr::new(from.parse().unwrap(), 0))
-            .unwrap();
-        socket::set_md5(&socket, to.ip(), key).unwrap();
-        let mut stream = tokio::time::timeout(Duration::from_secs(2), socket.connect(to))
-            .await
-            .expect("the signed connection was not accepted")
-            .unwrap();
-        let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
-            .await
-            .expect("neither data nor close")
-            .unwrap_or(0);
-        buf.truncate(n);
-        buf
+        connect(from, to, Some(key)).await
     }
 
     /// Issue #14 item 5: a peer whose MD5 key cannot be installed (81 bytes: Linux takes 80)
