@@ -479,17 +479,7 @@ async fn failover(ctx: Ctx) -> anyhow::Result<()> {
         .await;
         fault(what, false)?;
         outcome?;
-        for ip in &ips {
-            wait_for(
-                &format!("{first} to take {ip} back after {what}"),
-                Duration::from_secs(30),
-                || async {
-                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
-                    if n == first { Ok(Some(())) } else { Err(n) }
-                },
-            )
-            .await?;
-        }
+        answered_again_by(lab, &ips, &first, what).await?;
     }
     Ok(())
 }
