@@ -5,6 +5,7 @@
 
 mod check_config;
 mod core;
+mod gossip_secret;
 mod leader;
 mod run;
 mod schedule;
@@ -95,6 +96,14 @@ struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
     listen: SocketAddr,
+    /// TLS for /metrics, /healthz and /readyz (off unless both files are given).
+    #[command(flatten)]
+    pub metrics_tls: ferrolb_runtime::tls::TlsArgs,
+    /// Create the speakers' gossip key Secret of this name in --namespace if it does not exist
+    /// (a random 256-bit key; an existing Secret is never changed). For charts rendered by
+    /// GitOps tools, where a key in the template would change on every render.
+    #[arg(long, env = "FERROLB_GOSSIP_SECRET_NAME")]
+    gossip_secret_name: Option<String>,
     /// A work loop that makes no progress for this long is stuck: /healthz fails and the
     /// replica gives up the Lease (Go duration).
     #[arg(long, env = "FERROLB_STALL_TIMEOUT", default_value = "30s", value_parser = duration)]
@@ -133,7 +142,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ready.clone(),
         "caches not synced",
         pulse.clone(),
+        args.metrics_tls.files()?,
     ));
+    if let Some(name) = args.gossip_secret_name.clone() {
+        tokio::spawn(gossip_secret::ensure(
+            client.clone(),
+            args.namespace.clone(),
+            name,
+        ));
+    }
     let (leadership, lease_task) = if args.leader_elect {
         let timing = leader::Timing {
             lease_duration: args.lease_duration,

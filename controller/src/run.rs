@@ -45,7 +45,8 @@ pub struct Settings {
     pub lb_class: Option<String>,
     /// This replica's identity (events, lease).
     pub identity: String,
-    /// Failpoints a test may arm (`controller-loop`: stall the work loop).
+    /// Failpoints a test may arm (`controller-loop`: stall the work loop;
+    /// `controller-loop-panic`: panic in it).
     pub failpoints: ferrolb_runtime::failpoint::Failpoints,
 }
 
@@ -449,6 +450,7 @@ pub async fn run(
     let failpoints = settings.failpoints.clone();
     loop {
         failpoints.hold("controller-loop").await;
+        failpoints.panic_if_armed("controller-loop-panic");
         let retry_wait = driver.schedule.retry_wait(Instant::now());
         let retry_wait = async {
             match retry_wait {

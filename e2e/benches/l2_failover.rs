@@ -7,13 +7,19 @@
 //! * `FERROLB_BENCH_TRIALS` (default 20): trials per fault.
 //! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).
 //! * `FERROLB_BENCH_FAULTS`: a comma-separated subset of the faults (default all): `link`,
-//!   `kill`, `hb-nonowner`, `hb-owner`, `hb-owner-in`, `hb-owner-out`.
+//!   `kill`, `hb-nonowner`, `hb-owner`, `hb-owner-in`, `hb-owner-out`, `hb-owner-loss`,
+//!   `freeze`, `hb-owner-delay`, `roll`.
 //!
-//! The `hb-*` faults are partial: UDP 7946 (the heartbeats) dropped with iptables in one node's
+//! The other faults are partial: UDP 7946 (the heartbeats) dropped with iptables in one node's
 //! namespace, both ways on a node that does not own the IP, both ways on the owner, inbound only
-//! on the owner, outbound only on the owner. For them the bench also counts the MACs answering
-//! ARP/NDP for each IP from the client 1.5 s after the fault (after detection), and the time
-//! from removing the fault until the client's answer comes from the owner again.
+//! on the owner, outbound only on the owner, 80 % of the owner's outgoing at random, the owner's
+//! outgoing delayed 600 ms (a relay, the lab has no netem); or the owner's speaker frozen
+//! (SIGSTOP) for 2 s and resumed. For them the bench also sends ARP/NDP requests for each IP one
+//! at a time throughout the fault and counts the MACs answering each (two would be two owners at
+//! once) and the IP moves, and the time from removing the fault until the client's answer comes
+//! from the owner again. `roll` restarts the three speakers one at a time per trial, paced by
+//! `/readyz` as a DaemonSet update is, and counts the long-lived TCP connections (one per IP)
+//! that broke and the IP moves.
 //!
 //! Each trial: the client sends a UDP datagram to the Service's IPv4 and IPv6 address every 10 ms
 //! (`ferrolb-lab probe`) for 4 s; at 1 s the owner's link is cut from the bridge side (or its
@@ -24,18 +30,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::faults::{HeartbeatDelay, HeartbeatFault};
 use ferrolb_e2e::ferrolb;
-use ferrolb_e2e::probe::Report;
+use ferrolb_e2e::probe::{Held, Report};
 use ferrolb_e2e::process;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::{Lab, Options};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
+use nix::sys::signal::Signal;
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 
@@ -62,18 +70,19 @@ async fn answering(lab: &Lab, ip: &str) -> anyhow::Result<String> {
 }
 
 fn start_probe(lab: &Lab, ip: &str) -> anyhow::Result<std::process::Child> {
-    Ok(Command::new("ip")
-        .args(["netns", "exec", "flb-client"])
-        .arg(&lab.lab_exe)
-        .args([
-            "probe",
-            "--ip",
-            ip,
-            "--interval-ms",
-            "10",
-            "--duration-ms",
-            "4000",
-        ])
+    Ok(lab
+        .lab_command(
+            "client",
+            &[
+                "probe",
+                "--ip",
+                ip,
+                "--interval-ms",
+                "10",
+                "--duration-ms",
+                "4000",
+            ],
+        )?
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?)
@@ -82,6 +91,29 @@ fn start_probe(lab: &Lab, ip: &str) -> anyhow::Result<std::process::Child> {
 fn finish_probe(child: std::process::Child) -> anyhow::Result<Report> {
     let out = child.wait_with_output()?;
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Waits until `owner` answers for every IP of `ips`.
+async fn answered_by(
+    lab: &Lab,
+    ips: &[String],
+    owner: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    for ip in ips {
+        wait_for(&format!("{owner} to answer for {ip}"), within, || async {
+            let n = answering(lab, ip).await.map_err(|e| e.to_string())?;
+            if n == owner { Ok(Some(())) } else { Err(n) }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Sends `signal` to a lab speaker's PID (SIGSTOP freezes it, SIGCONT resumes it).
+fn signal(pid: i32, signal: Signal) -> anyhow::Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)?;
+    Ok(())
 }
 
 fn summary(label: &str, mut gaps: Vec<f64>) {
@@ -174,7 +206,8 @@ async fn run(
         &lb_service(
             "probe",
             serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "seed"},
-                "ports": [{"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"}]}}),
+                "ports": [{"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"},
+                    {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
         )?,
     )
     .await?;
@@ -192,27 +225,15 @@ async fn run(
     println!("Service probe: {ips:?}, owner {owner}, pods on {others:?}");
     let owner: &'static str = NODES.iter().copied().find(|n| *n == owner).unwrap();
     let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut macs_after: BTreeMap<&str, usize> = BTreeMap::new();
+    // Partial faults: the most MACs answering one ARP/NDP request, how many requests, IP moves.
+    let mut macs_per_request: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+    let node_of: BTreeMap<String, String> = NODES
+        .iter()
+        .map(|n| Ok((lab.mac_of(n)?.to_lowercase(), n.to_string())))
+        .collect::<anyhow::Result<_>>()?;
     let mut heal_ms: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let wanted = std::env::var("FERROLB_BENCH_FAULTS").unwrap_or_default();
     let wanted: Vec<&str> = wanted.split(',').filter(|w| !w.is_empty()).collect();
-    // For a partial fault: the node the heartbeat rule goes on, and its chains.
-    let partial = |key: &str| -> Option<(&'static str, &'static [&'static str])> {
-        match key {
-            "hb-nonowner" => Some((others[0], &["INPUT", "OUTPUT"])),
-            "hb-owner" => Some((owner, &["INPUT", "OUTPUT"])),
-            "hb-owner-in" => Some((owner, &["INPUT"])),
-            "hb-owner-out" => Some((owner, &["OUTPUT"])),
-            _ => None,
-        }
-    };
-    let heartbeat_rule = |node: &str, op: &str, chain: &str| {
-        lab.exec(
-            node,
-            "iptables",
-            &[op, chain, "-p", "udp", "--dport", "7946", "-j", "DROP"],
-        )
-    };
     for (fault, key) in [
         ("link cut", "link"),
         ("speaker SIGKILL", "kill"),
@@ -220,22 +241,15 @@ async fn run(
         ("hb blocked, owner", "hb-owner"),
         ("hb owner inbound lost", "hb-owner-in"),
         ("hb owner outbound lost", "hb-owner-out"),
+        ("hb owner 80 % lost", "hb-owner-loss"),
+        ("owner speaker frozen 2 s", "freeze"),
+        ("hb owner delayed 600 ms", "hb-owner-delay"),
     ] {
         if !wanted.is_empty() && !wanted.contains(&key) {
             continue;
         }
         for trial in 0..trials {
-            for ip in &ips {
-                wait_for(
-                    &format!("{owner} to own {ip}"),
-                    Duration::from_secs(30),
-                    || async {
-                        let n = answering(lab, ip).await.map_err(|e| e.to_string())?;
-                        if n == owner { Ok(Some(())) } else { Err(n) }
-                    },
-                )
-                .await?;
-            }
+            answered_by(lab, &ips, owner, Duration::from_secs(30)).await?;
             // Let the owner's takeover burst end, so each trial starts from the same state.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let probes: Vec<_> = ips
@@ -243,68 +257,110 @@ async fn run(
                 .map(|ip| start_probe(lab, ip))
                 .collect::<anyhow::Result<_>>()?;
             tokio::time::sleep(Duration::from_secs(1)).await;
-            match (key, partial(key)) {
-                ("link", _) => lab.set_link(owner, false)?,
-                ("kill", _) => {
+            let injected = std::time::Instant::now();
+            let mut frozen = None;
+            let mut delayed = None;
+            // Undone when dropped, also on an error.
+            let heartbeats = match key {
+                "link" => {
+                    lab.set_link(owner, false)?;
+                    None
+                }
+                "kill" => {
                     if let Some(p) = speakers.remove(owner) {
                         process::kill_now(&p);
                     }
+                    None
                 }
-                (_, Some((node, chains))) => {
-                    for chain in chains {
-                        heartbeat_rule(node, "-I", chain)?;
+                "hb-nonowner" => Some(HeartbeatFault::block(lab, others[0], &["INPUT", "OUTPUT"])?),
+                "hb-owner" => Some(HeartbeatFault::block(lab, owner, &["INPUT", "OUTPUT"])?),
+                "hb-owner-in" => Some(HeartbeatFault::block(lab, owner, &["INPUT"])?),
+                "hb-owner-out" => Some(HeartbeatFault::block(lab, owner, &["OUTPUT"])?),
+                "hb-owner-loss" => Some(HeartbeatFault::loss(lab, owner, "0.8")?),
+                "hb-owner-delay" => {
+                    delayed = Some(HeartbeatDelay::start(
+                        lab,
+                        owner,
+                        &others
+                            .iter()
+                            .map(|n| lab.ipv4_of(n))
+                            .collect::<anyhow::Result<Vec<_>>>()?,
+                        Duration::from_millis(600),
+                    )?);
+                    None
+                }
+                "freeze" => {
+                    let pid = speakers.get(owner).map(|p| p.pid);
+                    if let Some(pid) = pid {
+                        signal(pid, Signal::SIGSTOP)?;
                     }
-                    tokio::time::sleep(Duration::from_millis(1500)).await;
-                    for ip in &ips {
-                        let n = lab.l2_answers("client", ip)?.len();
-                        let most = macs_after.entry(fault).or_default();
-                        *most = (*most).max(n);
+                    frozen = pid;
+                    None
+                }
+                _ => None,
+            };
+            // Partial faults: every ARP/NDP request on its own until the probes end (2.8 s
+            // after the fault, the frozen speaker resumed at 2 s): two MACs for one request is
+            // two nodes answering at once.
+            if heartbeats.is_some() || frozen.is_some() || delayed.is_some() {
+                let entry = macs_per_request.entry(fault).or_default();
+                let mut last = owner.to_string();
+                while injected.elapsed() < Duration::from_millis(2800) {
+                    if let Some(pid) = frozen
+                        && injected.elapsed() >= Duration::from_secs(2)
+                    {
+                        signal(pid, Signal::SIGCONT)?;
+                        frozen = None;
+                    }
+                    for (i, ip) in ips.iter().enumerate() {
+                        for macs in lab.l2_answers_by_request("client", ip)? {
+                            entry.0 = entry.0.max(macs.len());
+                            entry.1 += 1;
+                            // IP moves: changes of the node answering the first IP.
+                            if i == 0
+                                && let Some(by) = macs.iter().next().and_then(|m| node_of.get(m))
+                                && *by != last
+                            {
+                                entry.2 += 1;
+                                last = by.clone();
+                            }
+                        }
                     }
                 }
-                _ => {}
+                if let Some(pid) = frozen {
+                    signal(pid, Signal::SIGCONT)?;
+                }
             }
             let reports: Vec<Report> = probes
                 .into_iter()
                 .map(finish_probe)
                 .collect::<anyhow::Result<_>>()?;
-            match (key, partial(key)) {
-                ("link", _) => lab.set_link(owner, true)?,
-                ("kill", _) => {
+            match key {
+                "link" => lab.set_link(owner, true)?,
+                "kill" => {
                     speakers.insert(
                         owner,
                         ferrolb::start_speaker(lab, credentials, owner, extra)?,
                     );
                 }
-                (_, Some((node, chains))) => {
-                    for chain in chains {
-                        heartbeat_rule(node, "-D", chain)?;
-                    }
+                _ => {
+                    drop(heartbeats);
+                    drop(delayed);
                     // Healing: until the client's answer for every IP comes from the owner.
                     // Trials in a row flap the owner, and flap damping holds it back for up to
                     // 30 s (docs/decisions/0015): the wait allows for that.
                     let healed = std::time::Instant::now();
-                    for ip in &ips {
-                        wait_for(
-                            &format!("{owner} to answer for {ip} after {fault}"),
-                            Duration::from_secs(90),
-                            || async {
-                                let n = answering(lab, ip).await.map_err(|e| e.to_string())?;
-                                if n == owner { Ok(Some(())) } else { Err(n) }
-                            },
-                        )
-                        .await?;
-                    }
+                    answered_by(lab, &ips, owner, Duration::from_secs(90)).await?;
                     heal_ms
                         .entry(fault)
                         .or_default()
                         .push(healed.elapsed().as_secs_f64() * 1000.0);
                 }
-                _ => {}
             }
             for (ip, r) in ips.iter().zip(&reports) {
                 let family = if ip.contains(':') { "IPv6" } else { "IPv4" };
                 println!(
-                    "{fault:16} trial {trial:2} {family}: outage {:6.0} ms (from {:5.0} ms), {} of {} answered, by {:?}",
+                    "{fault:24} trial {trial:2} {family}: outage {:6.0} ms (from {:5.0} ms), {} of {} answered, by {:?}",
                     r.max_gap_ms, r.gap_start_ms, r.received, r.sent, r.answers
                 );
                 gaps.entry(format!("{fault}, {family}"))
@@ -318,13 +374,13 @@ async fn run(
     for (label, g) in gaps {
         summary(&label, g);
     }
-    if !macs_after.is_empty() {
+    if !macs_per_request.is_empty() {
         println!();
         println!(
-            "partial faults: most MACs answering one IP 1.5 s after the fault, over all trials:"
+            "partial faults: most MACs answering one ARP/NDP request during the fault, over all trials:"
         );
-        for (fault, most) in &macs_after {
-            println!("{fault:32} {most}");
+        for (fault, (most, requests, moves)) in &macs_per_request {
+            println!("{fault:32} {most} ({requests} requests); IP moves {moves}");
         }
         println!();
         println!("partial faults: from removing the fault to the owner answering every IP again:");
@@ -332,5 +388,105 @@ async fn run(
             summary(fault, h);
         }
     }
+    // Last, with everything above already printed: it leaves the speakers restarted with
+    // `--restart-hold-when=always`.
+    if wanted.is_empty() || wanted.contains(&"roll") {
+        roll(
+            lab,
+            credentials,
+            extra,
+            speakers,
+            &ips,
+            owner,
+            &node_of,
+            trials,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A rolling restart of the three speakers per trial, as a DaemonSet update does it: stop, start
+/// the successor, wait for its `/readyz`, next node. Counts the long-lived connections (one per
+/// IP, `ferrolb-lab hold`) that broke and the IP moves. The speakers run with
+/// `--restart-hold-when=always` (they are processes, not pods); `FERROLB_BENCH_SPEAKER_ARGS=
+/// --restart-hold=0s` gives the figures without the restart hold.
+#[allow(clippy::too_many_arguments)]
+async fn roll(
+    lab: &Lab,
+    credentials: &ferrolb::SpeakerCredentials,
+    extra: &[&str],
+    speakers: &mut BTreeMap<&'static str, process::LabProcess>,
+    ips: &[String],
+    owner: &str,
+    node_of: &BTreeMap<String, String>,
+    trials: usize,
+) -> anyhow::Result<()> {
+    let mut args: Vec<&str> = extra.to_vec();
+    args.push("--restart-hold-when=always");
+    // Speakers that say they are being replaced when stopped (these restarts move IPs: the
+    // running speakers do not know yet), then the owner back.
+    for node in NODES {
+        if let Some(p) = speakers.remove(node) {
+            process::stop(&p, Duration::from_secs(5));
+        }
+        speakers.insert(node, ferrolb::start_speaker(lab, credentials, node, &args)?);
+        ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(60)).await?;
+    }
+    let (mut broken, mut held, mut moves, mut most, mut rolls) =
+        (0usize, 0usize, 0usize, 0usize, Vec::new());
+    for trial in 0..trials {
+        answered_by(lab, ips, owner, Duration::from_secs(90)).await?;
+        let connections: Vec<Held> = ips
+            .iter()
+            .map(|ip| Held::start(lab, "client", ip))
+            .collect::<anyhow::Result<_>>()?;
+        let started = std::time::Instant::now();
+        let mut last = owner.to_string();
+        for node in NODES {
+            if let Some(p) = speakers.remove(node) {
+                process::stop(&p, Duration::from_secs(5));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            speakers.insert(node, ferrolb::start_speaker(lab, credentials, node, &args)?);
+            // Until the successor is ready, sample who answers, request by request.
+            loop {
+                for macs in lab.l2_answers_by_request("client", &ips[0])? {
+                    most = most.max(macs.len());
+                    if let Some(by) = macs.iter().next().and_then(|m| node_of.get(m))
+                        && *by != last
+                    {
+                        moves += 1;
+                        last = by.clone();
+                    }
+                }
+                if matches!(ferrolb::speaker_readyz(lab, node), Ok((200, _))) {
+                    break;
+                }
+                anyhow::ensure!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "{node}'s successor not ready in roll {trial}"
+                );
+            }
+        }
+        rolls.push(started.elapsed().as_secs_f64() * 1000.0);
+        for (ip, c) in ips.iter().zip(connections) {
+            let report = c.finish()?;
+            held += 1;
+            if report.broken.is_some() {
+                broken += 1;
+            }
+            println!(
+                "rolling restart trial {trial:2} {ip}: {} of {} lines answered, longest gap {:.0} ms, broken: {:?}",
+                report.received, report.sent, report.max_gap_ms, report.broken
+            );
+        }
+    }
+    println!();
+    println!("rolling restarts ({trials} trials, speakers {args:?}):");
+    println!(
+        "long-lived connections broken: {broken} of {held}; IP moves {moves}; most MACs answering one request {most}"
+    );
+    summary("roll duration", rolls);
     Ok(())
 }

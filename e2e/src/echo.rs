@@ -1,5 +1,6 @@
 //! The lab pods' workload: an HTTP server on TCP 8080 and a UDP echo on 8081 that answer with the
-//! pod's name (and, for HTTP, the client address the pod saw).
+//! pod's name (and, for HTTP, the client address the pod saw); `GET /stream` keeps its connection
+//! and answers each line sent on it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
@@ -10,6 +11,9 @@ use anyhow::Context;
 pub const HTTP_PORT: u16 = 8080;
 /// UDP port of the echo server.
 pub const UDP_PORT: u16 = 8081;
+/// The HTTP path that keeps its connection open and answers every line with the pod's name:
+/// a long-lived connection, as a database client's, for tests that must not break one.
+pub const STREAM_PATH: &str = "/stream";
 
 /// Serves until killed. Both listeners bind `[::]`, which also accepts IPv4.
 pub fn serve(name: &str) -> anyhow::Result<()> {
@@ -37,9 +41,30 @@ pub fn serve(name: &str) -> anyhow::Result<()> {
                 Ok(s) => s,
                 Err(_) => return,
             });
+            let mut first = String::new();
+            if reader.read_line(&mut first).is_err() {
+                return;
+            }
             let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                line.clear();
+            if first.len() > 2 {
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+            }
+            if first.starts_with(&format!("GET {STREAM_PATH} ")) {
+                // A long-lived connection: one answer line per line received, until closed.
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+                );
+                let mut ping = String::new();
+                while reader.read_line(&mut ping).is_ok_and(|n| n > 0) {
+                    if writeln!(stream, "{name}").is_err() {
+                        break;
+                    }
+                    ping.clear();
+                }
+                return;
             }
             let body = format!("{name} {peer}\n");
             let _ = write!(

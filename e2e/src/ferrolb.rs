@@ -97,6 +97,10 @@ pub fn controller_failpoints(lab: &Lab, identity: &str) -> PathBuf {
 }
 
 /// Starts a controller replica in the control-plane host, with fast lease timings.
+/// The gossip key Secret the lab's controllers create (`--gossip-secret-name`).
+pub const CONTROLLER_MADE_GOSSIP_SECRET: &str = "ferrolb-controller-made-gossip-key";
+
+/// Starts a controller replica.
 pub fn start_controller(
     lab: &Lab,
     kubeconfig: &Path,
@@ -125,6 +129,10 @@ pub fn start_controller(
         "5s",
         "--failpoints",
         &controller_failpoints(lab, identity).display().to_string(),
+        // The Secret a chart with `speaker.secretCreatedBy: controller` leaves to the
+        // controller; named apart from the key the lab's speakers use.
+        "--gossip-secret-name",
+        CONTROLLER_MADE_GOSSIP_SECRET,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -199,6 +207,43 @@ pub fn install_speaker(lab: &Lab) -> anyhow::Result<SpeakerCredentials> {
         kubeconfig,
         gossip_key,
     })
+}
+
+/// A lab speaker's `/readyz` (it listens on port 7472 of its node), asked in its node: the HTTP
+/// status and the body.
+pub fn speaker_readyz(lab: &Lab, node: &str) -> anyhow::Result<(u16, String)> {
+    let out = lab.exec(
+        node,
+        "curl",
+        &[
+            "-sS",
+            "--max-time",
+            "3",
+            "-w",
+            "\n%{http_code}",
+            "http://127.0.0.1:7472/readyz",
+        ],
+    )?;
+    let (body, code) = out
+        .trim_end()
+        .rsplit_once('\n')
+        .with_context(|| format!("{node}: /readyz answered {out:?}"))?;
+    Ok((code.trim().parse()?, body.trim().to_string()))
+}
+
+/// Waits until the speaker of `node` says it is ready, as a DaemonSet update waits for a new pod.
+pub async fn wait_speaker_ready(lab: &Lab, node: &str, within: Duration) -> anyhow::Result<()> {
+    crate::cluster::wait_for(
+        &format!("{node}'s speaker to be ready (/readyz)"),
+        within,
+        || async {
+            match speaker_readyz(lab, node) {
+                Ok((200, _)) => Ok(Some(())),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
 }
 
 /// Starts the speaker of lab node `node` in its network namespace (its host network), with
@@ -291,8 +336,32 @@ impl Speakers {
     /// `FERROLB_LAB_SPEAKER_ARGS` (space-separated; for measuring a setting against the default,
     /// e.g. `--flap-damping=false`).
     pub fn start(&self, node: &str) -> anyhow::Result<()> {
+        self.start_with(node, &[])
+    }
+
+    /// [`Self::start`] with its own key files: `key` to sign with, `next` (`--gossip-next-key-file`,
+    /// read while it exists) for a rotation.
+    pub fn start_with_keys(&self, node: &str, key: &Path, next: &Path) -> anyhow::Result<()> {
+        let credentials = SpeakerCredentials {
+            gossip_key: key.to_path_buf(),
+            ..self.credentials.clone()
+        };
+        let next = next.display().to_string();
+        let p = start_speaker(
+            &self.lab,
+            &credentials,
+            node,
+            &["--gossip-next-key-file", &next],
+        )?;
+        self.running().insert(node.to_string(), p);
+        Ok(())
+    }
+
+    /// [`Self::start`] with more arguments for this speaker.
+    pub fn start_with(&self, node: &str, more: &[&str]) -> anyhow::Result<()> {
         let extra = std::env::var("FERROLB_LAB_SPEAKER_ARGS").unwrap_or_default();
-        let extra: Vec<&str> = extra.split_whitespace().collect();
+        let mut extra: Vec<&str> = extra.split_whitespace().collect();
+        extra.extend_from_slice(more);
         let p = start_speaker(&self.lab, &self.credentials, node, &extra)?;
         self.running().insert(node.to_string(), p);
         Ok(())
@@ -336,6 +405,11 @@ impl Speakers {
             .iter()
             .map(|(node, p)| (node.clone(), p.pid))
             .collect()
+    }
+
+    /// The running speaker of `node` (its PID and log).
+    pub fn process(&self, node: &str) -> Option<LabProcess> {
+        self.running().get(node).cloned()
     }
 
     /// Whether the suite has a speaker running on `node`.

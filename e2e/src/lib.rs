@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod cmd;
 pub mod demo;
 pub mod echo;
+pub mod faults;
 pub mod ferrolb;
 pub mod lab;
 pub mod logs;

@@ -218,7 +218,7 @@ fn schema_rejects_typos_and_unsupported_settings() -> anyhow::Result<()> {
         ("speaker.frr.enabled=true", "no FRR mode"),
         ("frrk8s.enabled=true", "no frr-k8s backend"),
         ("controller.webhookMode=onlywebhook", "no webhook"),
-        ("tls.minVersion=VersionTLS13", "plain HTTP"),
+        ("tls.minVersion=VersionTLS13", "TLS 1.2 and 1.3"),
         ("speaker.memberlist.enabled=false", "cannot be turned off"),
         (
             "speaker.ignoreExcludeLB=true",
@@ -452,6 +452,16 @@ fn speaker_has_host_network_and_only_net_raw() -> anyhow::Result<()> {
             .to_string()
             .contains("node-role.kubernetes.io/control-plane")
     );
+    // A roll takes one speaker at a time, each paced by its `/readyz` (ready once back in the
+    // layer 2 quorum); the monitor Service keeps a speaker that is not ready scraped.
+    ensure!(
+        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1,
+        "updateStrategy {}",
+        ds["spec"]["updateStrategy"]
+    );
+    ensure!(c["readinessProbe"]["httpGet"]["path"] == "/readyz");
+    let monitor = find(&docs, "Service", "ferrolb-speaker-monitor")?;
+    ensure!(monitor["spec"]["publishNotReadyAddresses"] == true);
     // NET_ADMIN only for BGP passwords, NET_BIND_SERVICE only for a BGP listener; the other ci
     // files change env as documented.
     let docs = render("ferrolb", "metallb-system", &["-f", &ci("bgp-values.yaml")])?;
@@ -595,6 +605,145 @@ fn metallb_values_and_load_balancer_class() -> anyhow::Result<()> {
 }
 
 /// Metric names the alerts use, against the names the controller exports.
+/// `speaker.secretCreatedBy: controller`: the chart renders no gossip Secret (a GitOps render
+/// would change its key on every sync), the controller is told to create it, the speakers mount
+/// it by the same name, and the controller may create Secrets but not read them.
+fn gossip_secret_created_by_the_controller() -> anyhow::Result<()> {
+    let docs = render(
+        "ferrolb",
+        "metallb-system",
+        &["--set", "speaker.secretCreatedBy=controller"],
+    )?;
+    ensure!(
+        !docs.iter().any(|d| kind_of(d) == "Secret"),
+        "a Secret was rendered: {:?}",
+        kinds(&docs)
+    );
+    let controller = container(
+        find(&docs, "Deployment", "ferrolb-controller")?,
+        "controller",
+    )?;
+    let name = env_of(controller)
+        .get("FERROLB_GOSSIP_SECRET_NAME")
+        .cloned()
+        .context("the controller is not told to create the gossip Secret")?;
+    let ds = find(&docs, "DaemonSet", "ferrolb-speaker")?;
+    let volumes = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .context("volumes")?;
+    ensure!(
+        volumes
+            .iter()
+            .any(|v| v["secret"]["secretName"] == name.as_str()),
+        "the speakers do not mount {name}"
+    );
+    let role = find(&docs, "Role", "ferrolb-controller")?;
+    let secret_verbs: Vec<String> = role["rules"]
+        .as_array()
+        .context("rules")?
+        .iter()
+        .filter(|r| strings(&r["resources"]).iter().any(|x| x == "secrets"))
+        .flat_map(|r| strings(&r["verbs"]))
+        .collect();
+    ensure!(
+        secret_verbs == ["create"],
+        "controller's Secret verbs {secret_verbs:?}"
+    );
+    // The default: the chart renders it, and the controller is not asked.
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    find(&docs, "Secret", "ferrolb-memberlist")?;
+    let controller = container(
+        find(&docs, "Deployment", "ferrolb-controller")?,
+        "controller",
+    )?;
+    ensure!(!env_of(controller).contains_key("FERROLB_GOSSIP_SECRET_NAME"));
+    Ok(())
+}
+
+/// A metrics TLS Secret per component (MetalLB's value names, 0.15 and 0.16 layouts): the
+/// component gets the Secret mounted and the two file options pointing into it, its probes and
+/// monitors switch to HTTPS with the user's tlsConfig; without it nothing changes; TLS tuning
+/// values ferrolb does not take are refused by name.
+fn metrics_tls_secrets_switch_components_to_https() -> anyhow::Result<()> {
+    let docs = render(
+        "ferrolb",
+        "metallb-system",
+        &[
+            "--set",
+            "prometheus.speakerMetricsTLSSecret=speaker-metrics-tls",
+            "--set",
+            "tls.controllerMetricsTLSSecret=controller-metrics-tls",
+            "--set",
+            "prometheus.podMonitor.enabled=true",
+            "--set",
+            "prometheus.serviceMonitor.enabled=true",
+            "--set",
+            "prometheus.serviceMonitor.speaker.tlsConfig.insecureSkipVerify=true",
+        ],
+    )?;
+    for (kind, name, container_name, secret) in [
+        (
+            "DaemonSet",
+            "ferrolb-speaker",
+            "speaker",
+            "speaker-metrics-tls",
+        ),
+        (
+            "Deployment",
+            "ferrolb-controller",
+            "controller",
+            "controller-metrics-tls",
+        ),
+    ] {
+        let workload = find(&docs, kind, name)?;
+        let c = container(workload, container_name)?;
+        let env = env_of(c);
+        let volumes = workload["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .context("volumes")?;
+        let volume = volumes
+            .iter()
+            .find(|v| v["secret"]["secretName"] == secret)
+            .with_context(|| format!("{name}: no volume of Secret {secret}"))?;
+        let mount = c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["name"] == volume["name"])
+            .with_context(|| format!("{name}: the TLS Secret is not mounted"))?;
+        let dir = mount["mountPath"].as_str().context("mountPath")?;
+        ensure!(mount["readOnly"] == true, "{name}: writable TLS mount");
+        ensure!(
+            env.get("FERROLB_METRICS_TLS_CERT") == Some(&format!("{dir}/tls.crt"))
+                && env.get("FERROLB_METRICS_TLS_KEY") == Some(&format!("{dir}/tls.key")),
+            "{name}: TLS files {:?} {:?} outside {dir}",
+            env.get("FERROLB_METRICS_TLS_CERT"),
+            env.get("FERROLB_METRICS_TLS_KEY")
+        );
+        for probe in ["livenessProbe", "readinessProbe"] {
+            ensure!(
+                c[probe]["httpGet"]["scheme"] == "HTTPS",
+                "{name}: {probe} {}",
+                c[probe]
+            );
+        }
+        let monitor = find(&docs, "PodMonitor", name)?;
+        ensure!(monitor["spec"]["podMetricsEndpoints"][0]["scheme"] == "https");
+        let monitor = find(&docs, "ServiceMonitor", name)?;
+        ensure!(monitor["spec"]["endpoints"][0]["scheme"] == "https");
+    }
+    let speaker_monitor = find(&docs, "ServiceMonitor", "ferrolb-speaker")?;
+    ensure!(speaker_monitor["spec"]["endpoints"][0]["tlsConfig"]["insecureSkipVerify"] == true);
+    // Without a Secret: plain HTTP, no TLS options.
+    let plain = render("ferrolb", "metallb-system", &[])?;
+    let c = container(find(&plain, "DaemonSet", "ferrolb-speaker")?, "speaker")?;
+    ensure!(!env_of(c).contains_key("FERROLB_METRICS_TLS_CERT"));
+    ensure!(c["livenessProbe"]["httpGet"]["scheme"].is_null());
+    let refused = render_error(&["--set", "tls.minVersion=VersionTLS13"])?;
+    ensure!(refused.contains("tls.minVersion"), "{refused}");
+    Ok(())
+}
+
 fn monitoring_objects_and_alert_metrics() -> anyhow::Result<()> {
     let docs = render(
         "ferrolb",
@@ -1863,6 +2012,16 @@ fn main() -> std::process::ExitCode {
             "prometheus_operator_objects_and_alerts_on_exported_metrics",
             no_helm.clone(),
             monitoring_objects_and_alert_metrics,
+        )
+        .offline(
+            "gossip_secret_created_by_the_controller_for_gitops_renders",
+            no_helm.clone(),
+            gossip_secret_created_by_the_controller,
+        )
+        .offline(
+            "metrics_tls_secrets_switch_components_to_https",
+            no_helm.clone(),
+            metrics_tls_secrets_switch_components_to_https,
         )
         .offline(
             "values_reference_docs_helm_values_md_is_up_to_date",

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::ensure;
+use anyhow::{Context, ensure};
 use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::process::{self, LabProcess};
@@ -1099,6 +1099,138 @@ async fn stalled_loop_hands_leadership_over(lab: &Lab) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The leader's work loop panics (a failpoint): the process ends instead of living on behind a
+/// Lease task that keeps renewing, its Lease is released on the way out, and the other replica
+/// leads within a lease duration; the panicked replica, started again as its Deployment would,
+/// follows.
+async fn panicked_loop_hands_leadership_over(lab: &Lab, replicas: &Replicas) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-panic").await?;
+    case.pool("ctl-panic", &["198.18.225.16/28"], "")?;
+    let api = case.services().await?;
+    let panicked = leader(lab).await?;
+    let port = if panicked == "a" { 7472 } else { 7473 };
+    let process = replicas
+        .running
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(id, _)| *id == panicked)
+        .map(|(_, p)| p.clone())
+        .with_context(|| format!("replica {panicked} is not running"))?;
+    let dir = ferrolb_e2e::ferrolb::controller_failpoints(lab, &panicked);
+    std::fs::create_dir_all(&dir)?;
+    let armed = dir.join("controller-loop-panic");
+    struct Disarm(PathBuf);
+    impl Drop for Disarm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    std::fs::write(&armed, "")?;
+    let disarm = Disarm(armed);
+    let started = std::time::Instant::now();
+    // The loop wakes at least every second: it reaches the failpoint on its own.
+    wait_for(
+        &format!("{panicked}'s process to end after its loop panicked"),
+        Duration::from_secs(30),
+        || async {
+            if process::running(&process) {
+                Err("still running".to_string())
+            } else {
+                Ok(Some(()))
+            }
+        },
+    )
+    .await?;
+    let exited = started.elapsed();
+    let new_leader = wait_for(
+        &format!("another replica to lead after {panicked}'s loop panicked"),
+        Duration::from_secs(60),
+        || async {
+            match leader(lab).await {
+                Ok(l) if l != panicked => Ok(Some(l)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    let handover = started.elapsed();
+    let log = process::log_tail(&process, 40).join("\n");
+    ensure!(
+        log.contains("panicked"),
+        "{panicked}'s log does not say the loop panicked:\n{log}"
+    );
+    api.create(
+        &PostParams::default(),
+        &lb_service("after-panic", serde_json::json!({})),
+    )
+    .await?;
+    wait_ips(&api, "after-panic", 1).await?;
+    drop(disarm);
+    // Started again, as the Deployment's pod would be: it follows.
+    replicas.kill(&panicked);
+    replicas.start(&panicked, port)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        leader(lab).await? == new_leader,
+        "leadership moved again when {panicked} came back"
+    );
+    eprintln!(
+        "panicked loop: {panicked}'s process ended {exited:.1?} after the panic was armed; {new_leader} led {handover:.1?} after (lease 4 s)"
+    );
+    Ok(())
+}
+
+/// `--gossip-secret-name` (the chart's `speaker.secretCreatedBy: controller`): the controller
+/// creates the speakers' key Secret with the RBAC of `rbac/controller.yaml` (create, no read),
+/// a random key of 256 bits, and never changes it: a replica restarting keeps it as it is.
+async fn gossip_secret_created_once(lab: &Lab, replicas: &Replicas) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let secrets: Api<Secret> = Api::namespaced(lab.client().await?, NS);
+    let name = ferrolb_e2e::ferrolb::CONTROLLER_MADE_GOSSIP_SECRET;
+    let key_of = |s: &Secret| -> anyhow::Result<Vec<u8>> {
+        Ok(s.data
+            .as_ref()
+            .and_then(|d| d.get("secretkey"))
+            .context("no secretkey")?
+            .0
+            .clone())
+    };
+    let first = wait_for(
+        &format!("the controller to create Secret {name}"),
+        Duration::from_secs(30),
+        || async {
+            match secrets.get_opt(name).await {
+                Ok(Some(s)) => Ok(Some(s)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    let key = key_of(&first)?;
+    ensure!(
+        key.len() == 64 && key.iter().all(u8::is_ascii_hexdigit),
+        "key of {} bytes",
+        key.len()
+    );
+    for identity in ["a", "b"] {
+        let port = if identity == "a" { 7472 } else { 7473 };
+        replicas.kill(identity);
+        replicas.start(identity, port)?;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = secrets.get(name).await?;
+    ensure!(
+        key_of(&again)? == key,
+        "the key changed when the replicas restarted"
+    );
+    ensure!(
+        again.metadata.resource_version == first.metadata.resource_version,
+        "the Secret was written again"
+    );
+    Ok(())
+}
+
 /// A test body: an async function of the lab.
 /// What every test gets: the lab and the two replicas.
 #[derive(Clone)]
@@ -1177,6 +1309,18 @@ fn main() -> std::process::ExitCode {
         .test(
             "a_stalled_work_loop_fails_health_and_hands_leadership_over",
             |c| Box::pin(async move { stalled_loop_hands_leadership_over(&c.lab).await }),
+        )
+        .test(
+            "the_gossip_key_secret_is_created_once_by_the_controller_and_kept",
+            |c| Box::pin(async move { gossip_secret_created_once(&c.lab, &c.replicas).await }),
+        )
+        .test(
+            "a_panicked_work_loop_ends_the_process_and_hands_leadership_over",
+            |c| {
+                Box::pin(
+                    async move { panicked_loop_hands_leadership_over(&c.lab, &c.replicas).await },
+                )
+            },
         )
         .test(
             "a_leader_cut_off_from_the_api_server_gives_no_ip_twice_and_changes_none",

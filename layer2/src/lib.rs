@@ -16,6 +16,8 @@
 //!   node.
 //! - [`damping`] holds a node that lost its quorum and got it back out of ownership for a while,
 //!   longer each time it flaps.
+//! - [`quorum`] decides whether this node may own IPs and who the candidates are;
+//!   [`tenure`] how long an owner may keep answering, from the others' acknowledgements.
 //! - [`liveness`] encodes and checks the speakers' authenticated heartbeats and keeps the table
 //!   of live speakers that owner choice runs over.
 
@@ -24,3 +26,4 @@ pub mod liveness;
 pub mod owner;
 pub mod packet;
 pub mod quorum;
+pub mod tenure;

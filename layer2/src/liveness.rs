@@ -76,15 +76,21 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// First bytes of every heartbeat: protocol name and version (2: with the peers the sender
-/// hears; version 1 speakers and this one refuse each other's heartbeats as malformed).
-const MAGIC: &[u8; 4] = b"FLB\x02";
+/// First bytes of every heartbeat: protocol name and version (3: each peer the sender hears
+/// with the boot and sequence number last heard from it, which [`crate::tenure`] needs; 2 listed
+/// names only. Speakers of other versions refuse each other's heartbeats as malformed, so a
+/// rolling upgrade across versions is a partition that the quorum rule resolves: the side with
+/// the majority keeps or takes the IPs, the other owns none).
+const MAGIC: &[u8; 4] = b"FLB\x03";
 /// Bytes of the truncated HMAC tag (128 bits, as RFC 2104 allows).
 const TAG_LEN: usize = 16;
 /// Flag: the sender may own IPs.
 const FLAG_READY: u8 = 0x1;
 /// Flag: the sender is shutting down.
 const FLAG_LEAVING: u8 = 0x2;
+/// Flag, with [`FLAG_LEAVING`]: the sender is being replaced by a new process on the same node
+/// (a rolling update); keep it as the owner of its IPs for the restart hold.
+const FLAG_RESTARTING: u8 = 0x4;
 /// Heartbeats whose timestamp is further than this from ours are refused: replays of old
 /// captures fail, while nodes kept within seconds by NTP pass.
 pub const CLOCK_WINDOW_MS: u64 = 30_000;
@@ -198,11 +204,29 @@ pub struct Heartbeat {
     pub ready: bool,
     /// The sender is shutting down and gives its IPs up.
     pub leaving: bool,
+    /// With `leaving`: the sender is being replaced by a new process on the same node, and asks
+    /// the others to keep it the owner of its IPs for their restart hold
+    /// ([`Membership::set_restart_hold`]) instead of taking them over.
+    pub restarting: bool,
     /// Names of the sender's interfaces that can announce.
     pub interfaces: BTreeSet<String>,
-    /// The peers the sender hears now, each with whether its heartbeat said `ready`: what the
-    /// quorum rule ([`crate::quorum`]) counts.
-    pub hears: BTreeMap<String, bool>,
+    /// The peers the sender hears now, each with whether its heartbeat said `ready` (what the
+    /// quorum rule, [`crate::quorum`], counts) and which heartbeat of it was heard last (what
+    /// [`crate::tenure`] turns into how long the sender keeps hearing it).
+    pub hears: BTreeMap<String, Heard>,
+}
+
+/// What a heartbeat says of one peer its sender hears.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heard {
+    /// The peer's last heartbeat said `ready`.
+    pub ready: bool,
+    /// The boot of the peer's last heartbeat heard.
+    pub boot: u64,
+    /// Its sequence number: the peer knows when it sent it, hence the earliest instant the
+    /// sender can stop hearing it. 0 (no heartbeat has it): heard, but not yet for long enough
+    /// to acknowledge (`Membership::hears`).
+    pub seq: u64,
 }
 
 /// Most peers a heartbeat can list (the count is 16 bits; a datagram stays under 64 KiB with
@@ -244,8 +268,9 @@ impl Heartbeat {
     pub fn encode(&self, key: &[u8]) -> Result<Vec<u8>, HeartbeatError> {
         let mut out = Vec::with_capacity(64 + self.node.len());
         out.extend_from_slice(MAGIC);
-        let flags =
-            if self.ready { FLAG_READY } else { 0 } | if self.leaving { FLAG_LEAVING } else { 0 };
+        let flags = if self.ready { FLAG_READY } else { 0 }
+            | if self.leaving { FLAG_LEAVING } else { 0 }
+            | if self.restarting { FLAG_RESTARTING } else { 0 };
         out.push(flags);
         out.extend_from_slice(&self.boot.to_be_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
@@ -260,8 +285,10 @@ impl Heartbeat {
         let count =
             u16::try_from(self.hears.len()).map_err(|_| HeartbeatError::TooLong("hears"))?;
         out.extend_from_slice(&count.to_be_bytes());
-        for (name, ready) in &self.hears {
-            out.push(u8::from(*ready));
+        for (name, heard) in &self.hears {
+            out.push(u8::from(heard.ready));
+            out.extend_from_slice(&heard.boot.to_be_bytes());
+            out.extend_from_slice(&heard.seq.to_be_bytes());
             push_str(&mut out, name, "peer name")?;
         }
         let tag = mac(key).chain_update(&out).finalize().into_bytes();
@@ -299,7 +326,7 @@ impl Heartbeat {
         // Unknown flags are refused, not ignored: a heartbeat means exactly what its bytes say
         // (a new flag comes with a new version byte), and decoding then encoding gives the same
         // bytes (the fuzz target checks it).
-        if flags & !(FLAG_READY | FLAG_LEAVING) != 0 {
+        if flags & !(FLAG_READY | FLAG_LEAVING | FLAG_RESTARTING) != 0 {
             return Err(HeartbeatError::Malformed);
         }
         let boot = r.u64()?;
@@ -321,8 +348,13 @@ impl Heartbeat {
                 1 => true,
                 _ => return Err(HeartbeatError::Malformed),
             };
+            let heard = Heard {
+                ready,
+                boot: r.u64()?,
+                seq: r.u64()?,
+            };
             let name = r.string()?;
-            if name.is_empty() || hears.insert(name, ready).is_some() {
+            if name.is_empty() || hears.insert(name, heard).is_some() {
                 return Err(HeartbeatError::Malformed);
             }
         }
@@ -336,6 +368,7 @@ impl Heartbeat {
             unix_ms,
             ready: flags & FLAG_READY != 0,
             leaving: flags & FLAG_LEAVING != 0,
+            restarting: flags & FLAG_RESTARTING != 0,
             interfaces,
             hears,
         })
@@ -402,7 +435,15 @@ struct Peer {
     ready: bool,
     leaving: bool,
     interfaces: BTreeSet<String>,
-    hears: BTreeMap<String, bool>,
+    hears: BTreeMap<String, Heard>,
+    /// Since when it has been heard without a silence of the failure timeout.
+    heard_since: Instant,
+    /// Kept as a candidate until then: it said it is being replaced (restart hold), and its
+    /// successor has not said `ready` yet.
+    held_until: Option<Instant>,
+    /// Boot and sequence number of the heartbeat that set `heard`: what this node's own
+    /// heartbeats say it heard last from the peer.
+    last: (u64, u64),
     order: Order,
 }
 
@@ -506,6 +547,32 @@ impl Order {
     }
 }
 
+/// The restart hold of a peer after its heartbeat `beat` (the hold it had: `held`): set when it
+/// leaves to be replaced, kept while its successor is not ready yet, ended when a heartbeat says
+/// `ready` (the successor has taken over, or the old process did not leave after all).
+fn hold_of(
+    held: Option<Instant>,
+    beat: &Heartbeat,
+    now: Instant,
+    hold: Duration,
+) -> Option<Instant> {
+    if beat.leaving && beat.restarting && !hold.is_zero() {
+        Some(held.filter(|until| *until > now).unwrap_or(now + hold))
+    } else if beat.ready && !beat.leaving {
+        None
+    } else {
+        held
+    }
+}
+
+/// Whether two reports name the same peers with the same `ready`.
+fn same_hearing(a: &BTreeMap<String, Heard>, b: &BTreeMap<String, Heard>) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|((na, ha), (nb, hb))| na == nb && ha.ready == hb.ready)
+}
+
 /// A live speaker as planning sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Member {
@@ -521,6 +588,8 @@ pub struct Member {
 pub struct Membership {
     me: String,
     timeout: Duration,
+    /// How long a peer that leaves to be replaced stays a candidate (0: not at all).
+    restart_hold: Duration,
     peers: BTreeMap<String, Peer>,
     /// The cluster's nodes once known: only they are tracked.
     nodes: Option<BTreeSet<String>>,
@@ -532,9 +601,16 @@ impl Membership {
         Membership {
             me: me.into(),
             timeout,
+            restart_hold: Duration::ZERO,
             peers: BTreeMap::new(),
             nodes: None,
         }
+    }
+
+    /// Sets how long a peer that leaves to be replaced (`restarting`) stays a candidate for its
+    /// IPs, so a rolling update does not move them away and back (0: it does not).
+    pub fn set_restart_hold(&mut self, hold: Duration) {
+        self.restart_hold = hold;
     }
 
     /// Sets the names of the cluster's nodes: peers that are not among them are forgotten, and
@@ -579,22 +655,36 @@ impl Membership {
             let changed = peer.ready != beat.ready
                 || peer.leaving != beat.leaving
                 || peer.interfaces != beat.interfaces
-                || peer.hears != beat.hears;
+                // Acknowledgements move with every heartbeat; only who is heard, and ready,
+                // changes a plan.
+                || !same_hearing(&peer.hears, &beat.hears);
+            let hold_before = peer.held_until;
+            peer.held_until = hold_of(peer.held_until, &beat, now, self.restart_hold);
+            if now.saturating_duration_since(peer.heard) > self.timeout || peer.leaving {
+                // Heard again after a silence: its reports without this peer may still be in
+                // use elsewhere, so acknowledging starts over.
+                peer.heard_since = now;
+            }
             peer.heard = now;
+            peer.last = (beat.boot, beat.seq);
             peer.ready = beat.ready;
             peer.leaving = beat.leaving;
             peer.interfaces = beat.interfaces;
             peer.hears = beat.hears;
-            return Ok(changed || !was_alive);
+            return Ok(changed || !was_alive || hold_before != peer.held_until);
         }
         if self.nodes.is_none() && self.peers.len() >= MAX_PEERS {
             return Err(HeartbeatError::TableFull(beat.node));
         }
         let order = Order::first(&beat, now, unix_ms);
+        let held_until = hold_of(None, &beat, now, self.restart_hold);
         self.peers.insert(
             beat.node,
             Peer {
                 heard: now,
+                heard_since: now,
+                held_until,
+                last: (beat.boot, beat.seq),
                 ready: beat.ready,
                 leaving: beat.leaving,
                 interfaces: beat.interfaces,
@@ -634,27 +724,83 @@ impl Membership {
     }
 
     /// The peers heard now (within the timeout, not leaving), each with whether it said
-    /// `ready`: what this speaker's own heartbeat reports.
-    pub fn hears(&self, now: Instant) -> BTreeMap<String, bool> {
+    /// `ready` and the heartbeat heard last: what this speaker's own heartbeat reports.
+    pub fn hears(&self, now: Instant) -> BTreeMap<String, Heard> {
         self.peers
             .iter()
-            .filter(|(_, p)| self.is_fresh(p, now))
-            .map(|(name, p)| (name.clone(), p.ready))
+            .filter_map(|(name, p)| {
+                let heard = if self.is_fresh(p, now) {
+                    let acknowledged =
+                        now.saturating_duration_since(p.heard_since) >= self.ack_after();
+                    Heard {
+                        ready: p.ready,
+                        boot: p.last.0,
+                        seq: if acknowledged { p.last.1 } else { 0 },
+                    }
+                } else if self.is_held(p, now) {
+                    // Gone to be replaced: reported ready so that peers that missed its
+                    // `restarting` keep it a candidate too; nothing is acknowledged.
+                    Heard {
+                        ready: true,
+                        boot: p.last.0,
+                        seq: 0,
+                    }
+                } else {
+                    return None;
+                };
+                Some((name.clone(), heard))
+            })
             .collect()
     }
 
-    /// What every peer heard now said last, for the quorum rule.
+    fn is_held(&self, peer: &Peer, now: Instant) -> bool {
+        peer.held_until.is_some_and(|until| now < until)
+    }
+
+    /// How long a peer must have been heard without a silence before this node's heartbeats
+    /// acknowledge it: one and a half failure timeouts. Before that, reports of ours that do
+    /// not list the peer may still be the latest some other node holds of us (for up to a
+    /// failure timeout after they arrived there, half a timeout allowed for delivery); an
+    /// acknowledgement would let the peer count on us hearing it while they still say we do
+    /// not ([`crate::tenure`]).
+    fn ack_after(&self) -> Duration {
+        self.timeout + self.timeout / 2
+    }
+
+    /// For each peer whose last heartbeat (however old) names this speaker under boot `boot`
+    /// (ours), what it said of us: the sequence number of ours it heard last (what
+    /// [`crate::tenure`] counts) and whether that said `ready` (what
+    /// [`crate::quorum::seen_ready`] counts). A peer's earlier boots' reports were replaced by
+    /// its later ones.
+    pub fn acks(&self, boot: u64) -> BTreeMap<String, Heard> {
+        self.peers
+            .iter()
+            .filter_map(|(name, p)| {
+                let heard = p.hears.get(&self.me)?;
+                (heard.boot == boot).then(|| (name.clone(), *heard))
+            })
+            .collect()
+    }
+
+    /// What every peer heard now said last, and every peer held for a restart, for the quorum
+    /// rule.
     pub fn reports(&self, now: Instant) -> BTreeMap<String, crate::quorum::Report> {
         self.peers
             .iter()
-            .filter(|(_, p)| self.is_fresh(p, now))
+            .filter(|(_, p)| self.is_fresh(p, now) || self.is_held(p, now))
             .map(|(name, p)| {
+                let fresh = self.is_fresh(p, now);
                 (
                     name.clone(),
                     crate::quorum::Report {
-                        fresh: true,
+                        fresh,
                         ready: p.ready,
-                        hears: p.hears.clone(),
+                        held: self.is_held(p, now),
+                        hears: if fresh {
+                            p.hears.iter().map(|(n, h)| (n.clone(), h.ready)).collect()
+                        } else {
+                            BTreeMap::new()
+                        },
                         interfaces: p.interfaces.clone(),
                     },
                 )
@@ -662,12 +808,18 @@ impl Membership {
             .collect()
     }
 
-    /// The earliest instant at which a heard peer times out, for the driver's next check.
+    /// The earliest instant at which a heard peer times out or a restart hold ends, for the
+    /// driver's next check.
     pub fn next_silence(&self, now: Instant) -> Option<Instant> {
         self.peers
             .values()
             .filter(|p| self.is_fresh(p, now))
             .map(|p| p.heard + self.timeout)
+            .chain(
+                self.peers
+                    .values()
+                    .filter_map(|p| p.held_until.filter(|until| *until > now)),
+            )
             .min()
     }
 
@@ -704,9 +856,18 @@ mod tests {
             unix_ms: 1_000_000,
             ready: true,
             leaving: false,
+            restarting: false,
             interfaces: ["eth0".to_string()].into(),
-            hears: [("node3".to_string(), true), ("node4".to_string(), false)].into(),
+            hears: [
+                ("node3".to_string(), heard(true, 3, 40)),
+                ("node4".to_string(), heard(false, 4, 50)),
+            ]
+            .into(),
         }
+    }
+
+    fn heard(ready: bool, boot: u64, seq: u64) -> Heard {
+        Heard { ready, boot, seq }
     }
 
     #[test]
@@ -745,19 +906,29 @@ mod tests {
             unix_ms: 0x0000_0190_0000_0000,
             ready: true,
             leaving: false,
+            restarting: false,
             interfaces: ["e0".to_string()].into(),
-            hears: [("n2".to_string(), true), ("n3".to_string(), false)].into(),
+            hears: [
+                ("n2".to_string(), heard(true, 0x11, 0x0100)),
+                ("n3".to_string(), heard(false, 0x22, 3)),
+            ]
+            .into(),
         };
         let bytes = b.encode(KEY).unwrap();
         let body = [
-            &b"FLB\x02"[..],
+            &b"FLB\x03"[..],
             &[0x01],
             &[1, 2, 3, 4, 5, 6, 7, 8],
             &[0, 0, 0, 0, 0, 0, 0, 9],
             &[0, 0, 1, 0x90, 0, 0, 0, 0],
             &[2, b'n', b'1'],
             &[1, 2, b'e', b'0'],
-            &[0, 2, 1, 2, b'n', b'2', 0, 2, b'n', b'3'],
+            // Two peers heard: ready, boot, sequence number, name.
+            &[0, 2],
+            &[1, 0, 0, 0, 0, 0, 0, 0, 0x11, 0, 0, 0, 0, 0, 0, 1, 0],
+            &[2, b'n', b'2'],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 0x22, 0, 0, 0, 0, 0, 0, 0, 3],
+            &[2, b'n', b'3'],
         ]
         .concat();
         assert_eq!(&bytes[..body.len()], &body[..]);
@@ -765,7 +936,7 @@ mod tests {
         // HMAC-SHA-256 of the body, first 16 bytes (checked with Python's hmac module).
         assert_eq!(
             hex(&bytes[body.len()..]),
-            "afe39536b769b3cf525ae0681cfa42af"
+            "fe10aea4429d885cab738fedadffd787"
         );
     }
 
@@ -783,12 +954,21 @@ mod tests {
         m.receive(b, t0 + Duration::from_millis(300), 1_000_000)
             .unwrap();
         let now = t0 + Duration::from_millis(400);
+        // Each with the boot heard last (7); not heard long enough yet to acknowledge a
+        // sequence number.
         assert_eq!(
             m.hears(now),
-            [("node2".to_string(), true), ("node3".to_string(), false)].into()
+            [
+                ("node2".to_string(), heard(true, 7, 0)),
+                ("node3".to_string(), heard(false, 7, 0)),
+            ]
+            .into()
         );
         let reports = m.reports(now);
-        assert_eq!(reports["node2"].hears, beat("node2", 1).hears);
+        assert_eq!(
+            reports["node2"].hears,
+            [("node3".to_string(), true), ("node4".to_string(), false)].into()
+        );
         assert!(!reports["node3"].ready);
         assert_eq!(m.next_silence(now), Some(t0 + Duration::from_millis(500)));
         // node2 falls silent; a leaving node3 is not heard either.
@@ -802,6 +982,122 @@ mod tests {
     }
 
     #[test]
+    fn acks_name_our_heartbeats_heard_last_under_our_boot_only() {
+        let t0 = Instant::now();
+        let mut m = Membership::new("node1", Duration::from_millis(500));
+        let mut b = beat("node2", 1);
+        b.hears.insert("node1".into(), heard(true, 5, 41));
+        m.receive(b, t0, 1_000_000).unwrap();
+        // node3 last heard a heartbeat of our previous boot.
+        let mut b = beat("node3", 1);
+        b.hears.insert("node1".into(), heard(true, 4, 900));
+        m.receive(b, t0, 1_000_000).unwrap();
+        assert_eq!(
+            m.acks(5),
+            [("node2".to_string(), heard(true, 5, 41))].into()
+        );
+        // Its next heartbeat replaces the acknowledgement; one that no longer names us drops it.
+        let mut b = beat("node2", 2);
+        b.hears.insert("node1".into(), heard(true, 5, 43));
+        m.receive(b, t0 + Duration::from_millis(100), 1_000_100)
+            .unwrap();
+        assert_eq!(m.acks(5)["node2"].seq, 43);
+        m.receive(beat("node2", 3), t0 + Duration::from_millis(200), 1_000_200)
+            .unwrap();
+        assert!(m.acks(5).is_empty());
+    }
+
+    #[test]
+    fn a_peer_is_acknowledged_only_once_heard_without_a_silence_for_a_while() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut m = Membership::new("node1", ms(500));
+        let mut receive = |seq: u64, at: u64| {
+            m.receive(beat("node2", seq), t0 + ms(at), 1_000_000 + at)
+                .unwrap();
+            m.hears(t0 + ms(at))["node2"].seq
+        };
+        // Heard every 100 ms: acknowledged from 750 ms on, with the sequence heard last.
+        for seq in 0..8 {
+            assert_eq!(receive(seq + 1, 100 * seq), 0);
+        }
+        assert_eq!(receive(9, 800), 9);
+        // A silence longer than the timeout starts it over.
+        assert_eq!(receive(10, 1_400), 0);
+        for seq in 11..18 {
+            assert_eq!(receive(seq, 100 * (seq + 4)), 0, "{seq}");
+        }
+        assert_eq!(receive(18, 2_200), 18);
+    }
+
+    #[test]
+    fn a_peer_leaving_to_be_replaced_is_held_until_its_successor_is_ready() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut m = Membership::new("node1", ms(500));
+        m.set_restart_hold(Duration::from_secs(10));
+        m.receive(beat("node2", 1), t0, 1_000_000).unwrap();
+        let mut leaving = beat("node2", 2);
+        leaving.leaving = true;
+        leaving.restarting = true;
+        leaving.ready = false;
+        assert!(m.receive(leaving, t0 + ms(100), 1_000_100).unwrap());
+        // Not heard, but held: reported (ready, unacknowledged) and a candidate.
+        let at = t0 + ms(2_000);
+        assert_eq!(m.hears(at)["node2"], heard(true, 7, 0));
+        let report = &m.reports(at)["node2"];
+        assert!(report.held && !report.fresh);
+        assert_eq!(m.next_silence(at), Some(t0 + ms(10_100)));
+        // The successor (another boot) starts not ready: still held, now heard.
+        let mut successor = beat_at("node2", 8, 1, 1_003_000);
+        successor.ready = false;
+        m.receive(successor.clone(), t0 + ms(3_000), 1_003_000)
+            .unwrap();
+        let report = &m.reports(t0 + ms(3_000))["node2"];
+        assert!(report.held && report.fresh && !report.ready);
+        // Ready: the hold ends.
+        let ready = Heartbeat {
+            seq: 2,
+            ready: true,
+            ..successor
+        };
+        assert!(m.receive(ready, t0 + ms(3_100), 1_003_100).unwrap());
+        assert!(!m.reports(t0 + ms(3_100))["node2"].held);
+    }
+
+    #[test]
+    fn the_hold_ends_after_its_time_and_is_off_by_default() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut leaving = beat("node2", 2);
+        leaving.leaving = true;
+        leaving.restarting = true;
+        let mut m = Membership::new("node1", ms(500));
+        m.set_restart_hold(Duration::from_secs(10));
+        m.receive(leaving.clone(), t0, 1_000_000).unwrap();
+        assert!(m.reports(t0 + ms(9_999)).contains_key("node2"));
+        assert!(m.reports(t0 + ms(10_000)).is_empty());
+        assert!(m.hears(t0 + ms(10_000)).is_empty());
+        // Without a hold (the default), leaving to be replaced is leaving.
+        let mut m = Membership::new("node1", ms(500));
+        m.receive(leaving, t0, 1_000_000).unwrap();
+        assert!(m.reports(t0).is_empty());
+    }
+
+    #[test]
+    fn a_new_acknowledgement_alone_does_not_wake_planning() {
+        let t0 = Instant::now();
+        let mut m = Membership::new("node1", Duration::from_millis(500));
+        assert!(m.receive(beat("node2", 1), t0, 1_000_000).unwrap());
+        let mut b = beat("node2", 2);
+        b.hears.get_mut("node3").unwrap().seq += 1;
+        assert!(!m.receive(b, t0, 1_000_000).unwrap());
+        let mut b = beat("node2", 3);
+        b.hears.get_mut("node3").unwrap().ready = false;
+        assert!(m.receive(b, t0, 1_000_000).unwrap());
+    }
+
+    #[test]
     fn malformed_hears_lists_are_refused() {
         let mut b = beat("node2", 1);
         b.hears.clear();
@@ -809,7 +1105,9 @@ mod tests {
         // Replace the empty list with one entry whose ready byte is 2, and sign again.
         let body_len = bytes.len() - TAG_LEN;
         let mut body = bytes[..body_len - 2].to_vec();
-        body.extend_from_slice(&[0, 1, 2, 1, b'x']);
+        body.extend_from_slice(&[0, 1, 2]);
+        body.extend_from_slice(&[0; 16]);
+        body.extend_from_slice(&[1, b'x']);
         let tag = mac(KEY).chain_update(&body).finalize().into_bytes();
         body.extend_from_slice(&tag[..TAG_LEN]);
         assert_eq!(
@@ -824,7 +1122,7 @@ mod tests {
         // change the bytes.
         let bytes = beat("node2", 1).encode(KEY).unwrap();
         let body_len = bytes.len() - TAG_LEN;
-        for flag in [0x04u8, 0x80] {
+        for flag in [0x08u8, 0x80] {
             let mut body = bytes[..body_len].to_vec();
             body[4] |= flag;
             let tag = mac(KEY).chain_update(&body).finalize().into_bytes();
@@ -1338,10 +1636,13 @@ mod tests {
         }
 
         #[test]
-        fn round_trip(node in "[a-z0-9.-]{1,60}", boot: u64, seq: u64, unix_ms: u64, ready: bool, leaving: bool,
+        fn round_trip(node in "[a-z0-9.-]{1,60}", boot: u64, seq: u64, unix_ms: u64, ready: bool, leaving: bool, restarting: bool,
                       ifs in prop::collection::btree_set("[a-z0-9]{1,15}", 0..5),
-                      hears in prop::collection::btree_map("[a-z0-9.-]{1,60}", any::<bool>(), 0..20)) {
-            let b = Heartbeat { node, boot, seq, unix_ms, ready, leaving, interfaces: ifs, hears };
+                      hears in prop::collection::btree_map(
+                          "[a-z0-9.-]{1,60}",
+                          (any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(ready, boot, seq)| Heard { ready, boot, seq }),
+                          0..20)) {
+            let b = Heartbeat { node, boot, seq, unix_ms, ready, leaving, restarting, interfaces: ifs, hears };
             prop_assert_eq!(Heartbeat::decode(&b.encode(KEY).unwrap(), KEY).unwrap(), b);
         }
     }

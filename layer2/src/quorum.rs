@@ -15,7 +15,9 @@
 //!   majority and is up. A node that only hears, or is only heard, does not act: one-way loss
 //!   takes it out on both sides of the broken direction.
 //! * Another speaker is a **candidate** when its own heartbeat says `ready`, or, when this node
-//!   does not hear it, when a peer it hears reports it `ready`. If two nodes A and B both act,
+//!   does not hear it, when a peer it hears reports it `ready`; and while it is held for a
+//!   restart (it left to be replaced by a new process: a rolling update keeps its IPs with it,
+//!   unanswered for the moment, instead of moving them away and back). If two nodes A and B both act,
 //!   a majority hears A and B hears a majority: the two meet in a peer that reports A to B, so
 //!   B counts A as a candidate, and A counts B the same way; with the same candidates, owner
 //!   choice gives each IP to one of them.
@@ -33,6 +35,9 @@ pub struct Report {
     pub fresh: bool,
     /// The peer said it may own IPs.
     pub ready: bool,
+    /// The peer left to be replaced and is held as a candidate until its successor is ready or
+    /// the restart hold ends (it may not be heard at all meanwhile).
+    pub held: bool,
     /// The peers it hears, by name; each with whether it reported that peer ready.
     pub hears: BTreeMap<String, bool>,
     /// Its interfaces that can announce.
@@ -102,30 +107,38 @@ pub fn decide(
     if quorum && up && ready {
         candidates.insert(me.to_string(), Some(interfaces.clone()));
     }
-    // Everyone anyone heard is a possible candidate.
+    // Everyone anyone heard, and everyone held for a restart, is a possible candidate.
     let mut names: BTreeSet<&str> = heard.iter().copied().filter(|&n| n != me).collect();
+    names.extend(
+        peers
+            .iter()
+            .filter(|(n, r)| r.held && n.as_str() != me)
+            .map(|(n, _)| n.as_str()),
+    );
     for y in &heard {
         if let Some(r) = peers.get(*y) {
             names.extend(r.hears.keys().map(String::as_str).filter(|&n| n != me));
         }
     }
     for z in names {
-        let is_candidate = match peers.get(z).filter(|r| r.fresh) {
-            // Its own word is the freshest.
-            Some(r) => r.ready,
-            // Not heard here: any report that it acts keeps it a candidate.
-            None => heard.iter().any(|y| {
-                peers
-                    .get(*y)
-                    .and_then(|r| r.hears.get(z))
-                    .copied()
-                    .unwrap_or(false)
-            }),
-        };
+        let held = peers.get(z).is_some_and(|r| r.held);
+        let is_candidate = held
+            || match peers.get(z).filter(|r| r.fresh) {
+                // Its own word is the freshest.
+                Some(r) => r.ready,
+                // Not heard here: any report that it acts keeps it a candidate.
+                None => heard.iter().any(|y| {
+                    peers
+                        .get(*y)
+                        .and_then(|r| r.hears.get(z))
+                        .copied()
+                        .unwrap_or(false)
+                }),
+            };
         if is_candidate {
             let interfaces = peers
                 .get(z)
-                .filter(|r| r.fresh)
+                .filter(|r| r.fresh || r.held)
                 .map(|r| r.interfaces.clone());
             candidates.insert(z.to_string(), interfaces);
         }
@@ -135,6 +148,26 @@ pub fn decide(
         up,
         candidates,
     }
+}
+
+/// Whether every other candidate of `verdict` has said, in its latest heartbeat, that it hears
+/// `me` and that `me` said `ready` (`acks`: [`crate::liveness::Membership::acks`] under this
+/// node's boot). A node starts to claim IPs only then (and after the claim delay): two acting
+/// nodes choose from the same candidates only if each counts the other, and a candidate that has
+/// not yet heard this node's `ready` (lost heartbeats) would still choose itself for IPs this
+/// node is about to take. Once claiming, a candidate that stops counting this node is a
+/// takeover, which [`crate::tenure`] covers. A candidate known only from reports has not spoken
+/// to this node, so it has not said so either.
+pub fn seen_ready(
+    me: &str,
+    verdict: &Verdict,
+    acks: &BTreeMap<String, crate::liveness::Heard>,
+) -> bool {
+    verdict
+        .candidates
+        .keys()
+        .filter(|name| name.as_str() != me)
+        .all(|name| acks.get(name).is_some_and(|heard| heard.ready))
 }
 
 /// The verdicts a cluster settles into: `names` are the speakers (all with usable interface
@@ -164,6 +197,7 @@ pub fn settle(
                             Report {
                                 fresh: true,
                                 ready: ready[p],
+                                held: false,
                                 hears: hears[p].clone(),
                                 interfaces: eth0.clone(),
                             },
@@ -328,6 +362,7 @@ mod tests {
             Report {
                 fresh: true,
                 ready: true,
+                held: false,
                 hears: [("node1".to_string(), true), ("node2".to_string(), true)].into(),
                 interfaces: eth0.clone(),
             },
@@ -337,6 +372,85 @@ mod tests {
         assert!(v.acts());
         assert_eq!(v.candidates.get("node2"), Some(&None));
         assert_eq!(v.candidates.get("node3"), Some(&Some(eth0)));
+    }
+
+    #[test]
+    fn a_peer_held_for_a_restart_stays_a_candidate_heard_or_not() {
+        let eth0: BTreeSet<String> = ["eth0".to_string()].into();
+        let report = |fresh, ready, held| Report {
+            fresh,
+            ready,
+            held,
+            hears: if fresh {
+                [("node1".to_string(), true)].into()
+            } else {
+                BTreeMap::new()
+            },
+            interfaces: eth0.clone(),
+        };
+        // node2 is gone (held), node3 hears node1: node1 acts, and node2 keeps its IPs.
+        let peers: BTreeMap<String, Report> = [
+            ("node2".to_string(), report(false, false, true)),
+            ("node3".to_string(), report(true, true, false)),
+        ]
+        .into();
+        let v = decide("node1", &known(3), &peers, true, &eth0);
+        assert!(v.acts());
+        assert_eq!(v.candidates.get("node2"), Some(&Some(eth0.clone())));
+        // Its successor is heard, not ready yet: still a candidate while held, not after.
+        let mut peers = peers;
+        peers.insert("node2".to_string(), report(true, false, true));
+        assert!(
+            decide("node1", &known(3), &peers, true, &eth0)
+                .candidates
+                .contains_key("node2")
+        );
+        peers.insert("node2".to_string(), report(true, false, false));
+        assert!(
+            !decide("node1", &known(3), &peers, true, &eth0)
+                .candidates
+                .contains_key("node2")
+        );
+    }
+
+    #[test]
+    fn claiming_waits_until_every_other_candidate_has_heard_this_node_ready() {
+        use crate::liveness::Heard;
+        let eth0: BTreeSet<String> = ["eth0".to_string()].into();
+        let report = |hears: &[&str]| Report {
+            fresh: true,
+            ready: true,
+            held: false,
+            hears: hears.iter().map(|n| (n.to_string(), true)).collect(),
+            interfaces: eth0.clone(),
+        };
+        let peers: BTreeMap<String, Report> = [
+            ("node2".to_string(), report(&["node1", "node3"])),
+            ("node3".to_string(), report(&["node1", "node2"])),
+        ]
+        .into();
+        let v = decide("node1", &known(3), &peers, true, &eth0);
+        let ack = |ready| Heard {
+            ready,
+            boot: 1,
+            seq: 1,
+        };
+        let both = [
+            ("node2".to_string(), ack(true)),
+            ("node3".to_string(), ack(true)),
+        ]
+        .into();
+        assert!(seen_ready("node1", &v, &both));
+        // node3 still has this node's heartbeat from before it was ready.
+        let stale = [
+            ("node2".to_string(), ack(true)),
+            ("node3".to_string(), ack(false)),
+        ]
+        .into();
+        assert!(!seen_ready("node1", &v, &stale));
+        // node3 has not acknowledged anything of this boot.
+        let missing = [("node2".to_string(), ack(true))].into();
+        assert!(!seen_ready("node1", &v, &missing));
     }
 
     proptest! {

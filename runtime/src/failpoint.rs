@@ -1,6 +1,6 @@
 //! Failpoints: named places where a test makes a running binary misbehave on purpose, to prove
 //! that the safety nets catch it (a stalled work loop must give up the leader Lease and fail its
-//! health check). Armed by creating a file named after the failpoint in the directory given to
+//! health check; a panicked one must end the process and hand the Lease over). Armed by creating a file named after the failpoint in the directory given to
 //! [`Failpoints::new`] (the binaries' hidden `--failpoints` flag), and disarmed by removing it, so
 //! a test can stall a live process and release it. Compiled into debug builds only: in a release
 //! build [`Failpoints::hold`] returns at once.
@@ -31,6 +31,19 @@ impl Failpoints {
     /// Whether failpoint `name` is armed now.
     pub fn armed(&self, name: &str) -> bool {
         cfg!(debug_assertions) && self.dir.as_ref().is_some_and(|dir| dir.join(name).exists())
+    }
+
+    /// Panics here when failpoint `name` is armed, as a bug in the code around it would: the
+    /// nets that catch a panicked task are what a test of this proves.
+    pub fn panic_if_armed(&self, name: &str) {
+        if self.armed(name) {
+            tracing::error!(failpoint = name, "failpoint armed: panicking here");
+            // A deliberate panic is what this failpoint is for.
+            #[allow(clippy::panic)]
+            {
+                panic!("failpoint {name} armed");
+            }
+        }
     }
 
     /// Waits here while failpoint `name` is armed (a stall, as a deadlock or a call that never
@@ -76,6 +89,12 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!Failpoints::default().armed("loop"));
+        // Armed, the panic failpoint panics; disarmed, it does nothing.
+        f.panic_if_armed("loop");
+        std::fs::write(dir.join("crash"), "").unwrap();
+        let crash = std::panic::catch_unwind(|| f.panic_if_armed("crash"));
+        assert!(crash.is_err(), "an armed panic failpoint returned");
+        std::fs::remove_file(dir.join("crash")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,12 +1,13 @@
 //! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
 //! server with health that reflects the work loop ([`health`]), the Kubernetes client, watches into caches and the one watch of the configuration
 //! ([`watch`]), and Events ([`events`]: a de-duplicating recorder behind a bounded queue), and failpoints that tests arm to
-//! stall a live process ([`failpoint`]). Each binary keeps its own metrics and logic; this crate holds only what would
+//! stall a live process ([`failpoint`]), and TLS for that server as an option ([`tls`]). Each binary keeps its own metrics and logic; this crate holds only what would
 //! otherwise be copied between them.
 
 pub mod events;
 pub mod failpoint;
 pub mod health;
+pub mod tls;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -65,19 +66,39 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
     Ok(kube::Client::try_from(config)?)
 }
 
-/// A readiness flag shared between the work loop and `/readyz`.
+/// A readiness flag shared between the work loop and `/readyz`, with why it is not ready.
 #[derive(Clone, Default)]
-pub struct Ready(Arc<AtomicBool>);
+pub struct Ready(Arc<ReadyState>);
+
+#[derive(Default)]
+struct ReadyState {
+    ready: AtomicBool,
+    /// Why not, when the loop said so (else `serve`'s `not_ready_reason`).
+    why_not: std::sync::Mutex<Option<&'static str>>,
+}
 
 impl Ready {
     /// Sets readiness.
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Relaxed);
+        self.0.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Sets readiness from `Ok` or the reason it is not ready (what `/readyz` then answers).
+    pub fn set_result(&self, result: Result<(), &'static str>) {
+        if let Err(why) = result {
+            *self.0.why_not.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        }
+        self.set(result.is_ok());
     }
 
     /// Current readiness.
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.ready.load(Ordering::Relaxed)
+    }
+
+    /// Why it is not ready, when the loop said so.
+    fn why_not(&self) -> Option<&'static str> {
+        *self.0.why_not.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -113,29 +134,46 @@ async fn readyz(State((_, ready, why_not, pulse)): State<Shared>) -> impl IntoRe
     if ready.get() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("{why_not}\n"))
+        let why = ready.why_not().unwrap_or(why_not);
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
     }
 }
 
 /// Serves `/metrics` (OpenMetrics text of `registry`), `/healthz` (503 when the work loop's
 /// `pulse` has stopped) and `/readyz` (503 with `not_ready_reason` until `ready` is set, and
-/// while the pulse is stopped) until the task is dropped.
+/// while the pulse is stopped) until the task is dropped; over TLS when `tls` is given.
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
     ready: Ready,
     not_ready_reason: &'static str,
     pulse: health::Pulse,
+    tls: Option<tls::TlsFiles>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    serve_on(listener, registry, ready, not_ready_reason, pulse, tls).await
+}
+
+/// [`serve`] on a listener already bound.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    ready: Ready,
+    not_ready_reason: &'static str,
+    pulse: health::Pulse,
+    tls: Option<tls::TlsFiles>,
 ) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state((registry, ready, not_ready_reason, pulse));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    axum::serve(listener, app).await?;
+    match tls {
+        Some(files) => axum::serve(tls::TlsListener::new(listener, files)?, app).await?,
+        None => axum::serve(listener, app).await?,
+    }
     Ok(())
 }
 

@@ -45,6 +45,9 @@ pub struct Args {
     /// every interface would serve metrics on the LAN the LoadBalancer IPs face.
     #[arg(long, env = "FERROLB_LISTEN_IP")]
     pub listen_ip: Option<std::net::IpAddr>,
+    /// TLS for /metrics, /healthz and /readyz (off unless both files are given).
+    #[command(flatten)]
+    pub metrics_tls: ferrolb_runtime::tls::TlsArgs,
     /// Name prefix of the speakers' presence Leases (`<prefix>-<node>`, labelled
     /// `ferrolb.io/speaker-presence=<prefix>`); speakers of one release share it, and a quorum
     /// counts the speakers that do.
@@ -94,6 +97,22 @@ pub struct Args {
     /// are lost in bursts does not move its IPs back and forth (docs/decisions/0015).
     #[arg(long, env = "FERROLB_FLAP_DAMPING", default_value_t = true, action = clap::ArgAction::Set)]
     pub flap_damping: bool,
+    /// A speaker stopped to be replaced (see --restart-hold-when) asks the others to keep it the
+    /// owner of its IPs for this long instead of taking them over, so a rolling update does not
+    /// move every IP away and back (each move breaks the connections kube-proxy tracks on the
+    /// node); its successor takes them up once ready. Also how long this speaker keeps a
+    /// replaced peer's IPs. Meanwhile ARP/NDP for those IPs goes unanswered (established clients
+    /// keep their entries). 0s: IPs move at once on every stop (Go duration).
+    #[arg(long, env = "FERROLB_RESTART_HOLD", default_value = "10s", value_parser = duration)]
+    pub restart_hold: Duration,
+    /// When a stop is a replacement: `pod-deleted` (this speaker's Pod, --pod-name, is being
+    /// deleted, as in a rolling update; a node shutting down does not delete its pods) or
+    /// `always` (a supervisor that restarts the speaker).
+    #[arg(long, env = "FERROLB_RESTART_HOLD_WHEN", value_enum, default_value_t = run::restart::HoldWhen::PodDeleted)]
+    pub restart_hold_when: run::restart::HoldWhen,
+    /// This speaker's Pod (the chart passes it from the downward API).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
     /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
     /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.

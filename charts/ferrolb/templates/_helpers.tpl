@@ -70,12 +70,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- get $levels . | default . }}
 {{- end }}
 
-{{/* An HTTP probe from a values block: enabled, thresholds and timings. Argument: list of probe values and path. */}}
+{{/*
+The Secret (type kubernetes.io/tls) whose tls.crt and tls.key a component serves its metrics and
+health pages with, or "" for plain HTTP. MetalLB's names for it: prometheus.<component>MetricsTLSSecret
+(0.15) or tls.<component>MetricsTLSSecret (0.16). Argument: list of root context and component.
+*/}}
+{{- define "ferrolb.metricsTLSSecret" -}}
+{{- $root := index . 0 -}}
+{{- $key := printf "%sMetricsTLSSecret" (index . 1) -}}
+{{- $fromTLS := "" -}}
+{{- with $root.Values.tls }}{{- $fromTLS = get . $key | default "" }}{{- end -}}
+{{- get $root.Values.prometheus $key | default $fromTLS -}}
+{{- end }}
+
+{{/* Where the metrics TLS Secret is mounted. */}}
+{{- define "ferrolb.metricsTLSPath" -}}
+/etc/ferrolb/metrics-tls
+{{- end }}
+
+{{/* An HTTP probe from a values block: enabled, thresholds and timings. Argument: list of probe values, path and scheme. */}}
 {{- define "ferrolb.probe" -}}
 {{- $probe := index . 0 -}}
 httpGet:
   path: {{ index . 1 }}
   port: monitoring
+  {{- if eq (index . 2) "HTTPS" }}
+  scheme: HTTPS
+  {{- end }}
 {{- range $key := list "initialDelaySeconds" "periodSeconds" "timeoutSeconds" "successThreshold" "failureThreshold" }}
 {{- if hasKey $probe $key }}
 {{ $key }}: {{ get $probe $key }}
@@ -111,8 +132,8 @@ says what to do, rather than ignore a setting the user relies on.
 {{- end }}
 {{- with .Values.tls }}
 {{- range $key, $value := . }}
-{{- if $value }}
-{{- fail (printf "tls.%s: ferrolb serves metrics over plain HTTP; put a proxy or a NetworkPolicy in front (docs/migrating-from-metallb.md)" $key) }}
+{{- if and $value (not (has $key (list "controllerMetricsTLSSecret" "speakerMetricsTLSSecret"))) }}
+{{- fail (printf "tls.%s: ferrolb's metrics TLS takes a certificate Secret only (tls.speakerMetricsTLSSecret, tls.controllerMetricsTLSSecret) and uses TLS 1.2 and 1.3 with rustls' cipher suites; remove the value (docs/migrating-from-metallb.md)" $key) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -79,10 +79,14 @@ impl PoolState {
         let mut total = [0u128; 2];
         for range in &pool.ranges {
             let i = family_index(range.family());
-            free[i].insert_range(range.first_value(), range.last_value());
             let mut size = range.size();
             if pool.avoid_buggy_ips && range.family() == Family::V4 {
                 size -= buggy_in(range);
+            }
+            // A range of skipped addresses only (a .255/32, a .255-.0 pair) holds nothing: not
+            // in the free index, which `lowest_free` prunes only while the pool has room.
+            if size > 0 {
+                free[i].insert_range(range.first_value(), range.last_value());
             }
             total[i] = total[i].saturating_add(size);
         }
@@ -175,6 +179,27 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    #[test]
+    fn a_range_of_skipped_addresses_only_keeps_no_free_space() {
+        // Found by allocator_props::released_space_is_reused: 10.0.0.255/32 with avoidBuggyIPs.
+        let range =
+            |a: &str, b: &str| IpRange::new(a.parse().unwrap(), b.parse().unwrap()).unwrap();
+        let pool = Pool {
+            name: "p".into(),
+            labels: Default::default(),
+            ranges: vec![
+                range("10.0.0.255", "10.0.0.255"),
+                range("10.0.1.255", "10.0.2.0"),
+            ],
+            auto_assign: true,
+            avoid_buggy_ips: true,
+            allocation: None,
+        };
+        let state = PoolState::new(pool);
+        assert_eq!(state.free_intervals(), 0);
+        assert_eq!(state.stats().total_ipv4, 0);
+    }
 
     #[test]
     fn buggy_count_matches_a_scan() {

@@ -76,6 +76,35 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         duration_ms: u64,
     },
+    /// (internal) Hold one TCP connection to the pods' stream endpoint (`GET /stream` on port
+    /// 80 of the Service), a line every --interval-ms, until stdin closes or --limit-ms passes;
+    /// then print the report as JSON.
+    #[command(hide = true)]
+    Hold {
+        /// IP of the Service.
+        #[arg(long)]
+        ip: std::net::IpAddr,
+        /// Milliseconds between lines.
+        #[arg(long, default_value_t = 50)]
+        interval_ms: u64,
+        /// The longest it holds, milliseconds.
+        #[arg(long, default_value_t = 120_000)]
+        limit_ms: u64,
+    },
+    /// (internal) Relay datagrams with a delay, each --route LISTEN=TO (the heartbeat delay
+    /// fault, e2e/src/faults.rs), until stdin closes or --limit-ms passes.
+    #[command(hide = true)]
+    DelayRelay {
+        /// Milliseconds each datagram is held.
+        #[arg(long)]
+        delay_ms: u64,
+        /// LISTEN=TO socket addresses.
+        #[arg(long, required = true)]
+        route: Vec<String>,
+        /// The longest it runs, milliseconds.
+        #[arg(long, default_value_t = 300_000)]
+        limit_ms: u64,
+    },
     /// (internal) Run a lab process and record how it ended (see e2e/src/process.rs).
     #[command(hide = true)]
     Supervise {
@@ -111,10 +140,27 @@ async fn agent() -> anyhow::Result<()> {
         if State::load(&dir)?.is_none() {
             return Ok(());
         }
-        if let Err(e) = cluster::renew_leases(&client, &topology).await {
-            eprintln!("agent: {e:#}");
-        }
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        // Bounded: with etcd down the API server holds a request for up to a minute, and a
+        // renewal waiting that long lets kube-controller-manager mark every node not ready after
+        // etcd is back (it then takes the pods' endpoints away). A kubelet times its renewal out
+        // the same way and tries again soon.
+        let pause = match tokio::time::timeout(
+            Duration::from_secs(5),
+            cluster::renew_leases(&client, &topology),
+        )
+        .await
+        {
+            Ok(Ok(())) => Duration::from_secs(5),
+            Ok(Err(e)) => {
+                eprintln!("agent: {e:#}");
+                Duration::from_secs(1)
+            }
+            Err(_) => {
+                eprintln!("agent: renewing the node Leases took over 5 s; trying again");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -333,6 +379,46 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::to_string(&r)?);
                 Ok(0)
             }),
+            Command::DelayRelay {
+                delay_ms,
+                route,
+                limit_ms,
+            } => {
+                let routes = route
+                    .iter()
+                    .map(|r| {
+                        let (listen, to) = r
+                            .split_once('=')
+                            .with_context(|| format!("--route {r}: LISTEN=TO"))?;
+                        Ok((listen.parse()?, to.parse()?))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let closed = stdin_closed();
+                ferrolb_e2e::faults::relay(
+                    &routes,
+                    std::time::Duration::from_millis(delay_ms),
+                    std::time::Duration::from_millis(limit_ms),
+                    || closed.load(std::sync::atomic::Ordering::Relaxed),
+                )
+                .map(|_| 0)
+            }
+            Command::Hold {
+                ip,
+                interval_ms,
+                limit_ms,
+            } => {
+                let closed = stdin_closed();
+                ferrolb_e2e::probe::hold(
+                    std::net::SocketAddr::new(ip, 80),
+                    std::time::Duration::from_millis(interval_ms),
+                    std::time::Duration::from_millis(limit_ms),
+                    || closed.load(std::sync::atomic::Ordering::Relaxed),
+                )
+                .and_then(|r| {
+                    println!("{}", serde_json::to_string(&r)?);
+                    Ok(0)
+                })
+            }
         }
     })();
     match result {
@@ -342,4 +428,15 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Set once stdin is closed: how a test stops a helper it started (`hold`, `delay-relay`).
+fn stdin_closed() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = closed.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    closed
 }

@@ -58,14 +58,52 @@ impl Lab {
     /// The MAC addresses that answer ARP (IPv4) or NDP (IPv6) for `ip` when `from` asks on its
     /// lab interface: three requests, every answer counted.
     pub fn l2_answers(&self, from: &str, ip: &str) -> anyhow::Result<BTreeSet<String>> {
+        self.ask_l2(
+            from,
+            ip,
+            &["-m", "-n", "-r", "3", "-w", "300"],
+            &["-c", "3", "-W", "0.3"],
+        )
+    }
+
+    /// The MACs that answered each of three requests for `ip` (an ARP request, or a Neighbor
+    /// Solicitation for an IPv6 address), one after the other, each listened to for 40 ms only.
+    /// Two MACs for one request is a split. A handover cannot show as one: an owner stops
+    /// answering at least 50 ms before anyone can take over (ferrolb_layer2::tenure), and a
+    /// taking node's unsolicited announcement lands after that.
+    pub fn l2_answers_by_request(
+        &self,
+        from: &str,
+        ip: &str,
+    ) -> anyhow::Result<Vec<BTreeSet<String>>> {
+        // One solicitation (-r 1) or request (-c 1); every answer within 40 ms (arping counts
+        // only replies to us).
+        (0..3)
+            .map(|_| {
+                self.ask_l2(
+                    from,
+                    ip,
+                    &["-m", "-n", "-r", "1", "-w", "40"],
+                    &["-c", "1", "-w", "0.04"],
+                )
+            })
+            .collect()
+    }
+
+    /// The MACs answering `ip` from `from`'s eth0: ndisc6 with `ndisc` for an IPv6 address,
+    /// arping with `arping` for an IPv4 one.
+    fn ask_l2(
+        &self,
+        from: &str,
+        ip: &str,
+        ndisc: &[&str],
+        arping: &[&str],
+    ) -> anyhow::Result<BTreeSet<String>> {
         let mut macs = BTreeSet::new();
         if ip.contains(':') {
             // ndisc6 -m prints every advertisement: "Target link-layer address: 82:24:...".
-            let out = self.exec_output(
-                from,
-                "ndisc6",
-                &["-m", "-n", "-r", "3", "-w", "300", ip, "eth0"],
-            )?;
+            let args: Vec<&str> = ndisc.iter().copied().chain([ip, "eth0"]).collect();
+            let out = self.exec_output(from, "ndisc6", &args)?;
             for line in String::from_utf8_lossy(&out.stdout).lines() {
                 if let Some(mac) = line.trim().strip_prefix("Target link-layer address:") {
                     macs.insert(mac.trim().to_ascii_lowercase());
@@ -73,8 +111,8 @@ impl Lab {
             }
         } else {
             // arping prints "60 bytes from 82:24:ad:bd:37:ba (198.18.200.0): index=0 ...".
-            let out =
-                self.exec_output(from, "arping", &["-c", "3", "-W", "0.3", "-i", "eth0", ip])?;
+            let args: Vec<&str> = arping.iter().copied().chain(["-i", "eth0", ip]).collect();
+            let out = self.exec_output(from, "arping", &args)?;
             for line in String::from_utf8_lossy(&out.stdout).lines() {
                 if let Some(rest) = line.split(" bytes from ").nth(1)
                     && let Some(mac) = rest.split_whitespace().next()
@@ -116,6 +154,26 @@ pub fn http_url(ip: &str) -> String {
 }
 
 impl Lab {
+    /// A command running `ferrolb-lab` with `args` inside `host`'s namespace (the lab's own
+    /// helpers: `probe`, `hold`, `delay-relay`); the caller sets its stdio and spawns it.
+    pub fn lab_command(&self, host: &str, args: &[&str]) -> anyhow::Result<std::process::Command> {
+        let mut command = std::process::Command::new("ip");
+        command
+            .args(["netns", "exec", &self.netns_of(host)?])
+            .arg(&self.lab_exe)
+            .args(args);
+        Ok(command)
+    }
+
+    /// A host's IPv4 address on its first lab interface (what the cluster knows it by).
+    pub fn ipv4_of(&self, host: &str) -> anyhow::Result<std::net::Ipv4Addr> {
+        self.topology
+            .host(host)
+            .and_then(|h| h.interfaces.first())
+            .map(|i| i.ipv4)
+            .with_context(|| format!("no lab host {host} with an interface"))
+    }
+
     /// MAC address of a host's lab interface.
     pub fn mac_of(&self, host: &str) -> anyhow::Result<String> {
         Ok(self

@@ -11,8 +11,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrolb_layer2::liveness::{Heartbeat, KeyRing, Membership};
+use ferrolb_layer2::liveness::{Heard, Heartbeat, KeyRing, Membership};
 use ferrolb_layer2::quorum;
+use ferrolb_layer2::tenure::{self, SentLog};
 use hmac::{Hmac, Mac};
 use libfuzzer_sys::fuzz_target;
 use sha2::Sha256;
@@ -48,6 +49,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let start = Instant::now();
     let mut members = Membership::new("self", Duration::from_millis(500));
+    // Peers that leave to be replaced are held: the hold's paths run too.
+    members.set_restart_hold(Duration::from_secs(10));
     let Ok(ring) = KeyRing::new([OTHER.to_vec(), KEY.to_vec()]) else {
         return;
     };
@@ -61,11 +64,21 @@ fuzz_target!(|data: &[u8]| {
                 unix_ms: u64_at(chunk, 18),
                 ready: chunk.get(1).is_some_and(|f| f & 1 == 1),
                 leaving: chunk.get(1).is_some_and(|f| f & 2 == 2),
+                restarting: chunk.get(1).is_some_and(|f| f & 0x40 == 0x40),
                 interfaces: BTreeSet::from(["eth0".to_string()]),
                 // Who the sender hears, from the flag bits: the quorum rule runs on these.
                 hears: (0..4u8)
                     .filter(|n| chunk.get(1).is_some_and(|f| f & (4 << n) != 0))
-                    .map(|n| (format!("node{n}"), n % 2 == 0))
+                    .map(|n| {
+                        (
+                            format!("node{n}"),
+                            Heard {
+                                ready: n % 2 == 0,
+                                boot: u64_at(chunk, 2) ^ u64::from(n),
+                                seq: u64_at(chunk, 10) >> n,
+                            },
+                        )
+                    })
                     .collect(),
             };
             let Ok(bytes) = beat.encode(KEY) else {
@@ -102,6 +115,12 @@ fuzz_target!(|data: &[u8]| {
                 &BTreeSet::new(),
             );
             assert!(verdict.acts() || !verdict.candidates.contains_key("self"));
+            // Acknowledgements of any values: the tenure and the claim rule take them.
+            let mut sent = SentLog::new(u64_at(chunk, 2));
+            sent.record(u64_at(chunk, 10), start);
+            let acks = members.acks(u64_at(chunk, 2));
+            let _ = tenure::tenure("self", &known, &acks, &sent, Duration::from_millis(500));
+            let _ = quorum::seen_ready("self", &verdict, &acks);
         }
         return;
     }
@@ -110,7 +129,8 @@ fuzz_target!(|data: &[u8]| {
     } else if mode & 4 == 0 {
         signed(body.to_vec())
     } else {
-        signed([b"FLB\x01".as_slice(), body].concat())
+        // The current version's magic (layer2/src/liveness.rs), so the body reaches the parser.
+        signed([b"FLB\x03".as_slice(), body].concat())
     };
     let Ok(beat) = Heartbeat::decode(&datagram, KEY) else {
         assert!(Heartbeat::decode_with(&datagram, &ring).is_err());

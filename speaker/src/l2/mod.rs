@@ -7,16 +7,19 @@
 //! [`owner`]'s rendezvous hashing over the live speakers that [`liveness`] tracks;
 //! [`presence`] reads the known speakers from their presence Leases, the set the quorum rule
 //! (`ferrolb_layer2::quorum`) counts majorities of; [`step`] is the work loop's step as pure
-//! code; [`interfaces`] says which interfaces may announce; [`socket`] is the AF_PACKET socket that
-//! reads requests and sends the replies [`packet`] builds.
+//! code; [`readiness`] is what `/readyz` says (it paces rolling updates); [`interfaces`] says
+//! which interfaces may announce; [`socket`] is the AF_PACKET socket that reads requests and
+//! sends the replies [`packet`] builds.
 //!
 //! [`packet`], [`owner`] and [`liveness`] re-export `ferrolb-layer2`'s modules, so the speaker's
 //! paths (`ferrolb_speaker::l2::packet`, ...) keep working; new code should use
 //! `ferrolb_layer2` directly.
 
+pub mod gate;
 pub mod interfaces;
 pub mod plan;
 pub mod presence;
+pub mod readiness;
 pub mod socket;
 pub mod step;
 

@@ -3,14 +3,9 @@
 //! metric's label sets and the failures worth an Event. The binary's loop (`run/mod.rs`) only
 //! gathers the inputs and carries the results out (sockets, API writes, metrics).
 //!
-//! Rules that live here:
-//! * A node may own IPs only a failure timeout after it became able to (a usable interface), so
-//!   it has heard the others first; a starting or reconnected node never grabs every IP.
-//! * Who may own IPs at all is the quorum rule's verdict (`ferrolb_layer2::quorum`): a node cut
-//!   off from a majority of the known speakers owns nothing.
-//! * This node says it acts (in its heartbeat) before it claims: it counts itself among the
-//!   members only once it has acted for a claim delay, so peers that became ready at the same
-//!   moment have heard each other before either takes an IP.
+//! Who may own IPs at all (settling, the quorum rule, the claim delay, tenure, flap damping) is
+//! [`crate::l2::gate`]'s; [`Settling`] and [`members`] are its building blocks here. Rules that
+//! live here:
 //! * A node reports (ServiceL2Status) exactly the Services of the IPs it announces, with the
 //!   interfaces it announces them on, in the plan's order, without repeats.
 //! * A failure to announce on an interface is reported once per Service and interface.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, KeyRing, Membership};
 use ferrolb_layer2::quorum::Report;
+use ferrolb_layer2::tenure::{SentLog, Tenure};
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 
@@ -19,6 +20,8 @@ use super::metrics::Metrics;
 struct Local {
     ready: bool,
     leaving: bool,
+    /// Leaving to be replaced: the others keep this node's IPs for their restart hold.
+    restarting: bool,
     interfaces: BTreeSet<String>,
     /// When the work loop last said what it is (each step and each check between steps).
     confirmed: Option<Instant>,
@@ -33,9 +36,19 @@ pub struct Gossip {
     port: u16,
     boot: u64,
     seq: Mutex<u64>,
+    /// When this boot's recent heartbeats went out, for the tenure (`ferrolb_layer2::tenure`).
+    sent: Mutex<SentLog>,
+    /// No heartbeat goes out before this: a starting speaker listens for one failure timeout
+    /// first, so it never reports "not heard" for a peer it has not had the time to hear (the
+    /// tenure's second assumption).
+    speaks_from: Instant,
+    timeout: Duration,
     local: Mutex<Local>,
     peers: Mutex<Vec<SocketAddr>>,
     membership: Mutex<Membership>,
+    /// The peers the last heartbeat said this speaker hears, each with its `ready`: a change
+    /// goes out at once ([`Gossip::tell_changes`]).
+    told: Mutex<BTreeMap<String, bool>>,
     /// `ready` goes out only while the work loop confirmed it this recently: a stuck or frozen
     /// loop stops being counted before its mandate to answer has lapsed.
     confirm_within: Duration,
@@ -77,6 +90,14 @@ fn boot_id() -> u64 {
     u64::from_str_radix(&hex, 16).unwrap_or_else(|_| unix_ms() ^ u64::from(std::process::id()))
 }
 
+/// Who a heartbeat says its sender hears, and whether each said `ready` (not the sequence
+/// numbers, which move with every heartbeat).
+fn heard_summary(
+    hears: &BTreeMap<String, ferrolb_layer2::liveness::Heard>,
+) -> BTreeMap<String, bool> {
+    hears.iter().map(|(n, h)| (n.clone(), h.ready)).collect()
+}
+
 /// The heartbeat timings.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -86,6 +107,8 @@ pub struct Timing {
     pub timeout: Duration,
     /// `ready` goes out only while the work loop confirmed it this recently.
     pub confirm_within: Duration,
+    /// How long a peer that leaves to be replaced keeps its IPs.
+    pub restart_hold: Duration,
 }
 
 impl Gossip {
@@ -109,15 +132,24 @@ impl Gossip {
                     .with_context(|| format!("binding heartbeat port {port}"))?,
             };
         note_keys(&metrics, &keys);
+        let boot = boot_id();
         let gossip = Arc::new(Gossip {
-            membership: Mutex::new(Membership::new(node.clone(), timing.timeout)),
+            membership: Mutex::new({
+                let mut m = Membership::new(node.clone(), timing.timeout);
+                m.set_restart_hold(timing.restart_hold);
+                m
+            }),
             node,
             keys: Mutex::new(Arc::new(keys)),
             port,
-            boot: boot_id(),
+            boot,
             seq: Mutex::new(0),
+            sent: Mutex::new(SentLog::new(boot)),
+            speaks_from: Instant::now() + timing.timeout,
+            timeout: timing.timeout,
             local: Mutex::new(Local::default()),
             peers: Mutex::new(Vec::new()),
+            told: Mutex::new(BTreeMap::new()),
             confirm_within: timing.confirm_within,
             socket,
             changed,
@@ -188,9 +220,14 @@ impl Gossip {
     }
 
     /// Tells the others this speaker leaves, so they take its IPs over without waiting for the
-    /// failure timeout. Sent three times: UDP may drop one.
-    pub async fn leave(&self) {
-        lock(&self.local).leaving = true;
+    /// failure timeout, or, `replaced`, keep them for its successor. Sent three times: UDP may
+    /// drop one.
+    pub async fn leave(&self, replaced: bool) {
+        {
+            let mut local = lock(&self.local);
+            local.leaving = true;
+            local.restarting = replaced;
+        }
         for _ in 0..3 {
             self.beat().await;
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -202,16 +239,50 @@ impl Gossip {
         lock(&self.membership).reports(now)
     }
 
+    /// Until when this speaker may answer for its IPs, from `acks`, the acknowledgements of its
+    /// heartbeats ([`Gossip::acks`]; `ferrolb_layer2::tenure`): `known` are the known speakers.
+    pub fn tenure(
+        &self,
+        known: &BTreeSet<String>,
+        acks: &BTreeMap<String, ferrolb_layer2::liveness::Heard>,
+    ) -> Tenure {
+        let sent = lock(&self.sent);
+        ferrolb_layer2::tenure::tenure(&self.node, known, acks, &sent, self.timeout)
+    }
+
+    /// What each peer's latest heartbeat says of this boot's heartbeats.
+    pub fn acks(&self) -> BTreeMap<String, ferrolb_layer2::liveness::Heard> {
+        lock(&self.membership).acks(self.boot)
+    }
+
     /// When the next heard peer would fall silent.
     pub fn next_silence(&self, now: Instant) -> Option<Instant> {
         lock(&self.membership).next_silence(now)
     }
 
+    /// Sends a heartbeat now if the peers this speaker hears (or their `ready`) changed since
+    /// the last one. A peer falling silent then reaches the others at once instead of up to a
+    /// heartbeat interval later: while one of them still reports the silent owner ready it
+    /// stays a candidate, so the taker waits for that news (measured: about 40 ms of a link-cut
+    /// failover's median). Safe: taking over still needs the taker itself to have stopped
+    /// hearing the owner for the failure timeout, which bounds the owner's tenure.
+    pub async fn tell_changes(&self) {
+        let now = heard_summary(&lock(&self.membership).hears(Instant::now()));
+        if *lock(&self.told) != now {
+            self.beat().await;
+        }
+    }
+
     async fn beat(&self) {
+        if Instant::now() < self.speaks_from {
+            return;
+        }
         let beat = {
             let local = lock(&self.local).clone();
             let mut seq = lock(&self.seq);
             *seq += 1;
+            // Logged before it is sent: a bound taken early is safe.
+            lock(&self.sent).record(*seq, Instant::now());
             Heartbeat {
                 node: self.node.clone(),
                 boot: self.boot,
@@ -223,10 +294,12 @@ impl Gossip {
                         .confirmed
                         .is_some_and(|t| t.elapsed() <= self.confirm_within),
                 leaving: local.leaving,
+                restarting: local.leaving && local.restarting,
                 interfaces: local.interfaces,
                 hears: lock(&self.membership).hears(Instant::now()),
             }
         };
+        *lock(&self.told) = heard_summary(&beat.hears);
         let bytes = match beat.encode(self.keys().signing()) {
             Ok(b) => b,
             Err(e) => {

@@ -49,6 +49,9 @@ pub struct Metrics {
     /// 1 while flap damping holds this node back from owning layer 2 IPs after it regained its
     /// quorum.
     pub damped: Gauge,
+    /// Checks at which this node owned layer 2 IPs but too few of its heartbeats were
+    /// acknowledged recently to keep answering (its outgoing heartbeats are being lost).
+    pub tenure_lapsed: Counter,
     /// 1 when the last renewal of this node's presence Lease succeeded.
     pub presence_renewed: Gauge,
     /// IPs this node took over (became owner of).
@@ -138,6 +141,11 @@ impl Metrics {
             "ferrolb_layer2_damped",
             "1 while flap damping holds this node back from owning layer 2 IPs after a loss of quorum",
             m.damped.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_tenure_lapsed",
+            "Checks at which this node owned layer 2 IPs but stopped answering for them: too few of its recent heartbeats were acknowledged by the other speakers (its outgoing heartbeats are being lost)",
+            m.tenure_lapsed.clone(),
         );
         r.register(
             "ferrolb_layer2_quorum",

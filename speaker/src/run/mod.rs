@@ -9,6 +9,7 @@ mod interfaces;
 mod keys;
 mod metrics;
 mod presence;
+pub mod restart;
 mod status;
 mod status_objects;
 mod watch;
@@ -20,12 +21,11 @@ use std::time::{Duration, Instant};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_layer2::liveness::Member;
-use ferrolb_layer2::quorum;
 use ferrolb_runtime::events::{Always, EventQueue, Recorder};
 use ferrolb_speaker::l2::interfaces::Interface;
 use ferrolb_speaker::l2::plan::{self, Inputs, ServiceOutcome};
 use ferrolb_speaker::l2::presence::known as known_speakers;
-use ferrolb_speaker::l2::step;
+use ferrolb_speaker::l2::{gate, readiness, step};
 use ferrolb_speaker::view::NodeView;
 use tokio::sync::Notify;
 
@@ -34,12 +34,6 @@ use metrics::Metrics;
 
 /// How often interfaces are read.
 const INTERFACE_POLL: Duration = Duration::from_millis(100);
-/// How long a clean shutdown keeps answering after telling the others it leaves, so they have
-/// taken over before this node goes quiet.
-const HANDOVER: Duration = Duration::from_millis(300);
-/// Heartbeat intervals between saying "ready" and claiming IPs: peers that became ready at the
-/// same moment hear each other first, so neither claims the other's IPs for a moment.
-const CLAIM_AFTER_BEATS: u32 = 3;
 
 /// Runs the speaker until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -69,6 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ready.clone(),
         "caches not synced",
         pulse.clone(),
+        args.metrics_tls.files()?,
     ));
     let changed = Arc::new(Notify::new());
     let stores = watch::start(
@@ -85,6 +80,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             interval: args.heartbeat_interval,
             timeout: args.failure_timeout,
             confirm_within: mandate_for(args.failure_timeout, args.heartbeat_interval),
+            restart_hold: args.restart_hold,
         },
         changed.clone(),
         metrics.clone(),
@@ -123,13 +119,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut speaker = Speaker {
         announcer: announce::Announcer::new(metrics.clone(), args.garp_refresh),
         config: None,
-        settling: step::Settling::default(),
-        damping: ferrolb_layer2::damping::Damping::new(),
-        held: false,
-        claim: step::Settling::default(),
+        gate: gate::Gate::new(gate::Timing {
+            heartbeat_interval: args.heartbeat_interval,
+            failure_timeout: args.failure_timeout,
+            mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
+            flap_damping: args.flap_damping,
+        }),
+        tenure_lapsed: false,
+        layer2: readiness::Layer2State::default(),
+        announces: true,
         acted: false,
         planned_members: BTreeMap::new(),
-        mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
         announced: BTreeSet::new(),
         failures: step::FailureLog::default(),
         bgp: bgp::Bgp::new(
@@ -148,15 +148,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut server = server;
     loop {
         let now = Instant::now();
-        let wake = [
-            gossip.next_silence(now),
-            speaker.settling.wake_at(now),
-            speaker.claim.wake_at(now),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .map(|t| t + Duration::from_millis(1));
+        let wake = [gossip.next_silence(now), speaker.gate.wake_at(now)]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| t + Duration::from_millis(1));
         let sleep = async {
             match wake {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -168,12 +164,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let check = tokio::time::sleep(speaker.args.heartbeat_interval);
         pulse.beat();
         tokio::select! {
-            _ = changed.notified() => {}
-            _ = sleep => {}
+            _ = changed.notified() => gossip.tell_changes().await,
+            _ = sleep => gossip.tell_changes().await,
             _ = check => {
                 if stores.synced() {
                     let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    if speaker.still_valid(&stores, &gossip, &links).await {
+                    let valid = speaker.still_valid(&stores, &gossip, &links).await;
+                    ready.set_result(speaker.readiness());
+                    if valid {
                         continue;
                     }
                 }
@@ -187,25 +185,43 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if !stores.synced() {
             continue;
         }
-        ready.set(true);
         let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let desired = speaker.step(&stores, &gossip, &links, &events).await;
+        ready.set_result(speaker.readiness());
         status_tx.send_replace(desired);
     }
-    // Clean shutdown: the others take over at once; keep answering until they have.
-    gossip.leave().await;
-    renewing.abort();
-    presence.remove().await;
-    tokio::time::sleep(HANDOVER).await;
+    // Clean shutdown: stop answering, then say so; the others take over at once (within a
+    // few milliseconds). Answering until they have would be two owners for that moment. When
+    // this speaker is being replaced (a rolling update), it asks them instead to keep its IPs
+    // with this node for the restart hold: its successor takes them up, and the connections
+    // kube-proxy tracks here survive. Its presence Lease and status objects stay for the
+    // successor.
+    let replaced = !speaker.args.restart_hold.is_zero()
+        && restart::is_replacement(
+            &client,
+            &speaker.args.namespace,
+            speaker.args.pod_name.as_deref(),
+            speaker.args.restart_hold_when,
+        )
+        .await;
     speaker.announcer.apply(&BTreeMap::new(), &BTreeMap::new());
+    gossip.leave(replaced).await;
+    renewing.abort();
+    if replaced {
+        tracing::info!(hold = ?speaker.args.restart_hold, "being replaced: the other speakers keep this node's IPs for its successor");
+    } else {
+        presence.remove().await;
+    }
     speaker.bgp.shutdown().await;
-    status_tx.send_replace(status::Desired::new());
+    if !replaced {
+        status_tx.send_replace(status::Desired::new());
+    }
     drop(status_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), status_task).await;
     Ok(())
 }
 
-/// How long answering stays allowed after a check (see `Speaker::mandate`): the failure
+/// How long answering stays allowed after a check (`gate::Timing::mandate`): the failure
 /// timeout minus two heartbeat intervals, at least one interval.
 fn mandate_for(failure_timeout: Duration, heartbeat_interval: Duration) -> Duration {
     failure_timeout
@@ -236,6 +252,9 @@ struct Membership {
     nodes: BTreeMap<String, NodeView>,
     members: BTreeMap<String, Member>,
     claims: bool,
+    /// Until when this node may answer for what it owns: the mandate after this check, cut
+    /// short by the tenure (`ferrolb_layer2::tenure`); `None`: not at all now.
+    answer_until: Option<Instant>,
 }
 
 /// The work loop's state.
@@ -244,22 +263,18 @@ struct Speaker {
     announcer: announce::Announcer,
     /// The configuration, recomputed when a configuration object changes.
     config: Option<Arc<ferrolb_config::model::Config>>,
-    /// When this speaker may own IPs (docs in [`step::Settling`]).
-    settling: step::Settling,
-    /// Flap damping after a loss of quorum.
-    damping: ferrolb_layer2::damping::Damping,
-    /// Whether the damping holds this node back (for logging the change).
-    held: bool,
-    /// When this speaker, acting, claims IPs ([`CLAIM_AFTER_BEATS`]).
-    claim: step::Settling,
+    /// Who may own IPs, and until when this node may answer (ferrolb_speaker::l2::gate).
+    gate: gate::Gate,
+    /// Whether the last check claimed with a lapsed tenure (to log the changes).
+    tenure_lapsed: bool,
+    /// What the last membership check found, for `/readyz` (and to log changes).
+    layer2: readiness::Layer2State,
+    /// Whether an L2Advertisement selects this node, as of the last membership check.
+    announces: bool,
     /// Whether the last step acted (for logging the changes).
     acted: bool,
     /// The members the last plan was made with.
     planned_members: BTreeMap<String, Member>,
-    /// How long answering stays allowed after the loop last saw the plan still valid: less
-    /// than the others' failure timeout minus a heartbeat interval, so a frozen process's
-    /// mandate lapses before anyone takes its IPs over.
-    mandate: Duration,
     /// `metallb_speaker_announced` label sets currently set.
     announced: BTreeSet<(ServiceKey, IpAddr)>,
     /// Announcement failures already reported with an Event.
@@ -285,9 +300,6 @@ impl Speaker {
             .map(|(n, i)| (n.clone(), i.clone()))
             .collect();
         let usable_names: BTreeSet<String> = usable.keys().cloned().collect();
-        let settled = self
-            .settling
-            .observe(!usable.is_empty(), now, self.args.failure_timeout);
 
         let nodes: BTreeMap<String, NodeView> = stores
             .nodes
@@ -305,70 +317,103 @@ impl Speaker {
         // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
         // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
         gossip.set_nodes(nodes.keys().cloned().collect());
-        // The quorum rule: who may own IPs, this node included (docs in ferrolb_layer2::quorum).
+        // Who may own IPs, this node included, and until when it may answer: the gate's rules
+        // (ferrolb_speaker::l2::gate), from the known speakers, the heartbeat table and the
+        // acknowledgements (one read serves the tenure and the claim rule).
         let known = known_speakers(&stores.presence.state());
         let reports = gossip.reports(now);
-        let verdict = quorum::decide(
-            &self.args.node_name,
-            &known,
-            &reports,
-            settled,
-            &usable_names,
+        let acks = gossip.acks();
+        let tenure = gossip.tenure(&known, &acks);
+        let o = self.gate.check(
+            gate::Inputs {
+                me: &self.args.node_name,
+                known: &known,
+                reports: &reports,
+                acks: &acks,
+                tenure,
+                usable: &usable_names,
+            },
+            now,
         );
-        // Flap damping (docs in ferrolb_layer2::damping): after losing its quorum, this node
-        // says it is ready again only once held down for a while, so that IPs do not bounce.
-        if settled && self.args.flap_damping {
-            self.damping.observe(verdict.acts(), now);
+        if o.starved {
+            tracing::warn!(
+                "this node's heartbeats reach the other speakers too late to prove it is heard: handing its layer 2 IPs over"
+            );
         }
-        let held = self.damping.held_until(now);
-        if held.is_some() != self.held {
-            match held {
+        if o.held_until.is_some() != self.layer2.held {
+            match o.held_until {
                 Some(until) => tracing::warn!(
                     hold = ?until.saturating_duration_since(now),
                     "quorum regained after a loss: holding back from owning layer 2 IPs for a while (flap damping)"
                 ),
                 None => tracing::info!("flap damping over: this node may own layer 2 IPs again"),
             }
-            self.held = held.is_some();
         }
-        self.metrics.damped.set(i64::from(self.held));
-        let acts = settled && verdict.acts() && held.is_none();
-        let claims =
-            self.claim
-                .observe(acts, now, self.args.heartbeat_interval * CLAIM_AFTER_BEATS);
-        if acts != self.acted {
-            if acts {
+        self.metrics.damped.set(i64::from(o.held_until.is_some()));
+        if self.gate.waiting_to_claim() {
+            tracing::debug!("waiting for every candidate to hear this node ready before claiming");
+        }
+        if o.acts != self.acted {
+            if o.acts {
                 tracing::info!(
                     known = known.len(),
                     heard = reports.len(),
                     "quorum: this node may own layer 2 IPs"
                 );
-            } else if settled {
+            } else if o.state.settled {
                 tracing::warn!(
                     known = known.len(),
                     heard = reports.len(),
-                    quorum = verdict.quorum,
-                    heard_by_majority = verdict.up,
+                    quorum = o.verdict.quorum,
+                    heard_by_majority = o.verdict.up,
                     "no quorum: this node gives up its layer 2 IPs until it hears, and is heard by, a majority of the known speakers"
                 );
             }
-            self.acted = acts;
+            self.acted = o.acts;
         }
-        gossip.set_local(acts, usable_names.clone()).await;
-        self.metrics.quorum.set(i64::from(verdict.acts()));
+        gossip.set_local(o.acts, usable_names.clone()).await;
+        self.metrics.quorum.set(i64::from(o.verdict.acts()));
         self.metrics
             .speakers_known
             .set(i64::try_from(known.len()).unwrap_or(i64::MAX));
         self.metrics
             .peers_alive
             .set(i64::try_from(reports.len()).unwrap_or(i64::MAX));
-        let members = step::members(&verdict, &self.args.node_name, claims);
+        if o.tenure_lapsed() {
+            self.metrics.tenure_lapsed.inc();
+        }
+        if o.tenure_lapsed() != self.tenure_lapsed {
+            if o.tenure_lapsed() {
+                // Debug: under lossy heartbeats this changes many times a second; the metric
+                // counts it.
+                tracing::debug!(
+                    "tenure lapsed: not answering for this node's layer 2 IPs until the other speakers' acknowledgements of its heartbeats catch up"
+                );
+            } else {
+                tracing::debug!("tenure back: answering for this node's layer 2 IPs again");
+            }
+            self.tenure_lapsed = o.tenure_lapsed();
+        }
+        self.layer2 = o.state;
+        // Before the first configuration is read, count layer 2 as announcing here: the doubt
+        // goes the way that keeps a rolling update waiting.
+        self.announces = self.config.as_ref().is_none_or(|config| {
+            readiness::announces_here(config, nodes.get(&self.args.node_name))
+        });
+        let (members, claims, answer_until) = (o.members, o.claims, o.answer_until);
         Membership {
             usable,
             nodes,
             members,
             claims,
+            answer_until,
         }
+    }
+
+    /// What `/readyz` says now (ferrolb_speaker::l2::readiness); called once the caches are
+    /// synced.
+    fn readiness(&self) -> Result<(), &'static str> {
+        readiness::readiness(true, self.announces, self.layer2)
     }
 
     /// The periodic check between steps: when the members are still those the last plan was
@@ -386,7 +431,7 @@ impl Speaker {
             return false;
         }
         if m.claims {
-            self.announcer.renew(now + self.mandate);
+            self.announcer.renew(m.answer_until.unwrap_or(now));
         }
         true
     }
@@ -413,6 +458,7 @@ impl Speaker {
             nodes,
             members,
             claims,
+            answer_until,
         } = self.membership(stores, gossip, links, now).await;
         let step::Views {
             services: views,
@@ -447,7 +493,7 @@ impl Speaker {
             });
 
         if claims {
-            self.announcer.renew(now + self.mandate);
+            self.announcer.renew(answer_until.unwrap_or(now));
         }
         self.planned_members = members.clone();
         let failures: Vec<(String, String)> = self

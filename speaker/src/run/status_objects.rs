@@ -105,7 +105,9 @@ pub fn spawn<K: StatusKind>(
         }
         // This node's objects as the API server has them: one that someone else deletes while
         // it is still true (another node that briefly believed it owned the Service removes
-        // the others' objects) is written again, without a second Event.
+        // the others' objects) is written again, without a second Event. A delete made while
+        // the watch was down shows only as a missing object in the next relist, so each relist
+        // is compared with what was written.
         let own = watcher(
             writer.api.clone(),
             watcher::Config::default().labels(&format!("{NODE_LABEL}={node}")),
@@ -113,9 +115,22 @@ pub fn spawn<K: StatusKind>(
         .backoff(ferrolb_runtime::watch::WatchBackoff::default());
         futures::pin_mut!(own);
         let mut lost: BTreeSet<String> = BTreeSet::new();
+        let mut listing: Option<BTreeSet<String>> = None;
+        // Writes that failed (API server or etcd away) are tried again on their own: in a quiet
+        // cluster nothing else may change for hours.
+        let mut retries = ferrolb_runtime::watch::WatchBackoff::default();
         loop {
             let desired = rx.borrow_and_update().clone();
-            writer.sync(&desired, &mut written, &mut lost).await;
+            let retry_at = if writer.sync(&desired, &mut written, &mut lost).await {
+                kube::runtime::utils::Backoff::reset(&mut retries);
+                None
+            } else {
+                let wait = retries
+                    .next()
+                    .unwrap_or(ferrolb_runtime::watch::WatchBackoff::MAX);
+                tracing::debug!(kind = K::KIND, ?wait, "status writes failed; trying again");
+                Some(tokio::time::Instant::now() + wait)
+            };
             loop {
                 tokio::select! {
                     changed = rx.changed() => {
@@ -127,13 +142,30 @@ pub fn spawn<K: StatusKind>(
                         }
                         break;
                     }
+                    () = sleep_until(retry_at), if retry_at.is_some() => break,
                     Some(event) = own.next() => {
-                        let Ok(watcher::Event::Delete(object)) = event else { continue };
-                        let Some(name) = object.meta().name.clone() else { continue };
-                        if written.get(&name).is_some_and(Option::is_some) {
-                            tracing::info!(kind = K::KIND, object = %name, "deleted by someone else while still true: writing it again");
-                            written.remove(&name);
-                            lost.insert(name);
+                        let resync = match event {
+                            Ok(watcher::Event::Delete(object)) => object
+                                .meta()
+                                .name
+                                .as_deref()
+                                .is_some_and(|name| deleted(&mut written, &mut lost, name)),
+                            Ok(watcher::Event::Init) => {
+                                listing = Some(BTreeSet::new());
+                                false
+                            }
+                            Ok(watcher::Event::InitApply(object)) => {
+                                if let (Some(names), Some(name)) = (listing.as_mut(), object.meta().name.clone()) {
+                                    names.insert(name);
+                                }
+                                false
+                            }
+                            Ok(watcher::Event::InitDone) => listing
+                                .take()
+                                .is_some_and(|present| relisted(&mut written, &mut lost, &present)),
+                            Ok(watcher::Event::Apply(_)) | Err(_) => false,
+                        };
+                        if resync {
                             break;
                         }
                     }
@@ -142,6 +174,67 @@ pub fn spawn<K: StatusKind>(
         }
     });
     (tx, handle)
+}
+
+/// Sleeps until `at`; never wakes without one (the branch is then disabled anyway).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Object `name` of this node was deleted by someone else. Returns whether the writer must act:
+/// the object is still true, so it is written again (`lost`: without a second Event).
+fn deleted<V>(
+    written: &mut BTreeMap<String, Option<V>>,
+    lost: &mut BTreeSet<String>,
+    name: &str,
+) -> bool {
+    match written.get(name) {
+        Some(Some(_)) => {
+            tracing::info!(object = %name, "status object deleted by someone else while still true: writing it again");
+            written.remove(name);
+            lost.insert(name.to_string());
+            true
+        }
+        Some(None) => {
+            written.remove(name);
+            false
+        }
+        None => false,
+    }
+}
+
+/// A relist found this node's objects `present`. Objects written but missing were deleted while
+/// the watch was down: written again (`lost`). Objects present but unknown to the writer (left by
+/// a previous run, or written by a request that failed late) are adopted: kept if true, deleted
+/// otherwise. Returns whether the writer must act.
+fn relisted<V>(
+    written: &mut BTreeMap<String, Option<V>>,
+    lost: &mut BTreeSet<String>,
+    present: &BTreeSet<String>,
+) -> bool {
+    let missing: Vec<String> = written
+        .keys()
+        .filter(|name| !present.contains(*name))
+        .cloned()
+        .collect();
+    let mut act = false;
+    for name in missing {
+        if written.remove(&name).flatten().is_some() {
+            tracing::info!(object = %name, "status object missing after a relist while still true: writing it again");
+            lost.insert(name);
+            act = true;
+        }
+    }
+    for name in present {
+        if !written.contains_key(name) {
+            written.insert(name.clone(), None);
+            act = true;
+        }
+    }
+    act
 }
 
 struct Writer<K: StatusKind> {
@@ -153,12 +246,14 @@ struct Writer<K: StatusKind> {
 impl<K: StatusKind> Writer<K> {
     /// Makes the API server hold `desired`. `lost` names objects deleted from outside while
     /// still true: written again, but not newly taken (no Event, no removal of others').
+    /// Returns whether every write and delete succeeded.
     async fn sync(
         &self,
         desired: &Desired<K>,
         written: &mut BTreeMap<String, Option<K::Value>>,
         lost: &mut BTreeSet<String>,
-    ) {
+    ) -> bool {
+        let mut complete = true;
         let node = &*self.node;
         let wanted: BTreeMap<String, (&ServiceKey, &K::Value)> = desired
             .iter()
@@ -178,7 +273,10 @@ impl<K: StatusKind> Writer<K> {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     written.remove(&name);
                 }
-                Err(e) => tracing::warn!(kind = K::KIND, object = %name, error = %e, "deleting"),
+                Err(e) => {
+                    complete = false;
+                    tracing::warn!(kind = K::KIND, object = %name, error = %e, "deleting");
+                }
             }
         }
         for (name, (key, value)) in wanted {
@@ -188,6 +286,7 @@ impl<K: StatusKind> Writer<K> {
             }
             let newly_taken = previous.is_none_or(Option::is_none) && !lost.contains(&name);
             if let Err(e) = self.write(&name, key, value).await {
+                complete = false;
                 tracing::warn!(kind = K::KIND, service = %key, error = %e, "writing");
                 continue;
             }
@@ -209,6 +308,7 @@ impl<K: StatusKind> Writer<K> {
                 });
             }
         }
+        complete
     }
 
     /// Deletes the objects other nodes wrote for a Service this node now holds exclusively.
@@ -293,6 +393,53 @@ mod tests {
         assert_eq!(a, object_name::<Bgp>(&key, "node1"));
         assert_ne!(a, object_name::<Bgp>(&key, "node2"));
         assert!(a.starts_with("bgp-") && a.len() == 20, "{a}");
+    }
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_relist_rewrites_objects_deleted_while_the_watch_was_down() {
+        // "a" and "b" written; "a" deleted during an API-server outage (no Delete event comes).
+        let mut written = BTreeMap::from([("a".to_string(), Some(1)), ("b".to_string(), Some(2))]);
+        let mut lost = BTreeSet::new();
+        assert!(relisted(&mut written, &mut lost, &names(&["b"])));
+        assert_eq!(lost, names(&["a"]));
+        assert_eq!(written, BTreeMap::from([("b".to_string(), Some(2))]));
+        // The next relist, after "a" was written again, changes nothing.
+        written.insert("a".into(), Some(1));
+        lost.clear();
+        assert!(!relisted(&mut written, &mut lost, &names(&["a", "b"])));
+        assert!(lost.is_empty());
+    }
+
+    #[test]
+    fn a_relist_adopts_unknown_objects_and_forgets_gone_leftovers() {
+        // "old" was adopted from a previous run and is gone; "late" was created by a write the
+        // writer believed failed: adopted, so the next sync deletes it unless it is true.
+        let mut written = BTreeMap::from([("old".to_string(), None), ("a".to_string(), Some(1))]);
+        let mut lost = BTreeSet::new();
+        assert!(relisted(&mut written, &mut lost, &names(&["a", "late"])));
+        assert!(
+            lost.is_empty(),
+            "a leftover nobody wants is not written again"
+        );
+        assert_eq!(
+            written,
+            BTreeMap::from([("a".to_string(), Some(1)), ("late".to_string(), None)])
+        );
+    }
+
+    #[test]
+    fn a_delete_event_rewrites_only_what_is_still_true() {
+        let mut written = BTreeMap::from([("a".to_string(), Some(1)), ("old".to_string(), None)]);
+        let mut lost = BTreeSet::new();
+        assert!(deleted(&mut written, &mut lost, "a"));
+        assert!(!deleted(&mut written, &mut lost, "old"));
+        assert!(!deleted(&mut written, &mut lost, "unknown"));
+        assert_eq!(lost, names(&["a"]));
+        assert!(written.is_empty());
     }
 
     #[test]

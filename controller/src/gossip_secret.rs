@@ -1,0 +1,96 @@
+//! The speakers' gossip key Secret, created by the controller when the chart does not render it
+//! (`speaker.gossipSecret.createdBy: controller`, for GitOps tools such as Argo CD that render the
+//! chart with `helm template` on every sync: a key generated in the template would change each
+//! time, and speakers restarted after a sync would refuse the others' heartbeats).
+//!
+//! Created once and never changed: a create that finds the Secret (409 Conflict) leaves it as it
+//! is, so the key survives restarts, upgrades and every other replica doing the same. The
+//! controller may create Secrets in its namespace but not read them: it never sees the key
+//! after creating it. MetalLB's controller creates its memberlist Secret the same way.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+/// Random bytes in a key: 256 bits, written as 64 hexadecimal characters.
+const KEY_BYTES: usize = 32;
+
+/// A new random key, as the speakers read it from the Secret's `secretkey`.
+pub fn new_key() -> anyhow::Result<String> {
+    let mut bytes = [0u8; KEY_BYTES];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the gossip key")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The Secret `name` with a new key.
+pub fn secret(name: &str, namespace: &str, key: String) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "ferrolb-controller".to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_string()),
+        string_data: Some(BTreeMap::from([("secretkey".to_string(), key)])),
+        ..Default::default()
+    }
+}
+
+/// Creates the Secret unless it exists; retries every 5 s until the API server has answered
+/// either way (the speakers wait for it to start).
+pub async fn ensure(client: kube::Client, namespace: String, name: String) {
+    let api: Api<Secret> = Api::namespaced(client, &namespace);
+    loop {
+        let attempt = async {
+            let key = new_key()?;
+            match api
+                .create(&PostParams::default(), &secret(&name, &namespace, key))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(secret = %name, "created the speakers' gossip key Secret");
+                    Ok(())
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) => Err(anyhow::Error::new(e).context(format!(
+                    "creating the speakers' gossip key Secret {namespace}/{name}"
+                ))),
+            }
+        };
+        match attempt.await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "retrying in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn keys_are_long_random_and_different() {
+        let a = new_key().unwrap();
+        let b = new_key().unwrap();
+        assert_eq!(a.len(), 2 * KEY_BYTES);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        let s = secret("ferrolb-memberlist", "metallb-system", a.clone());
+        assert_eq!(s.string_data.unwrap()["secretkey"], a);
+        assert_eq!(s.metadata.namespace.as_deref(), Some("metallb-system"));
+    }
+}

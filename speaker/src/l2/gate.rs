@@ -1,0 +1,494 @@
+//! The layer 2 gate: whether this node may own IPs now, and until when it may answer, from one
+//! membership check's inputs. Pure: the work loop (`run/mod.rs`) reads the caches and the
+//! heartbeat table, calls [`Gate::check`], and carries the outcome out (the `ready` flag of its
+//! heartbeats, the members it plans with, the mandate of the ARP/NDP responders, logs, metrics).
+//!
+//! The rules, in the order they apply (decision record 0015 says why each exists):
+//! 1. **Settling**: a node may own IPs only a failure timeout after it became able to (a usable
+//!    interface), so it has heard the others first.
+//! 2. **Quorum** (`ferrolb_layer2::quorum`): it hears a majority of the known speakers and a
+//!    majority hears it.
+//! 3. **Tenure** (`ferrolb_layer2::tenure`): it answers only until the others can first have
+//!    stopped hearing it, half a heartbeat interval to spare, and never beyond the mandate.
+//! 4. **Starvation**: a candidate unable to answer for 2.5 failure timeouts stops acting, so the
+//!    others take its IPs over rather than nobody answering them.
+//! 5. **Flap damping** (`ferrolb_layer2::damping`): after a loss of quorum it says it is ready
+//!    again only once held down for a while.
+//! 6. **Claim delay**: it says `ready` a few heartbeats before it counts itself among the
+//!    members, so nodes that became ready together hear each other first.
+//! 7. **Claiming** starts only once every other candidate has said it hears this node ready, and
+//!    its tenure lets it answer; it goes on while the node acts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use ferrolb_layer2::damping::Damping;
+use ferrolb_layer2::liveness::{Heard, Member};
+use ferrolb_layer2::quorum::{self, Report, Verdict};
+use ferrolb_layer2::tenure::{Starvation, Tenure};
+
+use crate::l2::readiness::Layer2State;
+use crate::l2::step::{self, Settling};
+
+/// Heartbeat intervals between saying `ready` and claiming IPs (rule 6).
+pub const CLAIM_AFTER_BEATS: u32 = 3;
+
+/// The speaker's timings, as its flags set them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// Between two heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Silence after which a peer counts as gone.
+    pub failure_timeout: Duration,
+    /// How long answering stays allowed after a check (less than the others' failure timeout
+    /// minus a heartbeat interval).
+    pub mandate: Duration,
+    /// Whether flap damping applies (rule 5).
+    pub flap_damping: bool,
+}
+
+/// What one membership check reads: the known speakers, the heartbeat table, this node's
+/// tenure and its usable interfaces.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// This node's name.
+    pub me: &'a str,
+    /// The known speakers (presence Leases).
+    pub known: &'a BTreeSet<String>,
+    /// What each peer heard now (or held for a restart) said last.
+    pub reports: &'a BTreeMap<String, Report>,
+    /// What each peer's latest heartbeat says of this node's.
+    pub acks: &'a BTreeMap<String, Heard>,
+    /// This node's tenure from those acknowledgements.
+    pub tenure: Tenure,
+    /// This node's interfaces that can announce.
+    pub usable: &'a BTreeSet<String>,
+}
+
+/// What a check decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The quorum rule's verdict.
+    pub verdict: Verdict,
+    /// This node acts: it says `ready` in its heartbeats (rules 1, 2, 4 and 5 allow it).
+    pub acts: bool,
+    /// It claims IPs: it is among the members it plans with.
+    pub claims: bool,
+    /// The members planning counts.
+    pub members: BTreeMap<String, Member>,
+    /// Until when it may answer for what it owns; `None`: not at all now.
+    pub answer_until: Option<Instant>,
+    /// Until when flap damping holds it back, if it does.
+    pub held_until: Option<Instant>,
+    /// It stopped acting because its tenure stayed lapsed (rule 4).
+    pub starved: bool,
+    /// What `/readyz` reads.
+    pub state: Layer2State,
+}
+
+impl Outcome {
+    /// A candidate that claims while its tenure is lapsed: it owns IPs it may not answer now.
+    pub fn tenure_lapsed(&self) -> bool {
+        self.claims && self.answer_until.is_none()
+    }
+}
+
+/// The gate's state between checks.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    timing: Timing,
+    settling: Settling,
+    damping: Damping,
+    claim: Settling,
+    claiming: bool,
+    /// The others count this node as a candidate (it has acted for the claim delay).
+    candidate: bool,
+    starvation: Starvation,
+}
+
+impl Gate {
+    /// A gate for a speaker that has just started.
+    pub fn new(timing: Timing) -> Self {
+        Gate {
+            timing,
+            settling: Settling::default(),
+            damping: Damping::new(),
+            claim: Settling::default(),
+            claiming: false,
+            candidate: false,
+            starvation: Starvation::default(),
+        }
+    }
+
+    /// One membership check at `now`.
+    pub fn check(&mut self, inputs: Inputs<'_>, now: Instant) -> Outcome {
+        let t = self.timing;
+        let settled = self
+            .settling
+            .observe(!inputs.usable.is_empty(), now, t.failure_timeout);
+        let verdict = quorum::decide(
+            inputs.me,
+            inputs.known,
+            inputs.reports,
+            settled,
+            inputs.usable,
+        );
+        let answer_until = inputs
+            .tenure
+            .cap(now + t.mandate, t.heartbeat_interval / 2)
+            .filter(|until| *until > now);
+        let starved = self.starvation.observe(
+            self.candidate,
+            answer_until.is_some(),
+            now,
+            t.failure_timeout,
+        );
+        if settled && t.flap_damping {
+            self.damping.observe(verdict.acts() && !starved, now);
+        }
+        let held_until = self.damping.held_until(now);
+        let acts = settled && verdict.acts() && held_until.is_none() && !starved;
+        let delay_over = self
+            .claim
+            .observe(acts, now, t.heartbeat_interval * CLAIM_AFTER_BEATS);
+        self.candidate = delay_over;
+        let claims = delay_over
+            && (self.claiming
+                || (answer_until.is_some()
+                    && quorum::seen_ready(inputs.me, &verdict, inputs.acks)));
+        self.claiming = claims;
+        let members = step::members(&verdict, inputs.me, claims);
+        let state = Layer2State {
+            settled,
+            acts: verdict.acts(),
+            held: held_until.is_some(),
+            starved,
+            claims,
+        };
+        Outcome {
+            verdict,
+            acts,
+            claims,
+            members,
+            answer_until,
+            held_until,
+            starved,
+            state,
+        }
+    }
+
+    /// When the loop must wake for the gate to move on (the settle time, the claim delay), if
+    /// that is still ahead of `now`.
+    pub fn wake_at(&self, now: Instant) -> Option<Instant> {
+        [self.settling.wake_at(now), self.claim.wake_at(now)]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Whether this node has acted for the claim delay but waits for the others to hear it
+    /// ready before claiming.
+    pub fn waiting_to_claim(&self) -> bool {
+        self.candidate && !self.claiming
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::l2::readiness::readiness;
+
+    const ME: &str = "node1";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn timing() -> Timing {
+        Timing {
+            heartbeat_interval: ms(100),
+            failure_timeout: ms(500),
+            mandate: ms(300),
+            flap_damping: true,
+        }
+    }
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn eth0() -> BTreeSet<String> {
+        names(&["eth0"])
+    }
+
+    /// Every other node's report: fresh, ready, hearing every node of `all` (this one `me_ready`).
+    fn reports(all: &[&str], heard: &[&str], me_ready: bool) -> BTreeMap<String, Report> {
+        heard
+            .iter()
+            .map(|peer| {
+                let hears = all
+                    .iter()
+                    .filter(|n| *n != peer)
+                    .map(|n| (n.to_string(), *n != ME || me_ready))
+                    .collect();
+                (
+                    peer.to_string(),
+                    Report {
+                        fresh: true,
+                        ready: true,
+                        held: false,
+                        hears,
+                        interfaces: eth0(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Every node of `peers` acknowledges this node, `ready`.
+    fn acks(peers: &[&str], ready: bool) -> BTreeMap<String, Heard> {
+        peers
+            .iter()
+            .map(|p| {
+                (
+                    p.to_string(),
+                    Heard {
+                        ready,
+                        boot: 1,
+                        seq: 10,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// A three-node cluster seen from node1, every check 100 ms apart from `t0`.
+    struct Cluster {
+        gate: Gate,
+        t0: Instant,
+        known: BTreeSet<String>,
+    }
+
+    impl Cluster {
+        fn new() -> Self {
+            Cluster {
+                gate: Gate::new(timing()),
+                t0: Instant::now(),
+                known: names(&["node1", "node2", "node3"]),
+            }
+        }
+
+        fn at(&self, millis: u64) -> Instant {
+            self.t0 + ms(millis)
+        }
+
+        /// A check at `millis` where `heard` peers are heard and say they hear node1 (`ready`
+        /// as `acked_ready`), with `tenure`.
+        fn check(
+            &mut self,
+            millis: u64,
+            heard: &[&str],
+            acked_ready: bool,
+            tenure: Tenure,
+        ) -> Outcome {
+            let now = self.at(millis);
+            let reports = reports(&["node1", "node2", "node3"], heard, acked_ready);
+            let acks = acks(heard, acked_ready);
+            let usable = eth0();
+            self.gate.check(
+                Inputs {
+                    me: ME,
+                    known: &self.known,
+                    reports: &reports,
+                    acks: &acks,
+                    tenure,
+                    usable: &usable,
+                },
+                now,
+            )
+        }
+
+        /// Checks every 100 ms from `from` to `to` (inclusive) with everyone heard and a tenure
+        /// always a second ahead; returns the last outcome.
+        fn steady(&mut self, from: u64, to: u64) -> Outcome {
+            let mut last = None;
+            for t in (from..=to).step_by(100) {
+                let tenure = Tenure::Until(self.at(t + 1000));
+                last = Some(self.check(t, &["node2", "node3"], true, tenure));
+            }
+            last.expect("at least one check")
+        }
+    }
+
+    #[test]
+    fn a_starting_node_settles_acts_then_claims_after_the_delay() {
+        let mut c = Cluster::new();
+        let tenure = Tenure::Until(c.at(5000));
+        // Before the settle time (one failure timeout): nothing.
+        let o = c.check(0, &["node2", "node3"], true, tenure);
+        assert!(!o.acts && !o.claims);
+        assert_eq!(
+            readiness(true, true, o.state),
+            Err("layer 2: settling (no usable interface yet, or listening after the start)")
+        );
+        assert_eq!(c.gate.wake_at(c.at(0)), Some(c.at(500)));
+        // Settled: acts (says ready), but is not among its own members for the claim delay.
+        let o = c.check(500, &["node2", "node3"], true, tenure);
+        assert!(o.acts && !o.claims);
+        assert!(!o.members.contains_key(ME));
+        assert_eq!(
+            readiness(true, true, o.state),
+            Err("layer 2: waiting for the other speakers to hear this node ready")
+        );
+        // Three heartbeat intervals later: claims, plans with itself, ready.
+        let o = c.check(800, &["node2", "node3"], true, tenure);
+        assert!(o.acts && o.claims && o.members.contains_key(ME));
+        assert_eq!(readiness(true, true, o.state), Ok(()));
+        // It answers until the mandate, inside the tenure.
+        assert_eq!(o.answer_until, Some(c.at(1100)));
+    }
+
+    #[test]
+    fn claiming_waits_until_every_other_candidate_heard_it_ready() {
+        let mut c = Cluster::new();
+        let tenure = Tenure::Until(c.at(5000));
+        c.check(0, &["node2", "node3"], false, tenure);
+        c.check(500, &["node2", "node3"], false, tenure);
+        // Past the claim delay, but the others' latest heartbeats do not list it ready yet.
+        let o = c.check(900, &["node2", "node3"], false, tenure);
+        assert!(o.acts && !o.claims && c.gate.waiting_to_claim());
+        let o = c.check(1000, &["node2", "node3"], true, tenure);
+        assert!(o.claims && !c.gate.waiting_to_claim());
+    }
+
+    #[test]
+    fn claiming_waits_for_the_tenure_then_goes_on_while_it_lapses() {
+        let mut c = Cluster::new();
+        c.check(0, &["node2", "node3"], true, Tenure::Lapsed);
+        c.check(500, &["node2", "node3"], true, Tenure::Lapsed);
+        let o = c.check(900, &["node2", "node3"], true, Tenure::Lapsed);
+        assert!(o.acts && !o.claims, "claimed with no tenure");
+        let o = c.check(1000, &["node2", "node3"], true, Tenure::Until(c.at(2000)));
+        assert!(o.claims);
+        // A lapse while claiming: still claims (a takeover is the tenure's business) but may not
+        // answer, which the metric counts.
+        let o = c.check(1100, &["node2", "node3"], true, Tenure::Lapsed);
+        assert!(o.claims && o.answer_until.is_none() && o.tenure_lapsed());
+        // The mandate never reaches past the tenure less half an interval.
+        let o = c.check(1200, &["node2", "node3"], true, Tenure::Until(c.at(1300)));
+        assert_eq!(o.answer_until, Some(c.at(1250)));
+    }
+
+    #[test]
+    fn a_node_that_loses_its_quorum_gives_up_and_is_held_back_on_return() {
+        let mut c = Cluster::new();
+        assert!(c.steady(0, 1500).claims);
+        // Hears nobody: out of the quorum, owns nothing, not ready.
+        let o = c.check(1600, &[], true, Tenure::Lapsed);
+        assert!(!o.acts && !o.claims && !o.members.contains_key(ME));
+        assert!(
+            readiness(true, true, o.state)
+                .unwrap_err()
+                .contains("out of the quorum")
+        );
+        // Heard again: flap damping holds it back for its first hold-down (2 s).
+        let o = c.check(1700, &["node2", "node3"], true, Tenure::Until(c.at(3000)));
+        assert!(!o.acts && o.held_until == Some(c.at(1700) + Damping::FIRST_HOLD));
+        assert_eq!(
+            readiness(true, true, o.state),
+            Err("layer 2: held back by flap damping after a loss of quorum")
+        );
+        // After the hold-down and the claim delay: owns IPs again.
+        let o = c.steady(1800, 4100);
+        assert!(o.claims);
+        assert_eq!(readiness(true, true, o.state), Ok(()));
+    }
+
+    #[test]
+    fn a_candidate_whose_tenure_stays_lapsed_hands_over() {
+        let mut c = Cluster::new();
+        assert!(c.steady(0, 1500).claims);
+        // Heard by everyone (its heartbeats arrive late), but never able to prove it: 2.5
+        // failure timeouts later it stops acting, and says why.
+        let mut t = 1600;
+        let starved_at = loop {
+            let o = c.check(t, &["node2", "node3"], true, Tenure::Lapsed);
+            if o.starved {
+                assert!(!o.acts && !o.claims);
+                assert!(
+                    readiness(true, true, o.state)
+                        .unwrap_err()
+                        .contains("handing over")
+                );
+                break t;
+            }
+            assert!(t < 10_000, "never handed over");
+            t += 100;
+        };
+        // The first check at least 2.5 failure timeouts (1,250 ms) into the lapse.
+        assert_eq!(starved_at - 1600, 1300);
+    }
+
+    #[test]
+    fn without_flap_damping_a_returning_node_acts_at_once() {
+        let mut c = Cluster::new();
+        c.gate = Gate::new(Timing {
+            flap_damping: false,
+            ..timing()
+        });
+        assert!(c.steady(0, 1500).claims);
+        c.check(1600, &[], true, Tenure::Lapsed);
+        let o = c.check(1700, &["node2", "node3"], true, Tenure::Until(c.at(3000)));
+        assert!(o.acts && o.held_until.is_none());
+    }
+
+    #[test]
+    fn a_node_alone_in_its_cluster_owns_everything_it_may() {
+        let mut gate = Gate::new(timing());
+        let t0 = Instant::now();
+        let known = names(&[ME]);
+        let usable = eth0();
+        let empty = BTreeMap::new();
+        let mut last = None;
+        for t in (0..=900).step_by(100) {
+            last = Some(gate.check(
+                Inputs {
+                    me: ME,
+                    known: &known,
+                    reports: &empty,
+                    acks: &BTreeMap::new(),
+                    tenure: Tenure::Unbounded,
+                    usable: &usable,
+                },
+                t0 + ms(t),
+            ));
+        }
+        let o = last.unwrap();
+        assert!(o.claims && o.members.contains_key(ME));
+        assert_eq!(o.answer_until, Some(t0 + ms(900) + timing().mandate));
+    }
+
+    #[test]
+    fn no_usable_interface_means_no_settling() {
+        let mut gate = Gate::new(timing());
+        let t0 = Instant::now();
+        let known = names(&[ME]);
+        let none = BTreeSet::new();
+        for t in (0..=2000).step_by(100) {
+            let o = gate.check(
+                Inputs {
+                    me: ME,
+                    known: &known,
+                    reports: &BTreeMap::new(),
+                    acks: &BTreeMap::new(),
+                    tenure: Tenure::Unbounded,
+                    usable: &none,
+                },
+                t0 + ms(t),
+            );
+            assert!(!o.acts && !o.state.settled);
+        }
+    }
+}
