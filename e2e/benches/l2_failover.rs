@@ -8,18 +8,21 @@
 //! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).
 //! * `FERROLB_BENCH_FAULTS`: a comma-separated subset of the faults (default all): `link`,
 //!   `kill`, `hb-nonowner`, `hb-owner`, `hb-owner-in`, `hb-owner-out`, `hb-owner-loss`,
-//!   `freeze`, `hb-owner-delay`, `roll`.
+//!   `freeze`, `hb-owner-delay`, `junk`, `api-link`, `roll`.
 //!
 //! The other faults are partial: UDP 7946 (the heartbeats) dropped with iptables in one node's
 //! namespace, both ways on a node that does not own the IP, both ways on the owner, inbound only
 //! on the owner, outbound only on the owner, 80 % of the owner's outgoing at random, the owner's
 //! outgoing delayed 600 ms (a relay, the lab has no netem); or the owner's speaker frozen
-//! (SIGSTOP) for 2 s and resumed. For them the bench also sends ARP/NDP requests for each IP one
+//! (SIGSTOP) for 2 s and resumed; or junk datagrams (8,000 per node in 2.5 s, a third starting
+//! like a heartbeat) at every node's heartbeat port. For them the bench also sends ARP/NDP requests for each IP one
 //! at a time throughout the fault and counts the MACs answering each (two would be two owners at
 //! once) and the IP moves, and the time from removing the fault until the client's answer comes
 //! from the owner again. `roll` restarts the three speakers one at a time per trial, paced by
 //! `/readyz` as a DaemonSet update is, and counts the long-lived TCP connections (one per IP)
 //! that broke and the IP moves.
+//!
+//! `api-link` is the link cut with the API server stopped for all its trials.
 //!
 //! Each trial: the client sends a UDP datagram to the Service's IPv4 and IPv6 address every 10 ms
 //! (`ferrolb-lab probe`) for 4 s; at 1 s the owner's link is cut from the bridge side (or its
@@ -34,7 +37,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use ferrolb_e2e::cluster::wait_for;
-use ferrolb_e2e::faults::{HeartbeatDelay, HeartbeatFault};
+use ferrolb_e2e::faults::{HeartbeatDelay, HeartbeatFault, junk_flood};
 use ferrolb_e2e::ferrolb;
 use ferrolb_e2e::probe::{Held, Report};
 use ferrolb_e2e::process;
@@ -244,10 +247,20 @@ async fn run(
         ("hb owner 80 % lost", "hb-owner-loss"),
         ("owner speaker frozen 2 s", "freeze"),
         ("hb owner delayed 600 ms", "hb-owner-delay"),
+        ("junk at every node's hb port", "junk"),
+        ("link cut, API server down", "api-link"),
     ] {
         if !wanted.is_empty() && !wanted.contains(&key) {
             continue;
         }
+        // `api-link`: every trial's link cut with the API server stopped (from before the first
+        // trial to after the last): failover needs nothing from it.
+        let api_down = if key == "api-link" {
+            answered_by(lab, &ips, owner, Duration::from_secs(90)).await?;
+            Some(lab.stop_keeping("kube-apiserver")?)
+        } else {
+            None
+        };
         for trial in 0..trials {
             answered_by(lab, &ips, owner, Duration::from_secs(30)).await?;
             // Let the owner's takeover burst end, so each trial starts from the same state.
@@ -261,8 +274,9 @@ async fn run(
             let mut frozen = None;
             let mut delayed = None;
             // Undone when dropped, also on an error.
+            let mut flood = None;
             let heartbeats = match key {
-                "link" => {
+                "link" | "api-link" => {
                     lab.set_link(owner, false)?;
                     None
                 }
@@ -289,6 +303,29 @@ async fn run(
                     )?);
                     None
                 }
+                "junk" => {
+                    // 8,000 datagrams at each node over the 2.8 s watched below.
+                    let targets: Vec<std::net::IpAddr> = NODES
+                        .iter()
+                        .map(|n| lab.ipv4_of(n).map(Into::into))
+                        .collect::<anyhow::Result<_>>()?;
+                    flood = Some(std::thread::spawn(move || -> anyhow::Result<()> {
+                        let floods: Vec<_> = targets
+                            .into_iter()
+                            .map(|t| {
+                                std::thread::spawn(move || {
+                                    junk_flood(t, 8_000, Duration::from_millis(2500))
+                                })
+                            })
+                            .collect();
+                        for f in floods {
+                            f.join()
+                                .map_err(|_| anyhow::anyhow!("a flood panicked"))??;
+                        }
+                        Ok(())
+                    }));
+                    None
+                }
                 "freeze" => {
                     let pid = speakers.get(owner).map(|p| p.pid);
                     if let Some(pid) = pid {
@@ -302,7 +339,7 @@ async fn run(
             // Partial faults: every ARP/NDP request on its own until the probes end (2.8 s
             // after the fault, the frozen speaker resumed at 2 s): two MACs for one request is
             // two nodes answering at once.
-            if heartbeats.is_some() || frozen.is_some() || delayed.is_some() {
+            if heartbeats.is_some() || frozen.is_some() || delayed.is_some() || flood.is_some() {
                 let entry = macs_per_request.entry(fault).or_default();
                 let mut last = owner.to_string();
                 while injected.elapsed() < Duration::from_millis(2800) {
@@ -330,13 +367,18 @@ async fn run(
                 if let Some(pid) = frozen {
                     signal(pid, Signal::SIGCONT)?;
                 }
+                if let Some(flood) = flood.take() {
+                    flood
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("the flood panicked"))??;
+                }
             }
             let reports: Vec<Report> = probes
                 .into_iter()
                 .map(finish_probe)
                 .collect::<anyhow::Result<_>>()?;
             match key {
-                "link" => lab.set_link(owner, true)?,
+                "link" | "api-link" => lab.set_link(owner, true)?,
                 "kill" => {
                     speakers.insert(
                         owner,
@@ -367,6 +409,9 @@ async fn run(
                     .or_default()
                     .push(r.max_gap_ms);
             }
+        }
+        if let Some(outage) = api_down {
+            outage.end()?;
         }
     }
     println!();

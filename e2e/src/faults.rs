@@ -5,6 +5,8 @@ use crate::Lab;
 
 /// The speakers' heartbeat port (their default, as MetalLB's memberlist).
 pub const HEARTBEAT_PORT: &str = "7946";
+/// [`HEARTBEAT_PORT`] as a number.
+pub const HEARTBEAT_PORT_NUMBER: u16 = 7946;
 
 /// iptables rules inserted in one node's namespace, deleted (last first) by
 /// [`Rules::remove_all`] or on drop.
@@ -254,6 +256,44 @@ pub fn relay(
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     for listener in listeners {
         let _ = listener.join();
+    }
+    Ok(())
+}
+
+/// Sends `count` junk datagrams to `address`:7946 from the host over the lab's bridge: random
+/// bytes of random lengths, some starting like a heartbeat (`FLB` and a version byte), spread over
+/// about `over`.
+pub fn junk_flood(
+    address: std::net::IpAddr,
+    count: usize,
+    over: std::time::Duration,
+) -> anyhow::Result<()> {
+    use std::hash::{BuildHasher, Hasher};
+    let bind: std::net::SocketAddr = if address.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let socket = std::net::UdpSocket::bind(bind)?;
+    let seed = std::collections::hash_map::RandomState::new();
+    let word = |i: u64| {
+        let mut h = seed.build_hasher();
+        h.write_u64(i);
+        h.finish()
+    };
+    let pause = over / u32::try_from(count.max(1)).unwrap_or(u32::MAX);
+    for i in 0..count {
+        let len = 1 + (word(i as u64) % 1400) as usize;
+        let mut datagram: Vec<u8> = (0..len)
+            .map(|j| word((i * 2000 + j) as u64) as u8)
+            .collect();
+        if i % 3 == 0 && len > 4 {
+            datagram[..4].copy_from_slice(b"FLB\x03");
+        }
+        socket.send_to(&datagram, (address, HEARTBEAT_PORT_NUMBER))?;
+        if i % 100 == 0 {
+            std::thread::sleep(pause * 100);
+        }
     }
     Ok(())
 }

@@ -581,40 +581,6 @@ async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `count` junk datagrams to `address`:7946 from the host over the lab's bridge: random
-/// bytes of random lengths, some starting like a heartbeat (`FLB` and a version byte), spread over
-/// about `over`.
-fn junk_flood(address: std::net::IpAddr, count: usize, over: Duration) -> anyhow::Result<()> {
-    use std::hash::{BuildHasher, Hasher};
-    let bind: std::net::SocketAddr = if address.is_ipv4() {
-        "0.0.0.0:0".parse()?
-    } else {
-        "[::]:0".parse()?
-    };
-    let socket = std::net::UdpSocket::bind(bind)?;
-    let seed = std::collections::hash_map::RandomState::new();
-    let word = |i: u64| {
-        let mut h = seed.build_hasher();
-        h.write_u64(i);
-        h.finish()
-    };
-    let pause = over / u32::try_from(count.max(1)).unwrap_or(u32::MAX);
-    for i in 0..count {
-        let len = 1 + (word(i as u64) % 1400) as usize;
-        let mut datagram: Vec<u8> = (0..len)
-            .map(|j| word((i * 2000 + j) as u64) as u8)
-            .collect();
-        if i % 3 == 0 && len > 4 {
-            datagram[..4].copy_from_slice(b"FLB\x03");
-        }
-        socket.send_to(&datagram, (address, 7946))?;
-        if i % 100 == 0 {
-            std::thread::sleep(pause * 100);
-        }
-    }
-    Ok(())
-}
-
 /// 80 % of one node's heartbeats lost (the owner's, a non-owner's), and a flood of junk at every
 /// node's heartbeat port: never more than one MAC answers a request for an IP (the owner's own
 /// losses are what the tenure, ferrolb_layer2::tenure, exists for), and once healed the owner
@@ -647,7 +613,7 @@ async fn heartbeats_lossy_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
                     .collect::<anyhow::Result<_>>()?;
                 Some(std::thread::spawn(move || -> anyhow::Result<()> {
                     for target in targets {
-                        junk_flood(target, 20_000, Duration::from_secs(3))?;
+                        ferrolb_e2e::faults::junk_flood(target, 20_000, Duration::from_secs(3))?;
                     }
                     Ok(())
                 }))
@@ -1113,29 +1079,6 @@ fn api_outage() -> Duration {
     )
 }
 
-/// Starts a stopped lab component again when dropped, should the test fail while it is down.
-struct StartAgain<'a> {
-    lab: &'a Lab,
-    name: &'static str,
-    started: bool,
-}
-
-impl StartAgain<'_> {
-    fn now(&mut self) -> anyhow::Result<()> {
-        self.started = true;
-        self.lab.restart(self.name)?;
-        Ok(())
-    }
-}
-
-impl Drop for StartAgain<'_> {
-    fn drop(&mut self) {
-        if !self.started {
-            let _ = self.lab.restart(self.name);
-        }
-    }
-}
-
 /// The API server stopped (etcd kept) and started again, then etcd, then the API server again
 /// while the owner's link is cut: the client's requests are
 /// served throughout by one MAC per IP, no IP or owner changes, and after each outage the
@@ -1146,18 +1089,13 @@ async fn control_plane_outages(ctx: Ctx) -> anyhow::Result<()> {
     let (scope, _, ips) = dual_stack_web(lab, "l2-api-outage", &["node1", "node2"]).await?;
     let first = settled_owner(lab, &scope.namespace, &ips).await?;
     for (component, outage) in [("kube-apiserver", api_outage()), ("etcd", api_outage() / 3)] {
-        let mut back = StartAgain {
-            lab,
-            name: component,
-            started: false,
-        };
         // The owner's ServiceL2Status, to be deleted behind the API server's back below.
         let status_name = if component == "kube-apiserver" {
             Some(status_object_name(lab, &scope.namespace, "web")?)
         } else {
             None
         };
-        lab.stop_keeping(component)?;
+        let back = lab.stop_keeping(component)?;
         let started = std::time::Instant::now();
         let (mut served, mut failed) = (0usize, Vec::new());
         while started.elapsed() < outage {
@@ -1194,7 +1132,7 @@ async fn control_plane_outages(ctx: Ctx) -> anyhow::Result<()> {
         } else {
             None
         };
-        back.now()?;
+        back.end()?;
         let restarted = std::time::Instant::now();
         eprintln!(
             "control-plane outage: {component} down {outage:?}: {served} requests served, {} failed",
@@ -1399,12 +1337,7 @@ async fn owner_link_cut_while_the_api_server_is_down(
 ) -> anyhow::Result<()> {
     let api: Api<Service> = Api::namespaced(lab.client().await?, namespace);
     let before = ingress_ips(&api.get("web").await?);
-    let mut back = StartAgain {
-        lab,
-        name: "kube-apiserver",
-        started: false,
-    };
-    lab.stop_keeping("kube-apiserver")?;
+    let back = lab.stop_keeping("kube-apiserver")?;
     let outcome = async {
         tokio::time::sleep(Duration::from_secs(3)).await;
         lab.set_link(first, false)?;
@@ -1436,7 +1369,7 @@ async fn owner_link_cut_while_the_api_server_is_down(
     }
     .await;
     let _ = lab.set_link(first, true);
-    back.now()?;
+    back.end()?;
     outcome?;
     let api = services_once_served(lab, namespace, "kube-apiserver").await?;
     ensure!(

@@ -17,6 +17,7 @@ mod processes;
 
 pub use hosts::http_url;
 use pods::remove_pod_local;
+pub use processes::Outage;
 
 use crate::cmd::run;
 use crate::process::{self, LabProcess};

@@ -50,12 +50,16 @@ impl Lab {
         state.save(&self.dir)
     }
 
-    /// Stops the recorded process `name` (by PID) and keeps its record, so that
-    /// [`Lab::restart`] starts it again: an outage of one component (the API server, etcd) that
-    /// a test ends itself.
-    pub fn stop_keeping(&self, name: &str) -> anyhow::Result<()> {
+    /// Stops the recorded process `name` (by PID) and keeps its record: an outage of one
+    /// component (the API server, etcd) that the caller ends with [`Outage::end`], or that
+    /// ends when the guard is dropped (a failing test leaves the lab whole).
+    pub fn stop_keeping(&self, name: &str) -> anyhow::Result<Outage<'_>> {
         process::stop(&self.recorded(name)?, Duration::from_secs(5));
-        Ok(())
+        Ok(Outage {
+            lab: self,
+            name: name.to_string(),
+            ended: false,
+        })
     }
 
     /// The latest recorded process named `name`.
@@ -95,5 +99,31 @@ impl Lab {
         }
         state.save(&self.dir)?;
         Ok(new)
+    }
+}
+
+/// A lab component stopped by [`Lab::stop_keeping`]: started again by [`Outage::end`], or on
+/// drop.
+#[must_use = "the component starts again when the outage is dropped"]
+pub struct Outage<'a> {
+    lab: &'a Lab,
+    name: String,
+    ended: bool,
+}
+
+impl Outage<'_> {
+    /// Starts the component again.
+    pub fn end(mut self) -> anyhow::Result<()> {
+        self.ended = true;
+        self.lab.restart(&self.name)?;
+        Ok(())
+    }
+}
+
+impl Drop for Outage<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.lab.restart(&self.name);
+        }
     }
 }
