@@ -7,6 +7,7 @@ mod bgp_status;
 mod gossip;
 mod interfaces;
 mod keys;
+mod loop_io;
 mod metrics;
 mod presence;
 pub mod restart;
@@ -27,6 +28,7 @@ use ferrolb_speaker::l2::plan::{self, Inputs, ServiceOutcome};
 use ferrolb_speaker::l2::presence::known as known_speakers;
 use ferrolb_speaker::l2::{gate, readiness, step};
 use ferrolb_speaker::view::NodeView;
+use loop_io::LoopIo;
 use tokio::sync::Notify;
 
 use crate::Args;
@@ -116,8 +118,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     tracing::info!(node = %args.node_name, namespace = %args.namespace, "ferrolb-speaker starting");
 
-    let mut speaker = Speaker {
+    let world = loop_io::World {
+        stores,
+        gossip: gossip.clone(),
         announcer: announce::Announcer::new(metrics.clone(), args.garp_refresh),
+        bgp: bgp::Bgp::new(
+            metrics.clone(),
+            client.clone(),
+            args.namespace.clone(),
+            args.node_name.clone(),
+            &args.bgp_listen,
+            events.clone(),
+        ),
+        events: events.clone(),
+        namespace: args.namespace.clone(),
+    };
+    let mut speaker = Speaker {
+        io: world,
         config: None,
         gate: gate::Gate::new(gate::Timing {
             heartbeat_interval: args.heartbeat_interval,
@@ -132,14 +149,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         planned_members: BTreeMap::new(),
         announced: BTreeSet::new(),
         failures: step::FailureLog::default(),
-        bgp: bgp::Bgp::new(
-            metrics.clone(),
-            client.clone(),
-            args.namespace.clone(),
-            args.node_name.clone(),
-            &args.bgp_listen,
-            events.clone(),
-        ),
         metrics,
         args,
     };
@@ -167,9 +176,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             _ = changed.notified() => gossip.tell_changes().await,
             _ = sleep => gossip.tell_changes().await,
             _ = check => {
-                if stores.synced() {
+                if speaker.io.stores.synced() {
                     let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let valid = speaker.still_valid(&stores, &gossip, &links).await;
+                    let valid = speaker.still_valid(&links).await;
                     ready.set_result(speaker.readiness());
                     if valid {
                         continue;
@@ -182,11 +191,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             r = &mut server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
         }
-        if !stores.synced() {
+        if !speaker.io.stores.synced() {
             continue;
         }
         let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let desired = speaker.step(&stores, &gossip, &links, &events).await;
+        let desired = speaker.step(&links).await;
         ready.set_result(speaker.readiness());
         status_tx.send_replace(desired);
     }
@@ -204,7 +213,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             speaker.args.restart_hold_when,
         )
         .await;
-    speaker.announcer.apply(&BTreeMap::new(), &BTreeMap::new());
+    speaker
+        .io
+        .announcer
+        .apply(&BTreeMap::new(), &BTreeMap::new());
     gossip.leave(replaced).await;
     renewing.abort();
     if replaced {
@@ -212,7 +224,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         presence.remove().await;
     }
-    speaker.bgp.shutdown().await;
+    speaker.io.bgp.shutdown().await;
     if !replaced {
         status_tx.send_replace(status::Desired::new());
     }
@@ -257,10 +269,10 @@ struct Membership {
     answer_until: Option<Instant>,
 }
 
-/// The work loop's state.
-struct Speaker {
+/// The work loop's state; `io` is what it reads and does outside itself ([`loop_io::LoopIo`]).
+struct Speaker<Io> {
     args: Args,
-    announcer: announce::Announcer,
+    io: Io,
     /// The configuration, recomputed when a configuration object changes.
     config: Option<Arc<ferrolb_config::model::Config>>,
     /// Who may own IPs, and until when this node may answer (ferrolb_speaker::l2::gate).
@@ -279,18 +291,14 @@ struct Speaker {
     announced: BTreeSet<(ServiceKey, IpAddr)>,
     /// Announcement failures already reported with an Event.
     failures: step::FailureLog,
-    /// BGP sessions and their routes.
-    bgp: bgp::Bgp,
     metrics: Metrics,
 }
 
-impl Speaker {
+impl<Io: LoopIo> Speaker<Io> {
     /// Who may own IPs now (the quorum rule, settling and the claim delay), and the inputs
     /// that go with it. Cheap: no planning.
     async fn membership(
         &mut self,
-        stores: &watch::Stores,
-        gossip: &gossip::Gossip,
         links: &BTreeMap<String, Interface>,
         now: Instant,
     ) -> Membership {
@@ -301,29 +309,32 @@ impl Speaker {
             .collect();
         let usable_names: BTreeSet<String> = usable.keys().cloned().collect();
 
-        let nodes: BTreeMap<String, NodeView> = stores
-            .nodes
-            .state()
+        let nodes: BTreeMap<String, NodeView> = self
+            .io
+            .nodes()
             .iter()
             .map(|n| NodeView::from_node(n))
             .map(|v| (v.name.clone(), v))
             .collect();
-        gossip.set_peers(
+        // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
+        // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
+        self.io.set_peers(
             nodes
                 .values()
                 .filter(|n| n.name != self.args.node_name)
-                .filter_map(|n| n.addresses.first().copied()),
+                .filter_map(|n| n.addresses.first().copied())
+                .collect(),
+            nodes.keys().cloned().collect(),
         );
-        // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
-        // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
-        gossip.set_nodes(nodes.keys().cloned().collect());
         // Who may own IPs, this node included, and until when it may answer: the gate's rules
         // (ferrolb_speaker::l2::gate), from the known speakers, the heartbeat table and the
-        // acknowledgements (one read serves the tenure and the claim rule).
-        let known = known_speakers(&stores.presence.state());
-        let reports = gossip.reports(now);
-        let acks = gossip.acks();
-        let tenure = gossip.tenure(&known, &acks);
+        // acknowledgements.
+        let known = known_speakers(&self.io.presence());
+        let loop_io::Heartbeats {
+            reports,
+            acks,
+            tenure,
+        } = self.io.heartbeats(&known, now);
         let o = self.gate.check(
             gate::Inputs {
                 me: &self.args.node_name,
@@ -371,7 +382,7 @@ impl Speaker {
             }
             self.acted = o.acts;
         }
-        gossip.set_local(o.acts, usable_names.clone()).await;
+        self.io.say(o.acts, usable_names.clone()).await;
         self.metrics.quorum.set(i64::from(o.verdict.acts()));
         self.metrics
             .speakers_known
@@ -419,33 +430,34 @@ impl Speaker {
     /// The periodic check between steps: when the members are still those the last plan was
     /// made with, renews the mandate to answer (see [`announce::Mandate`]) and returns false;
     /// otherwise returns true, and the loop plans again.
-    async fn still_valid(
-        &mut self,
-        stores: &watch::Stores,
-        gossip: &gossip::Gossip,
-        links: &BTreeMap<String, Interface>,
-    ) -> bool {
-        let now = Instant::now();
-        let m = self.membership(stores, gossip, links, now).await;
+    async fn still_valid(&mut self, links: &BTreeMap<String, Interface>) -> bool {
+        self.still_valid_at(links, Instant::now()).await
+    }
+
+    async fn still_valid_at(&mut self, links: &BTreeMap<String, Interface>, now: Instant) -> bool {
+        let m = self.membership(links, now).await;
         if m.members != self.planned_members {
             return false;
         }
         if m.claims {
-            self.announcer.renew(m.answer_until.unwrap_or(now));
+            self.io.renew(m.answer_until.unwrap_or(now));
         }
         true
     }
 
-    async fn step(
+    /// One step: the configuration, who may own, the plan, and carrying it out (responders,
+    /// BGP, Events, metrics). Returns what this node reports in ServiceL2Status.
+    async fn step(&mut self, links: &BTreeMap<String, Interface>) -> status::Desired {
+        self.step_at(links, Instant::now()).await
+    }
+
+    async fn step_at(
         &mut self,
-        stores: &watch::Stores,
-        gossip: &gossip::Gossip,
         links: &BTreeMap<String, Interface>,
-        events: &EventQueue,
+        now: Instant,
     ) -> status::Desired {
-        let now = Instant::now();
-        if stores.take_config_dirty() || self.config.is_none() {
-            let validated = stores.validated(&self.args.namespace);
+        if self.io.take_config_dirty() || self.config.is_none() {
+            let validated = self.io.validated(&self.args.namespace);
             self.metrics.config_loaded.set(1);
             self.metrics
                 .config_stale
@@ -459,13 +471,13 @@ impl Speaker {
             members,
             claims,
             answer_until,
-        } = self.membership(stores, gossip, links, now).await;
+        } = self.membership(links, now).await;
         let step::Views {
             services: views,
             uids,
         } = step::views(
-            &stores.services.state(),
-            &stores.slices.state(),
+            &self.io.services(),
+            &self.io.slices(),
             self.args.lb_class.as_deref(),
         );
         let plan = plan::plan(
@@ -478,36 +490,25 @@ impl Speaker {
             &views,
         );
 
-        if claims {
-            self.bgp
-                .sweep_departed(&self.args.node_name, &nodes, members.keys());
-        }
         // BGP: every eligible node advertises (ECMP), independent of the layer 2 owner choice.
-        stores
-            .secrets
-            .want(&watch::password_secrets(&config, &self.args.namespace));
-        let bgp_plan = self
-            .bgp
-            .apply(&config, &nodes, &self.args.node_name, &views, |name| {
-                stores.secrets.get(name)
-            });
+        let bgp_services = self.io.advertise(
+            &config,
+            &nodes,
+            &self.args.node_name,
+            &views,
+            claims.then_some(&members),
+        );
 
         if claims {
-            self.announcer.renew(answer_until.unwrap_or(now));
+            self.io.renew(answer_until.unwrap_or(now));
         }
         self.planned_members = members.clone();
-        let failures: Vec<(String, String)> = self
-            .announcer
-            .apply(&plan.announce, &usable)
-            .into_iter()
-            .map(|f| {
-                tracing::warn!(interface = %f.interface, error = %f.error, "cannot announce");
-                (f.interface, f.error)
-            })
-            .collect();
+        let failures = self.io.announce(&plan.announce, &usable);
+        for (interface, error) in &failures {
+            tracing::warn!(%interface, %error, "cannot announce");
+        }
         for report in self.failures.new_reports(&plan, &failures) {
-            status::announce_failed(
-                events,
+            self.io.announce_failed(
                 &report.service,
                 uids.get(&report.service).cloned().flatten(),
                 report.message,
@@ -538,7 +539,7 @@ impl Speaker {
             services = plan.services.len(),
             unannounced,
             owned = plan.announce.len(),
-            bgp_services = bgp_plan.services.len(),
+            bgp_services,
             members = members.len(),
             "planned"
         );
@@ -557,7 +558,400 @@ impl Speaker {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
+    use std::cell::{Cell, RefCell};
+
+    use clap::Parser;
+    use ferrolb_config::model::Config;
+    use ferrolb_config::validate::{Objects, Validated};
+    use ferrolb_layer2::liveness::Heard;
+    use ferrolb_layer2::quorum::Report;
+    use ferrolb_layer2::tenure::Tenure;
+    use ferrolb_speaker::l2::plan::Announcement;
+    use ferrolb_speaker::view::ServiceView;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Node, Service};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+    const NODES: [&str; 3] = ["node1", "node2", "node3"];
+    const IP: &str = "198.18.200.0";
+
+    fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn node(name: &str, address: &str) -> Arc<Node> {
+        from_json(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": address}]}
+        }))
+    }
+
+    fn presence(name: &str) -> Arc<Lease> {
+        from_json(serde_json::json!({
+            "metadata": {"name": format!("ferrolb-speaker-{name}"), "namespace": "metallb-system"},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": 40,
+                "renewTime": "2026-12-02T12:00:00.000000Z"
+            }
+        }))
+    }
+
+    /// Service `web` holding [`IP`], traffic policy Local: only nodes with a ready endpoint
+    /// may announce it.
+    fn web() -> Arc<Service> {
+        from_json(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "uid-web"},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                     "ports": [{"port": 80, "protocol": "TCP"}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": IP}]}}
+        }))
+    }
+
+    /// `web`'s endpoints: one ready pod on each of `nodes`.
+    fn endpoints_on(nodes: &[&str]) -> Arc<EndpointSlice> {
+        let endpoints: Vec<serde_json::Value> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                serde_json::json!({
+                    "addresses": [format!("10.0.{i}.1")],
+                    "conditions": {"ready": true},
+                    "nodeName": n
+                })
+            })
+            .collect();
+        from_json(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": endpoints,
+            "ports": [{"port": 8080, "protocol": "TCP"}]
+        }))
+    }
+
+    fn validated() -> Validated {
+        let mut objects = Objects {
+            namespace: "metallb-system".into(),
+            ..Default::default()
+        };
+        let errors = ferrolb_config::manifest::read_manifests(
+            "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: lab, namespace: metallb-system}
+spec: {addresses: [198.18.200.0/24]}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: l2, namespace: metallb-system}
+",
+            "test.yaml",
+            &mut objects,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        ferrolb_config::validate::validate(&objects)
+    }
+
+    fn eth0() -> BTreeMap<String, Interface> {
+        BTreeMap::from([(
+            "eth0".to_string(),
+            Interface {
+                name: "eth0".into(),
+                index: 2,
+                mac: Some([2, 0, 0, 0, 0, 1]),
+                flags: 1,
+                oper_up: true,
+                enslaved: false,
+            },
+        )])
+    }
+
+    /// The world as node1 sees it: three speakers, `web` served from `endpoints`, and the
+    /// peers it hears (each hearing every node, node1 as ready as node1 says it is).
+    struct Fake {
+        nodes: Vec<Arc<Node>>,
+        services: Vec<Arc<Service>>,
+        slices: Vec<Arc<EndpointSlice>>,
+        heard: Vec<&'static str>,
+        config_dirty: Cell<bool>,
+        validations: Cell<usize>,
+        /// What node1's heartbeats said, in order.
+        said: RefCell<Vec<bool>>,
+        /// Every announcement plan handed to the responders.
+        announced: Vec<BTreeMap<IpAddr, Announcement>>,
+        /// Interfaces the responders cannot set up.
+        broken: Vec<String>,
+        renewed: Cell<usize>,
+        events: RefCell<Vec<(ServiceKey, Option<String>, String)>>,
+    }
+
+    impl Fake {
+        fn new(heard: &[&'static str], endpoints: &[&str]) -> Self {
+            Fake {
+                nodes: NODES
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| node(n, &format!("198.18.0.{}", 11 + i)))
+                    .collect(),
+                services: vec![web()],
+                slices: vec![endpoints_on(endpoints)],
+                heard: heard.to_vec(),
+                config_dirty: Cell::new(false),
+                validations: Cell::new(0),
+                said: RefCell::new(Vec::new()),
+                announced: Vec::new(),
+                broken: Vec::new(),
+                renewed: Cell::new(0),
+                events: RefCell::new(Vec::new()),
+            }
+        }
+
+        /// Whether the last plan handed to the responders answers for [`IP`].
+        fn answers(&self) -> bool {
+            self.announced
+                .last()
+                .is_some_and(|plan| plan.contains_key(&IP.parse::<IpAddr>().unwrap()))
+        }
+    }
+
+    impl LoopIo for Fake {
+        fn nodes(&self) -> Vec<Arc<Node>> {
+            self.nodes.clone()
+        }
+        fn services(&self) -> Vec<Arc<Service>> {
+            self.services.clone()
+        }
+        fn slices(&self) -> Vec<Arc<EndpointSlice>> {
+            self.slices.clone()
+        }
+        fn presence(&self) -> Vec<Arc<Lease>> {
+            NODES.iter().map(|n| presence(n)).collect()
+        }
+        fn take_config_dirty(&self) -> bool {
+            self.config_dirty.replace(false)
+        }
+        fn validated(&self, _namespace: &str) -> Validated {
+            self.validations.set(self.validations.get() + 1);
+            validated()
+        }
+        fn set_peers(&self, _addresses: Vec<IpAddr>, _nodes: BTreeSet<String>) {}
+        fn heartbeats(&self, _known: &BTreeSet<String>, _now: Instant) -> loop_io::Heartbeats {
+            let me_ready = self.said.borrow().last().copied().unwrap_or(false);
+            let reports = self
+                .heard
+                .iter()
+                .map(|peer| {
+                    let hears = NODES
+                        .iter()
+                        .filter(|n| *n != peer)
+                        .map(|n| (n.to_string(), *n != "node1" || me_ready))
+                        .collect();
+                    let report = Report {
+                        fresh: true,
+                        ready: true,
+                        held: false,
+                        hears,
+                        interfaces: ["eth0".to_string()].into(),
+                    };
+                    (peer.to_string(), report)
+                })
+                .collect();
+            let acks = self
+                .heard
+                .iter()
+                .map(|p| {
+                    let heard = Heard {
+                        ready: me_ready,
+                        boot: 1,
+                        seq: 10,
+                    };
+                    (p.to_string(), heard)
+                })
+                .collect();
+            let tenure = if self.heard.is_empty() {
+                Tenure::Lapsed
+            } else {
+                Tenure::Unbounded
+            };
+            loop_io::Heartbeats {
+                reports,
+                acks,
+                tenure,
+            }
+        }
+        async fn say(&self, acts: bool, _interfaces: BTreeSet<String>) {
+            self.said.borrow_mut().push(acts);
+        }
+        fn announce(
+            &mut self,
+            plan: &BTreeMap<IpAddr, Announcement>,
+            _usable: &BTreeMap<String, Interface>,
+        ) -> Vec<(String, String)> {
+            self.announced.push(plan.clone());
+            plan.values()
+                .flat_map(|a| &a.interfaces)
+                .filter(|i| self.broken.contains(i))
+                .map(|i| (i.clone(), "no responder".to_string()))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        }
+        fn renew(&self, _until: Instant) {
+            self.renewed.set(self.renewed.get() + 1);
+        }
+        fn advertise(
+            &mut self,
+            _config: &Config,
+            _nodes: &BTreeMap<String, NodeView>,
+            _me: &str,
+            _services: &[ServiceView],
+            _alive: Option<&BTreeMap<String, Member>>,
+        ) -> usize {
+            0
+        }
+        fn announce_failed(&self, key: &ServiceKey, uid: Option<String>, why: String) {
+            self.events.borrow_mut().push((key.clone(), uid, why));
+        }
+    }
+
+    fn speaker(io: Fake) -> Speaker<Fake> {
+        let args = Args::try_parse_from([
+            "ferrolb-speaker",
+            "--node-name",
+            "node1",
+            "--gossip-key-file",
+            "unread-in-tests",
+        ])
+        .unwrap();
+        Speaker {
+            io,
+            config: None,
+            gate: gate::Gate::new(gate::Timing {
+                heartbeat_interval: args.heartbeat_interval,
+                failure_timeout: args.failure_timeout,
+                mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
+                flap_damping: args.flap_damping,
+            }),
+            tenure_lapsed: false,
+            layer2: readiness::Layer2State::default(),
+            announces: true,
+            acted: false,
+            planned_members: BTreeMap::new(),
+            announced: BTreeSet::new(),
+            failures: step::FailureLog::default(),
+            metrics: Metrics::new().0,
+            args,
+        }
+    }
+
+    /// Steps every 100 ms for `steps` steps from `t0`; returns the last step's report.
+    async fn run_steps(s: &mut Speaker<Fake>, t0: Instant, steps: u32) -> status::Desired {
+        let mut desired = status::Desired::new();
+        for i in 0..steps {
+            desired = s
+                .step_at(&eth0(), t0 + Duration::from_millis(100) * i)
+                .await;
+        }
+        desired
+    }
+
+    #[tokio::test]
+    async fn a_node_hearing_a_majority_announces_what_only_it_can_serve_and_reports_it() {
+        let mut s = speaker(Fake::new(&["node2", "node3"], &["node1"]));
+        let t0 = Instant::now();
+        // Before the settle time (the failure timeout) nothing is claimed.
+        run_steps(&mut s, t0, 3).await;
+        assert!(
+            !s.io.answers(),
+            "claimed before hearing the others for a failure timeout"
+        );
+        let desired = run_steps(&mut s, t0, 15).await;
+        assert!(s.io.answers(), "plans: {:?}", s.io.announced.last());
+        assert_eq!(s.io.said.borrow().last(), Some(&true));
+        assert!(
+            desired.contains_key(&ServiceKey::new("default", "web")),
+            "{desired:?}"
+        );
+        assert_eq!(s.readiness(), Ok(()));
+        assert!(s.io.renewed.get() > 0, "the mandate was never given");
+        assert_eq!(s.io.validations.get(), 1, "validated again with no change");
+        // A configuration change is read at the next step.
+        s.io.config_dirty.set(true);
+        s.step_at(&eth0(), t0 + Duration::from_secs(2)).await;
+        assert_eq!(s.io.validations.get(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_node_cut_off_from_the_others_never_announces_and_says_so() {
+        // node1 hears nobody while the API server knows three speakers: the minority.
+        let mut s = speaker(Fake::new(&[], &["node1"]));
+        let desired = run_steps(&mut s, Instant::now(), 30).await;
+        assert!(
+            s.io.announced.iter().all(|plan| plan.is_empty()),
+            "a cut-off node answered: {:?}",
+            s.io.announced
+        );
+        assert!(s.io.said.borrow().iter().all(|acts| !acts));
+        assert!(desired.is_empty());
+        assert!(s.readiness().is_err(), "a cut-off speaker reported ready");
+    }
+
+    #[tokio::test]
+    async fn the_node_stops_announcing_when_its_endpoints_leave() {
+        let mut s = speaker(Fake::new(&["node2", "node3"], &["node1"]));
+        let t0 = Instant::now();
+        run_steps(&mut s, t0, 15).await;
+        assert!(s.io.answers());
+        // The pod moved to node2 (traffic policy Local): node2 answers now, node1 not at all.
+        s.io.slices = vec![endpoints_on(&["node2"])];
+        let desired = s.step_at(&eth0(), t0 + Duration::from_secs(2)).await;
+        assert!(
+            !s.io.answers(),
+            "still answering: {:?}",
+            s.io.announced.last()
+        );
+        assert!(desired.is_empty(), "still reported: {desired:?}");
+        assert!(
+            s.announced.is_empty(),
+            "the announced metric kept {:?}",
+            s.announced
+        );
+    }
+
+    #[tokio::test]
+    async fn an_announcement_failure_is_one_event_not_one_per_step() {
+        let mut fake = Fake::new(&["node2", "node3"], &["node1"]);
+        fake.broken = vec!["eth0".into()];
+        let mut s = speaker(fake);
+        run_steps(&mut s, Instant::now(), 30).await;
+        let events = s.io.events.borrow();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].0, ServiceKey::new("default", "web"));
+        assert_eq!(events[0].1.as_deref(), Some("uid-web"));
+    }
+
+    #[tokio::test]
+    async fn checks_between_steps_renew_the_mandate_until_the_members_change() {
+        let mut s = speaker(Fake::new(&["node2", "node3"], &["node1"]));
+        let t0 = Instant::now();
+        run_steps(&mut s, t0, 15).await;
+        let renewed = s.io.renewed.get();
+        assert!(
+            s.still_valid_at(&eth0(), t0 + Duration::from_millis(1500))
+                .await
+        );
+        assert_eq!(s.io.renewed.get(), renewed + 1);
+        // node3 falls silent: node1 still holds a majority with node2, but the members it
+        // planned with changed, so it must plan again.
+        s.io.heard = vec!["node2"];
+        assert!(
+            !s.still_valid_at(&eth0(), t0 + Duration::from_millis(1600))
+                .await
+        );
+    }
 
     #[test]
     fn the_mandate_lapses_before_the_others_take_over() {
