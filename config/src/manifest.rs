@@ -92,6 +92,13 @@ pub fn read_manifests(text: &str, source: &str, objects: &mut Objects) -> Vec<Ma
                 .or_insert_with(|| Value::String(objects.namespace.clone()));
         }
         let kind = text_at(&doc, &["kind"]).to_string();
+        // What the API server stores for these kinds when `spec` is left out (see the CRDs).
+        if crate::crd::KINDS_WITH_OPTIONAL_SPEC.contains(&kind.as_str())
+            && let Some(object) = doc.as_object_mut()
+            && object.get("spec").is_none_or(Value::is_null)
+        {
+            object.insert("spec".into(), Value::Object(serde_json::Map::new()));
+        }
         let error = |field: String, message: String| ManifestError {
             source: source.into(),
             document: index + 1,
@@ -211,6 +218,29 @@ mod tests {
         assert_eq!(errors, Vec::<String>::new());
         assert_eq!(objects.peers[0].spec.peer_asn, Some(64501));
         assert_eq!(objects.peers[0].spec.hold_time.as_deref(), Some("90s"));
+    }
+
+    #[test]
+    fn objects_without_spec_read_as_an_empty_spec_where_metallb_allows_it() {
+        // MetalLB's quickstart L2Advertisement: metadata only.
+        let (objects, errors) = read(
+            "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {name: example, namespace: metallb-system}\n---\napiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata: {name: b}\nspec:\n---\napiVersion: metallb.io/v1beta1\nkind: BFDProfile\nmetadata: {name: f}\n---\napiVersion: metallb.io/v1beta1\nkind: Community\nmetadata: {name: c}\n",
+        );
+        assert_eq!(errors, Vec::<String>::new());
+        assert_eq!(objects.l2_advertisements[0].spec, Default::default());
+        assert_eq!(
+            objects.bgp_advertisements[0].spec.aggregation_length, 32,
+            "the spec's defaults apply"
+        );
+        assert_eq!(objects.bfd_profiles.len(), 1);
+        assert_eq!(objects.communities.len(), 1);
+        // A pool without addresses means nothing: MetalLB requires its spec, and so do we.
+        let (_, errors) =
+            read("apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p}\n");
+        assert_eq!(
+            errors,
+            ["IPAddressPool metallb-system/p: spec: missing field `spec`"]
+        );
     }
 
     #[test]

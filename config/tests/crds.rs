@@ -44,6 +44,40 @@ fn committed_crds_match_the_types() {
     );
 }
 
+#[test]
+fn spec_is_optional_where_metallb_leaves_it_optional() {
+    // MetalLB's quickstart applies an L2Advertisement with metadata only; the API server must
+    // take it and store `spec: {}`, so that readers always find a spec.
+    for crd in ferrolb_config::crd::crds().expect("crds") {
+        let kind = crd.spec.names.kind.clone();
+        let optional = ferrolb_config::crd::KINDS_WITH_OPTIONAL_SPEC.contains(&kind.as_str());
+        for version in crd.spec.versions {
+            let schema = version
+                .schema
+                .and_then(|s| s.open_api_v3_schema)
+                .expect("schema");
+            let required = schema.required.unwrap_or_default();
+            let default = schema
+                .properties
+                .as_ref()
+                .and_then(|p| p.get("spec"))
+                .and_then(|s| s.default.clone());
+            if optional {
+                assert!(
+                    !required.contains(&"spec".to_string()),
+                    "{kind}: {required:?}"
+                );
+                assert_eq!(default.map(|d| d.0), Some(serde_json::json!({})), "{kind}");
+            } else if kind == "IPAddressPool" || kind == "BGPPeer" {
+                assert!(
+                    required.contains(&"spec".to_string()),
+                    "{kind}: {required:?}"
+                );
+            }
+        }
+    }
+}
+
 mod cel {
     //! The CEL rules, evaluated client-side with kube's CEL engine (the same functions the API
     //! server registers). The lab applies the same manifests to a real API server.

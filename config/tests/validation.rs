@@ -245,6 +245,25 @@ fn aggregation_shorter_than_the_pools_most_specific_cidr_is_rejected() {
     );
 }
 
+/// MetalLB judges a range by its widest block: 3.3.3.2-3.3.3.254 is made of blocks /31 to /26,
+/// and allows aggregation down to /26 although its edge blocks are /31 and /32.
+#[test]
+fn aggregation_of_a_range_is_judged_by_its_widest_block() {
+    let pool = "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: r}\nspec: {addresses: [3.3.3.2-3.3.3.254]}\n---\n";
+    assert_eq!(
+        errors(&format!(
+            "{pool}{}",
+            bgp_adv("a", "{aggregationLength: 26}")
+        )),
+        Vec::<String>::new()
+    );
+    rejects(
+        &format!("{pool}{}", bgp_adv("a", "{aggregationLength: 25}")),
+        "BGPAdvertisement metallb-system/a: spec.aggregationLength",
+        "shorter than /26",
+    );
+}
+
 #[test]
 fn service_selectors_with_aggregation_are_rejected() {
     rejects(
@@ -271,6 +290,42 @@ fn conflicting_local_pref_on_overlapping_advertisements_is_rejected() {
         &yaml,
         "BGPAdvertisement metallb-system/second: spec.localPref",
         "conflicts with localPref 100 of the older BGPAdvertisement \"first\"",
+    );
+}
+
+/// Advertisements aggregating a pool to different lengths announce different prefixes, so
+/// their LOCAL_PREFs cannot conflict (MetalLB's rule): for a pool of both families, both lengths
+/// must differ.
+#[test]
+fn local_pref_with_different_aggregation_does_not_conflict() {
+    let v4_pool = "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: v4}\nspec: {addresses: [198.18.100.0/24]}\n---\n";
+    let yaml = format!(
+        "{v4_pool}{}{}",
+        bgp_adv("first", "{localPref: 100, aggregationLength: 24}"),
+        bgp_adv("second", "{localPref: 200}")
+    );
+    assert_eq!(errors(&yaml), Vec::<String>::new());
+    // POOL has both families: a different IPv4 length alone still announces the same IPv6
+    // prefixes with two LOCAL_PREFs.
+    rejects(
+        &format!(
+            "{POOL}{}{}",
+            bgp_adv("first", "{localPref: 100, aggregationLength: 26}"),
+            bgp_adv("second", "{localPref: 200}")
+        ),
+        "BGPAdvertisement metallb-system/second: spec.localPref",
+        "conflicts with localPref 100",
+    );
+    assert_eq!(
+        errors(&format!(
+            "{POOL}{}{}",
+            bgp_adv(
+                "first",
+                "{localPref: 100, aggregationLength: 26, aggregationLengthV6: 120}"
+            ),
+            bgp_adv("second", "{localPref: 200}")
+        )),
+        Vec::<String>::new()
     );
 }
 
@@ -321,6 +376,57 @@ fn duplicate_entries_in_an_advertisement_are_rejected() {
     );
 }
 
+/// MetalLB refuses a value twice in one match expression and one match expression twice in a
+/// selector, which Kubernetes itself takes; a selector list MetalLB accepts is accepted, even
+/// when two of its selectors select alike but are written differently.
+#[test]
+fn selectors_repeating_values_or_expressions_are_rejected_as_in_metallb() {
+    rejects(
+        &format!(
+            "{POOL}{}",
+            bgp_adv(
+                "a",
+                "{nodeSelectors: [{matchExpressions: [{key: k, operator: In, values: [x, x]}]}]}"
+            )
+        ),
+        "BGPAdvertisement metallb-system/a: spec.nodeSelectors[0].matchExpressions[0].values[1]",
+        "duplicate value \"x\"",
+    );
+    rejects(
+        &format!(
+            "{POOL}{}",
+            bgp_adv(
+                "a",
+                "{nodeSelectors: [{matchExpressions: [{key: k, operator: In, values: [p, q]}, {key: k, operator: In, values: [q, p]}]}]}"
+            )
+        ),
+        "BGPAdvertisement metallb-system/a: spec.nodeSelectors[0].matchExpressions[1]",
+        "duplicate match expression",
+    );
+    rejects(
+        &format!(
+            "{POOL}{}",
+            bgp_adv(
+                "a",
+                "{nodeSelectors: [{matchExpressions: [{key: k, operator: In, values: [p, q]}]}, {matchExpressions: [{key: k, operator: In, values: [q, p]}]}]}"
+            )
+        ),
+        "BGPAdvertisement metallb-system/a: spec.nodeSelectors[1]",
+        "duplicate selector",
+    );
+    assert_eq!(
+        errors(&format!(
+            "{POOL}{}",
+            bgp_adv(
+                "a",
+                "{nodeSelectors: [{matchLabels: {k: x}}, {matchExpressions: [{key: k, operator: In, values: [x]}]}]}"
+            )
+        )),
+        Vec::<String>::new(),
+        "written differently: not a duplicate to MetalLB"
+    );
+}
+
 #[test]
 fn invalid_community_value_is_rejected() {
     rejects(
@@ -339,24 +445,52 @@ fn unknown_community_alias_is_rejected() {
     );
 }
 
+/// Asserts that the manifest is accepted with exactly one warning, on `prefix`, containing `words`.
+#[track_caller]
+fn warns(yaml: &str, prefix: &str, words: &str) -> Validated {
+    let v = check(yaml);
+    assert!(v.is_valid(), "{:?}", v.errors);
+    let warnings: Vec<String> = v.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(warnings.len(), 1, "expected one warning, got {warnings:#?}");
+    assert!(
+        warnings[0].starts_with(&format!("{prefix}: ")) && warnings[0].contains(words),
+        "expected {prefix:?} with {words:?}, got {:?}",
+        warnings[0]
+    );
+    v
+}
+
+/// MetalLB accepts an advertisement naming a pool or peer that does not exist (the name selects
+/// nothing), so it must be kept: leaving it out would also stop it for the pools it does name.
 #[test]
-fn advertisement_naming_a_missing_pool_or_peer_is_rejected() {
-    rejects(
-        &format!("{POOL}{}", bgp_adv("a", "{ipAddressPools: [nope]}")),
-        "BGPAdvertisement metallb-system/a: spec.ipAddressPools[0]",
+fn advertisement_naming_a_missing_pool_or_peer_is_kept_with_a_warning() {
+    let v = warns(
+        &format!("{POOL}{}", bgp_adv("a", "{ipAddressPools: [pool, nope]}")),
+        "BGPAdvertisement metallb-system/a: spec.ipAddressPools[1]",
         "no IPAddressPool named \"nope\"",
     );
-    rejects(
+    assert!(
+        v.config.bgp_advertisements["a"]
+            .pools
+            .covers(&v.config.pools["pool"])
+    );
+    warns(
         &format!("{POOL}{}", bgp_adv("a", "{peers: [nope]}")),
         "BGPAdvertisement metallb-system/a: spec.peers[0]",
         "no BGPPeer named \"nope\"",
     );
-    rejects(
+    let v = warns(
         &format!(
             "{POOL}apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {{name: l2}}\nspec: {{ipAddressPools: [nope]}}\n"
         ),
         "L2Advertisement metallb-system/l2: spec.ipAddressPools[0]",
         "no IPAddressPool named \"nope\"",
+    );
+    assert!(
+        !v.config.l2_advertisements["l2"]
+            .pools
+            .covers(&v.config.pools["pool"]),
+        "a missing name selects nothing, not everything"
     );
 }
 
@@ -635,6 +769,77 @@ fn community_with_bad_value_or_repeated_alias_is_rejected() {
         "Community metallb-system/c: spec.communities[1].name",
         "defined twice",
     );
+}
+
+/// MetalLB refuses BFD echo mode towards a peer that is sent IPv6 addresses.
+#[test]
+fn bfd_echo_mode_with_ipv6_advertisements_is_rejected() {
+    let profile = |echo: bool| {
+        format!(
+            "apiVersion: metallb.io/v1beta1\nkind: BFDProfile\nmetadata: {{name: echo}}\nspec: {{echoMode: {echo}}}\n---\n"
+        )
+    };
+    let with = peer(
+        "e",
+        "{myASN: 64500, peerASN: 64501, peerAddress: 198.18.0.1, bfdProfile: echo}",
+    );
+    let without = peer(
+        "plain",
+        "{myASN: 64500, peerASN: 64501, peerAddress: 198.18.0.2}",
+    );
+    rejects(
+        &format!(
+            "{POOL}{}{with}{without}{}",
+            profile(true),
+            bgp_adv("a", "{}")
+        ),
+        "BGPAdvertisement metallb-system/a: spec.peers",
+        "BGPPeer \"e\", whose BFDProfile \"echo\" enables echoMode",
+    );
+    rejects(
+        &format!(
+            "{POOL}{}{with}{without}{}",
+            profile(true),
+            bgp_adv("a", "{peers: [plain, e]}")
+        ),
+        "BGPAdvertisement metallb-system/a: spec.peers[1]",
+        "does not support IPv6",
+    );
+    let v4_pool = "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: v4}\nspec: {addresses: [198.18.100.0/24]}\n---\n";
+    for ok in [
+        format!(
+            "{POOL}{}{with}{without}{}",
+            profile(false),
+            bgp_adv("a", "{}")
+        ),
+        format!(
+            "{POOL}{}{with}{without}{}",
+            profile(true),
+            bgp_adv("a", "{peers: [plain]}")
+        ),
+        format!("{v4_pool}{}{with}{}", profile(true), bgp_adv("a", "{}")),
+    ] {
+        assert_eq!(errors(&ok), Vec::<String>::new(), "{ok}");
+    }
+}
+
+/// Two objects of one kind and name can only meet in manifest files; which one `kubectl apply`
+/// keeps depends on file order, so neither is taken (MetalLB refuses them too).
+#[test]
+fn objects_defined_twice_are_both_left_out() {
+    let profile = |interval: u32| {
+        format!(
+            "apiVersion: metallb.io/v1beta1\nkind: BFDProfile\nmetadata: {{name: twice}}\nspec: {{receiveInterval: {interval}}}\n---\n"
+        )
+    };
+    let v = check(&format!("{}{}", profile(100), profile(200)));
+    assert_eq!(
+        v.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+        [
+            "BFDProfile metallb-system/twice: metadata.name: 2 objects of this kind are named \"twice\"; the API server keeps one per name"
+        ]
+    );
+    assert!(v.config.bfd_profiles.is_empty());
 }
 
 #[test]

@@ -28,7 +28,9 @@ pub use status::{
     ServiceL2StatusSpec, ServiceL2StatusStatus,
 };
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSON,
+};
 use kube::CustomResourceExt;
 
 /// The API group shared with MetalLB.
@@ -36,6 +38,44 @@ pub const GROUP: &str = "metallb.io";
 
 /// Label selector type used by every selector field (same JSON shape as MetalLB's).
 pub type LabelSelector = k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+/// Kinds whose `spec` may be left out, as in MetalLB (`json:"spec,omitempty"`): MetalLB's own
+/// quickstart applies an L2Advertisement with metadata only. Every field of these specs is
+/// optional, so a missing `spec` means `spec: {}`, which is what the API server stores for it.
+pub const KINDS_WITH_OPTIONAL_SPEC: [&str; 4] = [
+    "BFDProfile",
+    "BGPAdvertisement",
+    "Community",
+    "L2Advertisement",
+];
+
+/// Lets the API server accept an object without `spec` and store it with `spec: {}` (and so with
+/// the spec's own defaults), so that readers never see an object without one. kube's derive
+/// always makes `spec` required, hence this edit of the generated schema.
+fn make_spec_optional(crd: &mut CustomResourceDefinition) {
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        if let Some(required) = schema.required.as_mut() {
+            required.retain(|field| field != "spec");
+        }
+        if schema.required.as_ref().is_some_and(Vec::is_empty) {
+            schema.required = None;
+        }
+        if let Some(spec) = schema
+            .properties
+            .as_mut()
+            .and_then(|properties| properties.get_mut("spec"))
+        {
+            spec.default = Some(JSON(serde_json::json!({})));
+        }
+    }
+}
 
 /// Every CustomResourceDefinition ferrolb ships, in a stable order.
 ///
@@ -45,7 +85,7 @@ pub type LabelSelector = k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSe
 pub fn crds() -> Result<Vec<CustomResourceDefinition>, kube::core::crd::MergeError> {
     let bgp_peer =
         kube::core::crd::merge_crds(vec![BGPPeer::crd(), v1beta1::BGPPeer::crd()], "v1beta2")?;
-    Ok(vec![
+    let mut all = vec![
         BFDProfile::crd(),
         BGPAdvertisement::crd(),
         bgp_peer,
@@ -55,7 +95,13 @@ pub fn crds() -> Result<Vec<CustomResourceDefinition>, kube::core::crd::MergeErr
         L2Advertisement::crd(),
         ServiceBGPStatus::crd(),
         ServiceL2Status::crd(),
-    ])
+    ];
+    for crd in &mut all {
+        if KINDS_WITH_OPTIONAL_SPEC.contains(&crd.spec.names.kind.as_str()) {
+            make_spec_optional(crd);
+        }
+    }
+    Ok(all)
 }
 
 /// Errors while rendering the CRD manifests.

@@ -23,11 +23,13 @@ fn pool_selection(
         .collect();
     let mut set = BTreeSet::new();
     for (i, name) in names.iter().enumerate() {
+        // A warning, not an error: MetalLB accepts a name that matches no pool (it selects
+        // nothing), and leaving the advertisement out would stop it for the pools it does name.
         if !known.contains(name.as_str()) {
-            report.error(
+            report.warn(
                 me,
                 format!("spec.ipAddressPools[{i}]"),
-                format!("there is no IPAddressPool named {name:?}"),
+                format!("there is no IPAddressPool named {name:?}; it selects nothing"),
             );
         }
         if !set.insert(name.clone()) {
@@ -133,26 +135,68 @@ pub(super) fn validate_l2(
     accepted
 }
 
-/// Longest prefix among the CIDRs that make up a pool's addresses of one family, if it has any.
-fn most_specific_prefix(pool: &Pool, family: Family) -> Option<u8> {
+/// The shortest aggregation length a pool's addresses of one family allow, if it has any: as
+/// MetalLB decides it, per address entry (CIDR or range) the shortest prefix among the CIDRs
+/// that make up the entry, and the longest of these over the entries. A range such as
+/// 3.3.3.2-3.3.3.254 thus allows /26 (its widest block), although its ends are /31 and /32 blocks.
+fn shortest_aggregation(pool: &Pool, family: Family) -> Option<u8> {
     pool.ranges
         .iter()
         .filter(|r| r.family() == family)
-        .flat_map(|r| r.cidrs())
-        .map(|net| net.prefix_len())
+        .filter_map(|r| r.cidrs().iter().map(|net| net.prefix_len()).min())
         .max()
+}
+
+/// Whether two advertisements with these aggregation lengths announce different prefixes for
+/// this pool, so that their LOCAL_PREFs cannot conflict (MetalLB's `isAggrLengthDifferent`).
+fn aggregation_differs(
+    pool: &Pool,
+    a: &model::BgpAdvertisement,
+    b: &model::BgpAdvertisement,
+) -> bool {
+    let has = |family: Family| pool.ranges.iter().any(|r| r.family() == family);
+    let v4_differs = a.aggregation_length != b.aggregation_length;
+    let v6_differs = a.aggregation_length_v6 != b.aggregation_length_v6;
+    match (has(Family::V4), has(Family::V6)) {
+        (false, false) => true,
+        (true, false) => v4_differs,
+        (false, true) => v6_differs,
+        (true, true) => v4_differs && v6_differs,
+    }
+}
+
+/// What BGPAdvertisements are checked against.
+pub(super) struct BgpRefs<'a> {
+    /// Every IPAddressPool object (names are looked up here).
+    pub(super) pool_objects: &'a [IPAddressPool],
+    /// The accepted pools.
+    pub(super) pools: &'a BTreeMap<String, Pool>,
+    /// Every BGPPeer object (names are looked up here).
+    pub(super) peer_objects: &'a [BGPPeer],
+    /// The accepted peers.
+    pub(super) peers: &'a BTreeMap<String, model::Peer>,
+    /// The accepted BFD profiles.
+    pub(super) bfd_profiles: &'a BTreeMap<String, model::BfdProfile>,
+    /// Community aliases.
+    pub(super) aliases: &'a BTreeMap<String, CommunityValue>,
+    /// The cluster's nodes, when known.
+    pub(super) nodes: Option<&'a [NodeInfo]>,
 }
 
 /// Validates BGPAdvertisements against the accepted pools, the peers and the community aliases.
 pub(super) fn validate_bgp(
     report: &mut Report,
     objects: &[BGPAdvertisement],
-    pool_objects: &[IPAddressPool],
-    pools: &BTreeMap<String, Pool>,
-    peer_objects: &[BGPPeer],
-    aliases: &BTreeMap<String, CommunityValue>,
-    nodes: Option<&[NodeInfo]>,
+    refs: &BgpRefs<'_>,
 ) -> BTreeMap<String, model::BgpAdvertisement> {
+    let &BgpRefs {
+        pool_objects,
+        pools,
+        peer_objects,
+        aliases,
+        nodes,
+        ..
+    } = refs;
     let known_peers: BTreeSet<&str> = peer_objects
         .iter()
         .filter_map(|p| p.metadata.name.as_deref())
@@ -201,12 +245,12 @@ pub(super) fn validate_bgp(
         ] {
             let Some(len) = len else { continue };
             for pool in &covered {
-                if let Some(prefix) = most_specific_prefix(pool, family).filter(|p| len < *p) {
+                if let Some(prefix) = shortest_aggregation(pool, family).filter(|p| len < *p) {
                     report.error(
                         &me,
                         field,
                         format!(
-                            "{len} is shorter than /{prefix}, the most specific {family} CIDR of pool {:?}: the aggregate would cover addresses outside the pool",
+                            "{len} is shorter than /{prefix}, the prefix of an {family} address entry of pool {:?}: the aggregate would cover addresses outside the pool",
                             pool.name
                         ),
                     );
@@ -245,15 +289,17 @@ pub(super) fn validate_bgp(
             }
         }
         let peers = unique_names(report, &me, "spec.peers", "peer", &spec.peers);
+        // A warning, as for pool names: MetalLB accepts a peer name that matches no BGPPeer.
         for (i, name) in spec.peers.iter().enumerate() {
             if !known_peers.contains(name.as_str()) {
-                report.error(
+                report.warn(
                     &me,
                     format!("spec.peers[{i}]"),
-                    format!("there is no BGPPeer named {name:?}"),
+                    format!("there is no BGPPeer named {name:?}; it selects nothing"),
                 );
             }
         }
+        bfd_echo_over_ipv6(report, &me, &covered, &spec.peers, refs);
 
         let candidate = model::BgpAdvertisement {
             name: me.name.clone(),
@@ -271,7 +317,11 @@ pub(super) fn validate_bgp(
                 let Some(theirs) = other.local_pref.filter(|t| *t != mine) else {
                     continue;
                 };
-                let pools_overlap = covered.iter().any(|p| other.pools.covers(p));
+                // Per pool both cover, as MetalLB checks it: different aggregation lengths
+                // announce different prefixes, which cannot conflict.
+                let pools_overlap = covered
+                    .iter()
+                    .any(|p| other.pools.covers(p) && !aggregation_differs(p, &candidate, other));
                 let peers_overlap = candidate.peers.is_empty()
                     || other.peers.is_empty()
                     || !candidate.peers.is_disjoint(&other.peers);
@@ -295,4 +345,47 @@ pub(super) fn validate_bgp(
         }
     }
     accepted
+}
+
+/// MetalLB refuses to advertise IPv6 addresses to a peer whose BFD profile enables echo mode:
+/// BFD echo does not support IPv6. ferrolb keeps the rule so that a configuration it accepts
+/// also works under MetalLB, and for the day it runs BFD.
+fn bfd_echo_over_ipv6(
+    report: &mut Report,
+    me: &ObjectRef,
+    covered: &[&Pool],
+    peer_names: &[String],
+    refs: &BgpRefs<'_>,
+) {
+    let Some(v6_pool) = covered
+        .iter()
+        .find(|p| p.ranges.iter().any(|r| r.family() == Family::V6))
+    else {
+        return;
+    };
+    for peer in refs.peers.values() {
+        let field = if peer_names.is_empty() {
+            "spec.peers".to_string()
+        } else if let Some(i) = peer_names.iter().position(|n| *n == peer.name) {
+            format!("spec.peers[{i}]")
+        } else {
+            continue;
+        };
+        let Some(profile) = peer
+            .bfd_profile
+            .as_ref()
+            .and_then(|name| refs.bfd_profiles.get(name))
+            .filter(|profile| profile.echo_mode)
+        else {
+            continue;
+        };
+        report.error(
+            me,
+            field,
+            format!(
+                "advertises the IPv6 addresses of pool {:?} to BGPPeer {:?}, whose BFDProfile {:?} enables echoMode; BFD echo mode does not support IPv6",
+                v6_pool.name, peer.name, profile.name
+            ),
+        );
+    }
 }

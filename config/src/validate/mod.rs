@@ -10,7 +10,7 @@ mod duration;
 mod peers;
 mod pools;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -216,6 +216,55 @@ pub(crate) fn by_age<T: kube::Resource>(objects: &[T]) -> Vec<&T> {
     sorted
 }
 
+/// One match expression as MetalLB compares them: key, operator, values sorted.
+type WrittenExpression = (String, String, Vec<String>);
+
+/// A selector as MetalLB compares selectors for duplicates: its labels, and its expressions in
+/// the order written, each with its values sorted. Selectors written differently are not
+/// duplicates to MetalLB even when they select alike, so they are not to us either: a list
+/// MetalLB accepts must be accepted.
+fn written_form(selector: &LabelSelector) -> (BTreeMap<String, String>, Vec<WrittenExpression>) {
+    let labels = selector.match_labels.clone().unwrap_or_default();
+    let expressions = selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .map(|e| {
+            let mut values = e.values.clone().unwrap_or_default();
+            values.sort();
+            (e.key.clone(), e.operator.clone(), values)
+        })
+        .collect();
+    (labels, expressions)
+}
+
+/// Reports what MetalLB refuses inside one selector: a value twice in one match expression, or
+/// the same match expression twice (Kubernetes itself takes both).
+fn check_repeats(report: &mut Report, object: &ObjectRef, field: &str, selector: &LabelSelector) {
+    let mut expressions = BTreeSet::new();
+    for (j, expression) in selector.match_expressions.iter().flatten().enumerate() {
+        let mut values = BTreeSet::new();
+        for (k, value) in expression.values.iter().flatten().enumerate() {
+            if !values.insert(value) {
+                report.error(
+                    object,
+                    format!("{field}.matchExpressions[{j}].values[{k}]"),
+                    format!("duplicate value {value:?}"),
+                );
+            }
+        }
+        let mut sorted = expression.values.clone().unwrap_or_default();
+        sorted.sort();
+        if !expressions.insert((&expression.key, &expression.operator, sorted)) {
+            report.error(
+                object,
+                format!("{field}.matchExpressions[{j}]"),
+                "duplicate match expression: the same key, operator and values appear twice",
+            );
+        }
+    }
+}
+
 /// Compiles a list of selectors, reporting each bad one under `field[i]`.
 pub(crate) fn compile_selectors(
     report: &mut Report,
@@ -226,21 +275,57 @@ pub(crate) fn compile_selectors(
     let mut compiled = Vec::new();
     let mut seen = BTreeSet::new();
     for (i, selector) in selectors.iter().enumerate() {
+        check_repeats(report, object, &format!("{field}[{i}]"), selector);
+        if !seen.insert(written_form(selector)) {
+            report.error(
+                object,
+                format!("{field}[{i}]"),
+                "duplicate selector: the same selector appears twice",
+            );
+        }
         match Selector::compile(selector) {
-            Ok(s) => {
-                if !seen.insert(s.clone()) {
-                    report.error(
-                        object,
-                        format!("{field}[{i}]"),
-                        "duplicate selector: the same selector appears twice",
-                    );
-                }
-                compiled.push(s);
-            }
+            Ok(s) => compiled.push(s),
             Err(e) => report.error(object, format!("{field}[{i}].{}", e.field), e.message),
         }
     }
     compiled
+}
+
+/// Leaves out every object whose kind and name appear more than once. Only manifest files can
+/// hold such a pair (the API server keeps one object per name), and which one `kubectl apply`
+/// would keep depends on the order of the files, so neither is taken; MetalLB refuses them too.
+fn unique_names<T: kube::Resource + Clone>(
+    report: &mut Report,
+    kind: Kind,
+    objects: Vec<T>,
+) -> Vec<T> {
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for object in &objects {
+        *count
+            .entry(object.meta().name.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    for (name, n) in count.iter().filter(|(_, n)| **n > 1) {
+        let object = ObjectRef {
+            kind,
+            namespace: objects
+                .first()
+                .and_then(|o| o.meta().namespace.clone())
+                .unwrap_or_default(),
+            name: name.clone(),
+        };
+        report.error(
+            &object,
+            "metadata.name",
+            format!(
+                "{n} objects of this kind are named {name:?}; the API server keeps one per name"
+            ),
+        );
+    }
+    objects
+        .into_iter()
+        .filter(|o| count.get(o.meta().name.as_deref().unwrap_or_default()) == Some(&1))
+        .collect()
 }
 
 /// Whether two node selector lists select a common node. With a node list this is exact;
@@ -310,6 +395,14 @@ pub fn validate(objects: &Objects) -> Validated {
         .cloned()
         .collect();
 
+    // Objects are in one namespace by now: a name is unique per kind.
+    let pools = unique_names(&mut report, Kind::IPAddressPool, pools);
+    let l2 = unique_names(&mut report, Kind::L2Advertisement, l2);
+    let bgp = unique_names(&mut report, Kind::BGPAdvertisement, bgp);
+    let peers = unique_names(&mut report, Kind::BGPPeer, peers);
+    let communities = unique_names(&mut report, Kind::Community, communities);
+    let bfd = unique_names(&mut report, Kind::BFDProfile, bfd);
+
     let mut config = Config {
         communities: communities::validate(&mut report, &communities),
         bfd_profiles: peers::validate_bfd_profiles(&mut report, &bfd),
@@ -322,11 +415,15 @@ pub fn validate(objects: &Objects) -> Validated {
     config.bgp_advertisements = advertisements::validate_bgp(
         &mut report,
         &bgp,
-        &pools,
-        &config.pools,
-        &peers,
-        &config.communities,
-        nodes,
+        &advertisements::BgpRefs {
+            pool_objects: &pools,
+            pools: &config.pools,
+            peer_objects: &peers,
+            peers: &config.peers,
+            bfd_profiles: &config.bfd_profiles,
+            aliases: &config.communities,
+            nodes,
+        },
     );
 
     for e in &report.errors {

@@ -1,0 +1,225 @@
+//! Configuration conformance with MetalLB: MetalLB v0.15.2's own configuration test cases
+//! (`internal/config/config_test.go`), translated into manifests in `tests/conformance/*.yaml`
+//! (see the README there), each run through ferrolb's validator, the code
+//! `ferrolb-controller check-config` runs. ferrolb must reach MetalLB's verdict, and a reject
+//! must name the object at fault, unless the case records a deliberate difference that
+//! `docs/metallb-differences.md` explains.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use ferrolb_config::manifest::read_manifests;
+use ferrolb_config::validate::{NodeInfo, Objects, validate};
+use serde::Deserialize;
+
+const NS: &str = "metallb-system";
+
+/// One translated MetalLB test case.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    name: String,
+    #[serde(default = "default_from")]
+    from: String,
+    verdict: Verdict,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    culprits: Vec<String>,
+    #[serde(default)]
+    nodes: Option<Vec<Node>>,
+    #[serde(default)]
+    #[expect(
+        dead_code,
+        reason = "read by people tracing the translation, not by the test"
+    )]
+    note: Option<String>,
+    #[serde(default)]
+    difference: Option<String>,
+    manifests: String,
+}
+
+fn default_from() -> String {
+    "TestParse".into()
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Verdict {
+    Accept,
+    Reject,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Node {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// A finding of ferrolb about one object, from reading the manifest or from validation.
+struct Finding {
+    kind: String,
+    name: String,
+    field: String,
+    text: String,
+}
+
+fn case_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")
+}
+
+fn load_cases() -> Vec<(String, Case)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(case_dir())
+        .expect("read tests/conformance")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut cases = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read case file");
+        let file_name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let parsed: Vec<Case> = serde_saphyr::from_str(&text)
+            .unwrap_or_else(|e| panic!("{file_name} is not a list of cases: {e}"));
+        cases.extend(parsed.into_iter().map(|c| (file_name.clone(), c)));
+    }
+    cases
+}
+
+/// ferrolb's findings for a case: manifest errors first, then validation errors.
+fn run(case: &Case) -> Vec<Finding> {
+    let mut objects = Objects {
+        namespace: NS.into(),
+        nodes: case.nodes.as_ref().map(|nodes| {
+            nodes
+                .iter()
+                .map(|n| NodeInfo {
+                    name: n.name.clone(),
+                    labels: n.labels.clone(),
+                })
+                .collect()
+        }),
+        ..Default::default()
+    };
+    let mut findings: Vec<Finding> = read_manifests(&case.manifests, &case.name, &mut objects)
+        .into_iter()
+        .map(|e| Finding {
+            kind: e.kind.clone(),
+            name: e.name.clone(),
+            field: e.field.clone(),
+            text: e.to_string(),
+        })
+        .collect();
+    findings.extend(validate(&objects).errors.into_iter().map(|e| Finding {
+        kind: e.object.kind.to_string(),
+        name: e.object.name.clone(),
+        field: e.field.clone(),
+        text: e.to_string(),
+    }));
+    findings
+}
+
+/// Why the case fails, if it does.
+fn check(case: &Case, differences_doc: &str) -> Option<String> {
+    let findings = run(case);
+    let ferrolb = if findings.is_empty() {
+        Verdict::Accept
+    } else {
+        Verdict::Reject
+    };
+    let listing = || {
+        findings
+            .iter()
+            .map(|f| format!("\n      {}", f.text))
+            .collect::<String>()
+    };
+    if let Some(reason) = &case.difference {
+        if ferrolb == case.verdict {
+            return Some(format!(
+                "listed as a deliberate difference ({reason}) but ferrolb now agrees ({ferrolb:?}); drop `difference:`"
+            ));
+        }
+        if !differences_doc.contains(&case.name) {
+            return Some(format!(
+                "deliberate difference not written up: docs/metallb-differences.md must name the case {:?}",
+                case.name
+            ));
+        }
+        return None;
+    }
+    if ferrolb != case.verdict {
+        return Some(format!(
+            "MetalLB: {:?}{}, ferrolb: {ferrolb:?}{}",
+            case.verdict,
+            case.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            listing()
+        ));
+    }
+    if ferrolb == Verdict::Reject {
+        let missing: Vec<&String> = case
+            .culprits
+            .iter()
+            .filter(|culprit| {
+                let (kind, name) = culprit.split_once('/').expect("culprit is Kind/name");
+                !findings.iter().any(|f| {
+                    f.kind == kind
+                        && f.name == name
+                        && !f.field.is_empty()
+                        && (name.is_empty() || f.text.contains(name))
+                })
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Some(format!(
+                "both reject, but no error names {missing:?} and a field; ferrolb said:{}",
+                listing()
+            ));
+        }
+    }
+    None
+}
+
+#[test]
+fn metallb_configuration_test_cases_get_metallbs_verdict() {
+    let cases = load_cases();
+    let differences_doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metallb-differences.md"),
+    )
+    .expect("read docs/metallb-differences.md");
+
+    let mut seen = BTreeSet::new();
+    let mut failures = Vec::new();
+    for (file, case) in &cases {
+        assert!(
+            seen.insert((case.from.clone(), case.name.clone())),
+            "{file}: case {:?} appears twice",
+            case.name
+        );
+        if case.verdict == Verdict::Reject {
+            assert!(
+                case.reason.is_some() && !case.culprits.is_empty(),
+                "{file}: reject case {:?} needs a reason and culprits",
+                case.name
+            );
+        }
+        if let Some(why) = check(case, &differences_doc) {
+            failures.push(format!("{file}: {}/{:?}: {why}", case.from, case.name));
+        }
+    }
+    // TestParse has 91 cases; every one is translated.
+    let from_parse = cases.iter().filter(|(_, c)| c.from == "TestParse").count();
+    assert_eq!(from_parse, 91, "TestParse cases translated");
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ from MetalLB:\n  {}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n  ")
+    );
+}
