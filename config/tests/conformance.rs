@@ -3,7 +3,8 @@
 //! (see the README there), each run through ferrolb's validator, the code
 //! `ferrolb-controller check-config` runs. ferrolb must reach MetalLB's verdict, and a reject
 //! must name the object at fault, unless the case records a deliberate difference that
-//! `docs/metallb-differences.md` explains.
+//! `docs/metallb-differences.md` explains. The objects of every case MetalLB accepts must also
+//! pass the CEL rules of ferrolb's CRDs, so that the API server admits them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -183,6 +184,80 @@ fn check(case: &Case, differences_doc: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// Error messages of the CRD's CEL rules that `doc` (one `metallb.io` object) breaks.
+fn broken_cel_rules(
+    crds: &[k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition],
+    doc: &serde_json::Value,
+) -> Vec<String> {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let Some(crd) = crds.iter().find(|c| c.spec.names.kind == kind) else {
+        return vec![format!("no CRD for kind {kind:?}")];
+    };
+    let Some(version) = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| format!("{}/{}", crd.spec.group, v.name) == api_version)
+    else {
+        return vec![format!("{kind} is not served as {api_version}")];
+    };
+    let schema = serde_json::to_value(
+        version
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref()),
+    )
+    .expect("schema as json");
+    match kube::core::cel::Validator::new().validate(&schema, doc, None) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.into_vec().into_iter().map(|e| e.message).collect(),
+    }
+}
+
+/// What MetalLB accepts must also pass the API server's admission of ferrolb's CRDs: their CEL
+/// rules are checked here client-side (the lab applies the same CRDs to a real API server).
+#[test]
+fn objects_metallb_accepts_pass_the_crds_cel_rules() {
+    let crds = ferrolb_config::crd::crds().expect("crds");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    // Objects of cases MetalLB rejects that the rules refuse: proof that the check is live.
+    let mut refused_rejects = 0;
+    for (file, case) in load_cases() {
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&case.manifests).expect("manifests are YAML");
+        for doc in docs.iter().filter(|d| {
+            d["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("metallb.io/"))
+        }) {
+            let broken = broken_cel_rules(&crds, doc);
+            if case.verdict == Verdict::Reject {
+                refused_rejects += usize::from(!broken.is_empty());
+                continue;
+            }
+            checked += 1;
+            if !broken.is_empty() {
+                failures.push(format!(
+                    "{file}: {:?}: {} {}: {broken:?}",
+                    case.name, doc["kind"], doc["metadata"]["name"]
+                ));
+            }
+        }
+    }
+    assert!(checked > 80, "only {checked} objects checked");
+    assert!(
+        refused_rejects >= 5,
+        "the CEL rules refuse only {refused_rejects} objects of rejected cases"
+    );
+    assert!(
+        failures.is_empty(),
+        "CEL rules refuse objects MetalLB accepts:\n  {}",
+        failures.join("\n  ")
+    );
 }
 
 #[test]
