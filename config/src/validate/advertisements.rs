@@ -23,13 +23,14 @@ fn pool_selection(
         .collect();
     let mut set = BTreeSet::new();
     for (i, name) in names.iter().enumerate() {
-        // A warning, not an error: MetalLB accepts a name that matches no pool (it selects
-        // nothing), and leaving the advertisement out would stop it for the pools it does name.
+        // An error of the advertisement, as for every reference to nothing
+        // (docs/metallb-differences.md: MetalLB lets the name select nothing, which hides a
+        // typo until traffic is missing).
         if !known.contains(name.as_str()) {
-            report.warn(
+            report.error(
                 me,
                 format!("spec.ipAddressPools[{i}]"),
-                format!("there is no IPAddressPool named {name:?}; it selects nothing"),
+                format!("there is no IPAddressPool named {name:?}"),
             );
         }
         if !set.insert(name.clone()) {
@@ -289,13 +290,13 @@ pub(super) fn validate_bgp(
             }
         }
         let peers = unique_names(report, &me, "spec.peers", "peer", &spec.peers);
-        // A warning, as for pool names: MetalLB accepts a peer name that matches no BGPPeer.
+        // An error, as for pool names.
         for (i, name) in spec.peers.iter().enumerate() {
             if !known_peers.contains(name.as_str()) {
-                report.warn(
+                report.error(
                     &me,
                     format!("spec.peers[{i}]"),
-                    format!("there is no BGPPeer named {name:?}; it selects nothing"),
+                    format!("there is no BGPPeer named {name:?}"),
                 );
             }
         }
