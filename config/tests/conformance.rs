@@ -67,6 +67,9 @@ const TRANSLATED: &[(&str, usize)] = &[
     // api/v1beta1/bgppeer_conversion_test.go: the object and its conversion.
     ("TestValidateBGPPeerConvertTo", 2),
     ("TestValidateBGPPeerConvertFrom", 2),
+    // e2etest/webhookstests/webhooks.go (Ginkgo): one case per step of each test.
+    ("e2e:Webhooks", 19),
+    ("e2e:Webhooks namespace validation", 6),
 ];
 
 fn default_from() -> String {
