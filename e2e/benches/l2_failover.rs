@@ -8,7 +8,7 @@
 //! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).
 //! * `FERROLB_BENCH_FAULTS`: a comma-separated subset of the faults (default all): `link`,
 //!   `kill`, `hb-nonowner`, `hb-owner`, `hb-owner-in`, `hb-owner-out`, `hb-owner-loss`,
-//!   `freeze`, `hb-owner-delay`, `junk`, `api-link`, `roll`.
+//!   `freeze`, `hb-owner-delay`, `junk`, `api-link`, `key-owner`, `rotate`, `roll`.
 //!
 //! The other faults are partial: UDP 7946 (the heartbeats) dropped with iptables in one node's
 //! namespace, both ways on a node that does not own the IP, both ways on the owner, inbound only
@@ -22,7 +22,9 @@
 //! `/readyz` as a DaemonSet update is, and counts the long-lived TCP connections (one per IP)
 //! that broke and the IP moves.
 //!
-//! `api-link` is the link cut with the API server stopped for all its trials.
+//! `api-link` is the link cut with the API server stopped for all its trials; `key-owner` a wrong
+//! gossip key written to the owner's key file (watched 8 s: the speakers re-read their files
+//! every 5 s); `rotate` a key rotation rolled node by node (see [`rotate`]).
 //!
 //! Each trial: the client sends a UDP datagram to the Service's IPv4 and IPv6 address every 10 ms
 //! (`ferrolb-lab probe`) for 4 s; at 1 s the owner's link is cut from the bridge side (or its
@@ -72,7 +74,7 @@ async fn answering(lab: &Lab, ip: &str) -> anyhow::Result<String> {
     anyhow::bail!("{mac} is no node's")
 }
 
-fn start_probe(lab: &Lab, ip: &str) -> anyhow::Result<std::process::Child> {
+fn start_probe(lab: &Lab, ip: &str, duration: Duration) -> anyhow::Result<std::process::Child> {
     Ok(lab
         .lab_command(
             "client",
@@ -83,7 +85,7 @@ fn start_probe(lab: &Lab, ip: &str) -> anyhow::Result<std::process::Child> {
                 "--interval-ms",
                 "10",
                 "--duration-ms",
-                "4000",
+                &duration.as_millis().to_string(),
             ],
         )?
         .stdout(Stdio::piped())
@@ -94,6 +96,82 @@ fn start_probe(lab: &Lab, ip: &str) -> anyhow::Result<std::process::Child> {
 fn finish_probe(child: std::process::Child) -> anyhow::Result<Report> {
     let out = child.wait_with_output()?;
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// A key no other node has.
+const WRONG_KEY: &str = "a-key-no-other-node-has-0123456789";
+/// The key a rotation moves to and back from.
+const ROTATED_KEY: &str = "rotated-gossip-key-0123456789abcdef0123456789abcdef";
+/// The heartbeats a speaker refused for their key.
+const REFUSED: &str = "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}";
+
+/// Each node's own gossip key files (`<lab>/bench-keys/<node>.key` and `.next`, which the
+/// speakers re-read every 5 s), so a fault can give one node a wrong key or roll a rotation.
+struct Keys {
+    dir: std::path::PathBuf,
+    /// The key every node starts with.
+    original: String,
+}
+
+impl Keys {
+    fn new(lab: &Lab, credentials: &ferrolb::SpeakerCredentials) -> anyhow::Result<Self> {
+        let dir = lab.dir.join("bench-keys");
+        std::fs::create_dir_all(&dir)?;
+        let keys = Keys {
+            dir,
+            original: std::fs::read_to_string(&credentials.gossip_key)?,
+        };
+        for node in NODES {
+            keys.set(node, &keys.original, None)?;
+        }
+        Ok(keys)
+    }
+
+    fn key(&self, node: &str) -> std::path::PathBuf {
+        self.dir.join(format!("{node}.key"))
+    }
+
+    fn next(&self, node: &str) -> std::path::PathBuf {
+        self.dir.join(format!("{node}.next"))
+    }
+
+    /// Writes `node`'s key files: `key` to sign with, `next` accepted too (none: removed).
+    fn set(&self, node: &str, key: &str, next: Option<&str>) -> anyhow::Result<()> {
+        std::fs::write(self.key(node), key)?;
+        match next {
+            Some(n) => std::fs::write(self.next(node), n)?,
+            None => {
+                let _ = std::fs::remove_file(self.next(node));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts `node`'s speaker on its own key files.
+    fn start(
+        &self,
+        lab: &Lab,
+        credentials: &ferrolb::SpeakerCredentials,
+        node: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<process::LabProcess> {
+        let credentials = ferrolb::SpeakerCredentials {
+            gossip_key: self.key(node),
+            ..credentials.clone()
+        };
+        let next = self.next(node).display().to_string();
+        let mut args = vec!["--gossip-next-key-file", next.as_str()];
+        args.extend_from_slice(extra);
+        ferrolb::start_speaker(lab, &credentials, node, &args)
+    }
+}
+
+/// Heartbeats refused for their key, summed over the nodes.
+fn refused(lab: &Lab) -> anyhow::Result<f64> {
+    NODES
+        .iter()
+        .map(|n| ferrolb::speaker_metric(lab, n, REFUSED))
+        .sum()
 }
 
 /// Waits until `owner` answers for every IP of `ips`.
@@ -175,14 +253,12 @@ async fn measure(lab: &Lab, extra: &[&str], trials: usize) -> anyhow::Result<()>
         "bench",
         &["198.18.200.0/25", "fd00:18::c8:0/113"],
     ))?;
+    let keys = Keys::new(&lab, &credentials)?;
     let mut speakers: BTreeMap<&str, process::LabProcess> = BTreeMap::new();
     for node in NODES {
-        speakers.insert(
-            node,
-            ferrolb::start_speaker(&lab, &credentials, node, extra)?,
-        );
+        speakers.insert(node, keys.start(&lab, &credentials, node, extra)?);
     }
-    let result = run(&lab, &credentials, extra, &mut speakers, trials).await;
+    let result = run(&lab, &credentials, &keys, extra, &mut speakers, trials).await;
     for p in speakers.values() {
         process::stop(p, Duration::from_secs(5));
     }
@@ -196,6 +272,7 @@ async fn measure(lab: &Lab, extra: &[&str], trials: usize) -> anyhow::Result<()>
 async fn run(
     lab: &Lab,
     credentials: &ferrolb::SpeakerCredentials,
+    keys: &Keys,
     extra: &[&str],
     speakers: &mut BTreeMap<&'static str, process::LabProcess>,
     trials: usize,
@@ -249,6 +326,7 @@ async fn run(
         ("hb owner delayed 600 ms", "hb-owner-delay"),
         ("junk at every node's hb port", "junk"),
         ("link cut, API server down", "api-link"),
+        ("wrong gossip key on owner", "key-owner"),
     ] {
         if !wanted.is_empty() && !wanted.contains(&key) {
             continue;
@@ -265,9 +343,15 @@ async fn run(
             answered_by(lab, &ips, owner, Duration::from_secs(30)).await?;
             // Let the owner's takeover burst end, so each trial starts from the same state.
             tokio::time::sleep(Duration::from_secs(1)).await;
+            // The fault is watched for `window`: a key change takes up to 5 s to be read.
+            let window = if key == "key-owner" {
+                Duration::from_secs(8)
+            } else {
+                Duration::from_millis(2800)
+            };
             let probes: Vec<_> = ips
                 .iter()
-                .map(|ip| start_probe(lab, ip))
+                .map(|ip| start_probe(lab, ip, window + Duration::from_millis(1200)))
                 .collect::<anyhow::Result<_>>()?;
             tokio::time::sleep(Duration::from_secs(1)).await;
             let injected = std::time::Instant::now();
@@ -275,6 +359,7 @@ async fn run(
             let mut delayed = None;
             // Undone when dropped, also on an error.
             let mut flood = None;
+            let mut keyed = false;
             let heartbeats = match key {
                 "link" | "api-link" => {
                     lab.set_link(owner, false)?;
@@ -301,6 +386,11 @@ async fn run(
                             .collect::<anyhow::Result<Vec<_>>>()?,
                         Duration::from_millis(600),
                     )?);
+                    None
+                }
+                "key-owner" => {
+                    keys.set(owner, WRONG_KEY, None)?;
+                    keyed = true;
                     None
                 }
                 "junk" => {
@@ -339,10 +429,15 @@ async fn run(
             // Partial faults: every ARP/NDP request on its own until the probes end (2.8 s
             // after the fault, the frozen speaker resumed at 2 s): two MACs for one request is
             // two nodes answering at once.
-            if heartbeats.is_some() || frozen.is_some() || delayed.is_some() || flood.is_some() {
+            if heartbeats.is_some()
+                || frozen.is_some()
+                || delayed.is_some()
+                || flood.is_some()
+                || keyed
+            {
                 let entry = macs_per_request.entry(fault).or_default();
                 let mut last = owner.to_string();
-                while injected.elapsed() < Duration::from_millis(2800) {
+                while injected.elapsed() < window {
                     if let Some(pid) = frozen
                         && injected.elapsed() >= Duration::from_secs(2)
                     {
@@ -380,14 +475,14 @@ async fn run(
             match key {
                 "link" | "api-link" => lab.set_link(owner, true)?,
                 "kill" => {
-                    speakers.insert(
-                        owner,
-                        ferrolb::start_speaker(lab, credentials, owner, extra)?,
-                    );
+                    speakers.insert(owner, keys.start(lab, credentials, owner, extra)?);
                 }
                 _ => {
                     drop(heartbeats);
                     drop(delayed);
+                    if keyed {
+                        keys.set(owner, &keys.original, None)?;
+                    }
                     // Healing: until the client's answer for every IP comes from the owner.
                     // Trials in a row flap the owner, and flap damping holds it back for up to
                     // 30 s (docs/decisions/0015): the wait allows for that.
@@ -433,12 +528,16 @@ async fn run(
             summary(fault, h);
         }
     }
+    if wanted.is_empty() || wanted.contains(&"rotate") {
+        rotate(lab, keys, &ips, owner, &node_of, trials).await?;
+    }
     // Last, with everything above already printed: it leaves the speakers restarted with
     // `--restart-hold-when=always`.
     if wanted.is_empty() || wanted.contains(&"roll") {
         roll(
             lab,
             credentials,
+            keys,
             extra,
             speakers,
             &ips,
@@ -451,6 +550,79 @@ async fn run(
     Ok(())
 }
 
+/// A gossip key rotation rolled node by node per trial, as the kubelet updates a Secret volume
+/// node by node (docs/architecture.md, "Rotating the gossip key"): add the next key everywhere,
+/// swap, drop the old one, each node 6 s after the previous (the speakers re-read their files
+/// every 5 s). Counts the MACs answering each ARP/NDP request, the IP moves, the heartbeats
+/// refused for their key and the client's longest gap. Trials alternate between the two keys.
+async fn rotate(
+    lab: &Lab,
+    keys: &Keys,
+    ips: &[String],
+    owner: &str,
+    node_of: &BTreeMap<String, String>,
+    trials: usize,
+) -> anyhow::Result<()> {
+    const STEP: Duration = Duration::from_secs(6);
+    let (mut most, mut requests, mut moves, mut refusals) = (0usize, 0usize, 0usize, 0f64);
+    let mut gaps: Vec<f64> = Vec::new();
+    for trial in 0..trials {
+        answered_by(lab, ips, owner, Duration::from_secs(90)).await?;
+        let (old, new) = if trial % 2 == 0 {
+            (keys.original.as_str(), ROTATED_KEY)
+        } else {
+            (ROTATED_KEY, keys.original.as_str())
+        };
+        let refused_before = refused(lab)?;
+        let probes: Vec<_> = ips
+            .iter()
+            .map(|ip| start_probe(lab, ip, STEP * 9 + Duration::from_secs(2)))
+            .collect::<anyhow::Result<_>>()?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut last = owner.to_string();
+        for (key, next) in [(old, Some(new)), (new, Some(old)), (new, None)] {
+            for node in NODES {
+                keys.set(node, key, next)?;
+                let step = std::time::Instant::now();
+                while step.elapsed() < STEP {
+                    for (i, ip) in ips.iter().enumerate() {
+                        for macs in lab.l2_answers_by_request("client", ip)? {
+                            most = most.max(macs.len());
+                            requests += 1;
+                            if i == 0
+                                && let Some(by) = macs.iter().next().and_then(|m| node_of.get(m))
+                                && *by != last
+                            {
+                                moves += 1;
+                                last = by.clone();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let reports: Vec<Report> = probes
+            .into_iter()
+            .map(finish_probe)
+            .collect::<anyhow::Result<_>>()?;
+        let refused_now = refused(lab)? - refused_before;
+        refusals += refused_now;
+        for (ip, r) in ips.iter().zip(&reports) {
+            println!(
+                "key rotation trial {trial:2} {ip}: outage {:6.0} ms, {} of {} answered; heartbeats refused {refused_now}",
+                r.max_gap_ms, r.received, r.sent
+            );
+            gaps.push(r.max_gap_ms);
+        }
+    }
+    println!();
+    println!(
+        "key rotation ({trials} trials, 3 steps x 3 nodes each): most MACs answering one request {most} ({requests} requests); IP moves {moves}; heartbeats refused for their key {refusals}"
+    );
+    summary("key rotation, longest gap", gaps);
+    Ok(())
+}
+
 /// A rolling restart of the three speakers per trial, as a DaemonSet update does it: stop, start
 /// the successor, wait for its `/readyz`, next node. Counts the long-lived connections (one per
 /// IP, `ferrolb-lab hold`) that broke and the IP moves. The speakers run with
@@ -460,6 +632,7 @@ async fn run(
 async fn roll(
     lab: &Lab,
     credentials: &ferrolb::SpeakerCredentials,
+    keys: &Keys,
     extra: &[&str],
     speakers: &mut BTreeMap<&'static str, process::LabProcess>,
     ips: &[String],
@@ -475,7 +648,7 @@ async fn roll(
         if let Some(p) = speakers.remove(node) {
             process::stop(&p, Duration::from_secs(5));
         }
-        speakers.insert(node, ferrolb::start_speaker(lab, credentials, node, &args)?);
+        speakers.insert(node, keys.start(lab, credentials, node, &args)?);
         ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(60)).await?;
     }
     let (mut broken, mut held, mut moves, mut most, mut rolls) =
@@ -493,7 +666,7 @@ async fn roll(
                 process::stop(&p, Duration::from_secs(5));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
-            speakers.insert(node, ferrolb::start_speaker(lab, credentials, node, &args)?);
+            speakers.insert(node, keys.start(lab, credentials, node, &args)?);
             // Until the successor is ready, sample who answers, request by request.
             loop {
                 for macs in lab.l2_answers_by_request("client", &ips[0])? {

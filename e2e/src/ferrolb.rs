@@ -480,3 +480,27 @@ impl crate::suite::Fixture for Deployment {
         self.stop();
     }
 }
+
+/// One speaker's metric, scraped in its node.
+pub fn speaker_metric(lab: &Lab, node: &str, name: &str) -> anyhow::Result<f64> {
+    let page = lab.exec(
+        node,
+        "curl",
+        &["-sS", "--max-time", "3", "http://127.0.0.1:7472/metrics"],
+    )?;
+    // A name with labels matches its series; a bare name only itself, not longer names.
+    let prefix = if name.contains('{') {
+        name.to_string()
+    } else {
+        format!("{name} ")
+    };
+    page.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .with_context(|| format!("{node}: unreadable metric line {l:?}"))
+        })
+        .sum()
+}

@@ -876,30 +876,6 @@ fn speakers_on(lab: &Lab, ip: &str) -> String {
     out
 }
 
-/// One speaker's metric, scraped in its node.
-fn speaker_metric(lab: &Lab, node: &str, name: &str) -> anyhow::Result<f64> {
-    let page = lab.exec(
-        node,
-        "curl",
-        &["-sS", "--max-time", "3", "http://127.0.0.1:7472/metrics"],
-    )?;
-    // A name with labels matches its series; a bare name only itself, not longer names.
-    let prefix = if name.contains('{') {
-        name.to_string()
-    } else {
-        format!("{name} ")
-    };
-    page.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .map(|l| {
-            l.rsplit(' ')
-                .next()
-                .and_then(|v| v.parse::<f64>().ok())
-                .with_context(|| format!("{node}: unreadable metric line {l:?}"))
-        })
-        .sum()
-}
-
 /// The gossip key, as operators handle it: one node with a wrong key owns nothing and takes no
 /// IP (the others refuse its heartbeats, it refuses theirs), and a key rotation rolled node by
 /// node as the kubelet updates Secret volumes (add the next key everywhere, swap, drop the old
@@ -950,7 +926,7 @@ async fn gossip_key_mismatch_and_rotation(ctx: Ctx) -> anyhow::Result<()> {
         std::fs::write(&key, "a-key-no-other-node-has-0123456789")?;
         tokio::time::sleep(Duration::from_secs(7)).await;
         watch(format!("{odd} with a wrong key")).await?;
-        let refused = speaker_metric(lab, &first, "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}")?;
+        let refused = ferrolb::speaker_metric(lab, &first, "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}")?;
         ensure!(refused > 0.0, "{first} refused none of {odd}'s heartbeats");
         std::fs::write(&key, &old)?;
         tokio::time::sleep(Duration::from_secs(7)).await;
@@ -963,7 +939,7 @@ async fn gossip_key_mismatch_and_rotation(ctx: Ctx) -> anyhow::Result<()> {
         ] {
             let refused_before: f64 = NODES
                 .iter()
-                .map(|n| speaker_metric(lab, n, "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}"))
+                .map(|n| ferrolb::speaker_metric(lab, n, "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}"))
                 .sum::<anyhow::Result<f64>>()?;
             for node in NODES {
                 let (key, next) = files(node);
@@ -980,7 +956,7 @@ async fn gossip_key_mismatch_and_rotation(ctx: Ctx) -> anyhow::Result<()> {
             }
             let refused_after: f64 = NODES
                 .iter()
-                .map(|n| speaker_metric(lab, n, "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}"))
+                .map(|n| ferrolb::speaker_metric(lab, n, "ferrolb_speaker_heartbeats_refused_total{reason=\"authentication\"}"))
                 .sum::<anyhow::Result<f64>>()?;
             ensure!(
                 refused_after == refused_before,
@@ -990,7 +966,7 @@ async fn gossip_key_mismatch_and_rotation(ctx: Ctx) -> anyhow::Result<()> {
         }
         for node in NODES {
             ensure!(
-                speaker_metric(lab, node, "ferrolb_speaker_gossip_keys")? == 1.0,
+                ferrolb::speaker_metric(lab, node, "ferrolb_speaker_gossip_keys")? == 1.0,
                 "{node} still holds two keys"
             );
         }
