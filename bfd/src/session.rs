@@ -311,7 +311,7 @@ impl Session {
     pub fn reconfigure(&mut self, config: Config, now: Instant) -> Vec<Action> {
         let passive_before = self.config.passive;
         self.config = config;
-        self.advertise(now);
+        self.advertise();
         if passive_before && !config.passive && self.next_tx.is_none() && self.may_transmit() {
             self.next_tx = Some(now);
         }
@@ -347,12 +347,7 @@ impl Session {
     /// The timers a state change implies: slow while not Up, the configured ones once Up (a
     /// change while Up is announced by a poll sequence).
     fn advertise_on_state_change(&mut self, from: State) {
-        let tx = if self.state == State::Up {
-            micros(self.config.desired_min_tx)
-        } else {
-            micros(self.config.desired_min_tx.max(SLOW_TX))
-        };
-        let rx = micros(self.config.required_min_rx);
+        let (tx, rx) = self.configured_timers();
         self.advertised_tx = tx;
         self.advertised_rx = rx;
         if self.state == State::Up && from != State::Up {
@@ -369,13 +364,8 @@ impl Session {
     }
 
     /// Advertises the configured timers after a reconfiguration.
-    fn advertise(&mut self, _now: Instant) {
-        let tx = if self.state == State::Up {
-            micros(self.config.desired_min_tx)
-        } else {
-            micros(self.config.desired_min_tx.max(SLOW_TX))
-        };
-        let rx = micros(self.config.required_min_rx);
+    fn advertise(&mut self) {
+        let (tx, rx) = self.configured_timers();
         if tx == self.advertised_tx && rx == self.advertised_rx {
             return;
         }
@@ -390,6 +380,17 @@ impl Session {
             self.tx_in_effect = tx;
             self.rx_in_effect = rx;
         }
+    }
+
+    /// Desired Min TX and Required Min RX (µs) the configuration gives in the current state:
+    /// the transmit interval is at least a second while not Up (6.8.3).
+    fn configured_timers(&self) -> (u32, u32) {
+        let tx = if self.state == State::Up {
+            self.config.desired_min_tx
+        } else {
+            self.config.desired_min_tx.max(SLOW_TX)
+        };
+        (micros(tx), micros(self.config.required_min_rx))
     }
 
     /// The next transmit interval with jitter: 75–100 % of the interval, 75–90 % with a

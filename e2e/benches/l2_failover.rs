@@ -262,6 +262,7 @@ async fn measure(lab: &Lab, extra: &[&str], trials: usize) -> anyhow::Result<()>
     for p in speakers.values() {
         process::stop(p, Duration::from_secs(5));
     }
+    let _ = std::fs::remove_dir_all(&keys.dir);
     process::stop(&controller, Duration::from_secs(5));
     let _ = lab.set_link("node1", true);
     let _ = lab.set_link("node2", true);

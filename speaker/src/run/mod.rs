@@ -133,25 +133,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         events: events.clone(),
         namespace: args.namespace.clone(),
     };
-    let mut speaker = Speaker {
-        io: world,
-        config: None,
-        gate: gate::Gate::new(gate::Timing {
-            heartbeat_interval: args.heartbeat_interval,
-            failure_timeout: args.failure_timeout,
-            mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
-            flap_damping: args.flap_damping,
-        }),
-        tenure_lapsed: false,
-        layer2: readiness::Layer2State::default(),
-        announces: true,
-        acted: false,
-        planned_members: BTreeMap::new(),
-        announced: BTreeSet::new(),
-        failures: step::FailureLog::default(),
-        metrics,
-        args,
-    };
+    let mut speaker = Speaker::new(args, world, metrics);
     let shutdown = ferrolb_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     let mut server = server;
@@ -292,6 +274,31 @@ struct Speaker<Io> {
     /// Announcement failures already reported with an Event.
     failures: step::FailureLog,
     metrics: Metrics,
+}
+
+impl<Io> Speaker<Io> {
+    /// The loop's state for a speaker that has just started.
+    fn new(args: Args, io: Io, metrics: Metrics) -> Self {
+        Speaker {
+            gate: gate::Gate::new(gate::Timing {
+                heartbeat_interval: args.heartbeat_interval,
+                failure_timeout: args.failure_timeout,
+                mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
+                flap_damping: args.flap_damping,
+            }),
+            io,
+            config: None,
+            tenure_lapsed: false,
+            layer2: readiness::Layer2State::default(),
+            announces: true,
+            acted: false,
+            planned_members: BTreeMap::new(),
+            announced: BTreeSet::new(),
+            failures: step::FailureLog::default(),
+            metrics,
+            args,
+        }
+    }
 }
 
 impl<Io: LoopIo> Speaker<Io> {
@@ -826,25 +833,7 @@ metadata: {name: l2, namespace: metallb-system}
             "unread-in-tests",
         ])
         .unwrap();
-        Speaker {
-            io,
-            config: None,
-            gate: gate::Gate::new(gate::Timing {
-                heartbeat_interval: args.heartbeat_interval,
-                failure_timeout: args.failure_timeout,
-                mandate: mandate_for(args.failure_timeout, args.heartbeat_interval),
-                flap_damping: args.flap_damping,
-            }),
-            tenure_lapsed: false,
-            layer2: readiness::Layer2State::default(),
-            announces: true,
-            acted: false,
-            planned_members: BTreeMap::new(),
-            announced: BTreeSet::new(),
-            failures: step::FailureLog::default(),
-            metrics: Metrics::new().0,
-            args,
-        }
+        Speaker::new(args, io, Metrics::new().0)
     }
 
     /// Steps every 100 ms for `steps` steps from `t0`; returns the last step's report.
