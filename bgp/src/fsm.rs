@@ -209,6 +209,10 @@ pub enum Event {
     ManualStart,
     /// Event 2: ManualStop. Close the session for good.
     ManualStop,
+    /// The peer's BFD session went down (RFC 5882 section 4.3): as ManualStop, with Cease /
+    /// BFD Down (RFC 9384) when a NOTIFICATION goes out. The driver starts the session again
+    /// (ManualStart) once BFD is Up.
+    BfdDown,
     /// Event 4: ManualStart_with_PassiveTcpEstablishment. Wait for the peer to connect first.
     ManualStartWithPassiveTcpEstablishment,
     /// Event 9: ConnectRetryTimer_Expires.
@@ -453,7 +457,7 @@ impl Session {
                     self.restart(start, out);
                 }
             }
-            Event::ManualStop => {
+            Event::ManualStop | Event::BfdDown => {
                 self.start = None;
                 self.connect_retry_counter = 0;
                 out.push(Action::StopTimer(Timer::IdleHold));
@@ -487,7 +491,7 @@ impl Session {
     fn connecting(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::ManualStart | Event::ManualStartWithPassiveTcpEstablishment => {}
-            Event::ManualStop => {
+            Event::ManualStop | Event::BfdDown => {
                 out.push(Action::DropTcp);
                 out.push(Action::StopTimer(Timer::ConnectRetry));
                 self.start = None;
@@ -531,7 +535,8 @@ impl Session {
     fn open_sent(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::ManualStart | Event::ManualStartWithPassiveTcpEstablishment => {}
-            Event::ManualStop => self.stop(out),
+            Event::ManualStop => self.stop(cease_subcode::ADMINISTRATIVE_SHUTDOWN, out),
+            Event::BfdDown => self.stop(cease_subcode::BFD_DOWN, out),
             Event::HoldTimerExpires => {
                 self.notify_and_fail(
                     Notification::new(error_code::HOLD_TIMER_EXPIRED, 0, Vec::new()),
@@ -588,7 +593,8 @@ impl Session {
     fn open_confirm(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::ManualStart | Event::ManualStartWithPassiveTcpEstablishment => {}
-            Event::ManualStop => self.stop(out),
+            Event::ManualStop => self.stop(cease_subcode::ADMINISTRATIVE_SHUTDOWN, out),
+            Event::BfdDown => self.stop(cease_subcode::BFD_DOWN, out),
             Event::HoldTimerExpires => {
                 self.notify_and_fail(
                     Notification::new(error_code::HOLD_TIMER_EXPIRED, 0, Vec::new()),
@@ -627,7 +633,8 @@ impl Session {
     fn established(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::ManualStart | Event::ManualStartWithPassiveTcpEstablishment => {}
-            Event::ManualStop => self.stop(out),
+            Event::ManualStop => self.stop(cease_subcode::ADMINISTRATIVE_SHUTDOWN, out),
+            Event::BfdDown => self.stop(cease_subcode::BFD_DOWN, out),
             Event::HoldTimerExpires => {
                 self.notify_and_fail(
                     Notification::new(error_code::HOLD_TIMER_EXPIRED, 0, Vec::new()),
@@ -763,11 +770,9 @@ impl Session {
         }
     }
 
-    /// ManualStop after the OPEN went out: Cease / Administrative Shutdown, no restart.
-    fn stop(&mut self, out: &mut Vec<Action>) {
-        out.push(Action::SendNotification(Notification::cease(
-            cease_subcode::ADMINISTRATIVE_SHUTDOWN,
-        )));
+    /// ManualStop (or BfdDown) after the OPEN went out: Cease with `subcode`, no restart.
+    fn stop(&mut self, subcode: u8, out: &mut Vec<Action>) {
+        out.push(Action::SendNotification(Notification::cease(subcode)));
         out.push(Action::DropTcp);
         self.stop_timers(out);
         if self.state == State::Established {
@@ -1624,6 +1629,26 @@ mod tests {
         );
         assert!(actions.contains(&Action::SessionDown(DownReason::Stopped)));
         assert_eq!(timer_started(&actions, Timer::IdleHold), None);
+        assert_eq!(s.state(), State::Idle);
+    }
+
+    /// BFD down (RFC 9384): Cease / BFD Down, session down, no automatic restart; a
+    /// ManualStart brings it back; in Connect it just stops.
+    #[test]
+    fn bfd_down_stops_with_cease_bfd_down_until_started_again() {
+        let mut s = session_in(config(), State::Established);
+        let actions = s.handle(Event::BfdDown);
+        assert_eq!(
+            actions[0],
+            Action::SendNotification(Notification::cease(cease_subcode::BFD_DOWN))
+        );
+        assert!(actions.contains(&Action::SessionDown(DownReason::Stopped)));
+        assert_eq!(timer_started(&actions, Timer::IdleHold), None);
+        assert_eq!(s.state(), State::Idle);
+        assert!(s.handle(Event::IdleHoldTimerExpires).is_empty());
+        assert!(s.handle(Event::ManualStart).contains(&Action::ConnectTcp));
+        let actions = s.handle(Event::BfdDown);
+        assert!(sent_notification(&actions).is_none());
         assert_eq!(s.state(), State::Idle);
     }
 

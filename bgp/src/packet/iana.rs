@@ -213,6 +213,8 @@ pub mod cease_subcode {
     pub const OUT_OF_RESOURCES: u8 = 8;
     /// Hard reset (RFC 8538).
     pub const HARD_RESET: u8 = 9;
+    /// BFD Down (RFC 9384): the session's BFD session went down.
+    pub const BFD_DOWN: u8 = 10;
 }
 
 /// ROUTE-REFRESH Message Error subcodes (RFC 7313).

@@ -1,0 +1,256 @@
+//! How a BGP session follows its BFD session (RFC 5882 section 4.3): when BFD goes down after
+//! having been Up, the BGP session is stopped at once (its routes leave the router now, not
+//! when the hold timer expires), and it starts again only once BFD is Up again, so a path that
+//! carries TCP but drops BFD does not flap the session.
+//!
+//! A BFD session that never came up does not hold BGP back: a router without BFD configured
+//! keeps its BGP session, as with FRR. A Down caused by the peer saying AdminDown is not a
+//! failure (RFC 5882 section 3.2) and leaves BGP alone.
+
+use ferrolb_bfd::packet::State;
+use tokio::sync::watch;
+
+use super::Status;
+
+/// What the BGP session must do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// BFD saw the path fail: stop the session and do not reconnect.
+    Stop,
+    /// BFD is Up again (or no longer configured): start the session again.
+    Start,
+}
+
+/// The pure rule, fed every status change of the peer's BFD session (`None`: the peer has no
+/// BFD session any more).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gate {
+    /// BFD has been Up since the last Stop (or since the start).
+    was_up: bool,
+    /// The BGP session is stopped by us and waits for BFD.
+    holding: bool,
+    /// The session's `ups` when last seen.
+    ups: u64,
+}
+
+impl Gate {
+    /// The verdict for a new status, if any.
+    pub fn update(&mut self, status: Option<Status>) -> Option<Verdict> {
+        let Some(status) = status else {
+            self.was_up = false;
+            self.ups = 0;
+            return std::mem::take(&mut self.holding).then_some(Verdict::Start);
+        };
+        if status.ups < self.ups {
+            // Another session: count afresh.
+            self.ups = status.ups;
+            self.was_up = false;
+        }
+        if status.ups > self.ups {
+            // It was Up since last seen, even if it is no longer.
+            self.ups = status.ups;
+            self.was_up = true;
+        }
+        if status.state == State::Up {
+            self.was_up = true;
+            return std::mem::take(&mut self.holding).then_some(Verdict::Start);
+        }
+        let failed = std::mem::take(&mut self.was_up)
+            && status.remote_state != State::AdminDown
+            && status.state != State::AdminDown;
+        if failed && !self.holding {
+            self.holding = true;
+            return Some(Verdict::Stop);
+        }
+        None
+    }
+
+    /// Whether the BGP session is held down, waiting for BFD.
+    pub fn holding(&self) -> bool {
+        self.holding
+    }
+}
+
+/// The receiving end of a BGP session's BFD link: the driver swaps in the current BFD
+/// session's status channel (or none) as the BGPPeer's `bfdProfile` comes and goes, without
+/// restarting the BGP session.
+pub type Link = watch::Receiver<Option<watch::Receiver<Status>>>;
+
+/// Follows the BFD session on a [`Link`] and yields the [`Gate`]'s verdicts.
+pub struct Follower {
+    link: Link,
+    current: Option<watch::Receiver<Status>>,
+    gate: Gate,
+    /// The link's sender is gone: only the current session (if any) is followed.
+    link_closed: bool,
+}
+
+impl Follower {
+    /// Follows `link`.
+    pub fn new(mut link: Link) -> Follower {
+        let current = link.borrow_and_update().clone();
+        Follower {
+            link,
+            current,
+            gate: Gate::default(),
+            link_closed: false,
+        }
+    }
+
+    /// Whether the BGP session is held down, waiting for BFD.
+    pub fn holding(&self) -> bool {
+        self.gate.holding()
+    }
+
+    /// Waits for the next verdict (forever when none comes).
+    pub async fn next(&mut self) -> Verdict {
+        loop {
+            let link_changed = async {
+                if self.link_closed {
+                    std::future::pending().await
+                } else {
+                    self.link.changed().await
+                }
+            };
+            let status_changed = async {
+                match self.current.as_mut() {
+                    Some(rx) => rx.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let status = tokio::select! {
+                r = link_changed => {
+                    if r.is_err() {
+                        self.link_closed = true;
+                        continue;
+                    }
+                    self.current = self.link.borrow_and_update().clone();
+                    // Another session (or none): what the old one did no longer counts, and a
+                    // session held for the old one is released.
+                    let released = self.gate.update(None);
+                    let status = self.current.as_mut().map(|rx| *rx.borrow_and_update());
+                    if let Some(v) = released.or(self.gate.update(status)) {
+                        return v;
+                    }
+                    continue;
+                }
+                r = status_changed => match r {
+                    Ok(()) => self.current.as_mut().map(|rx| *rx.borrow_and_update()),
+                    // The BFD session is gone.
+                    Err(_) => {
+                        self.current = None;
+                        None
+                    }
+                }
+            };
+            if let Some(v) = self.gate.update(status) {
+                return v;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+
+    fn status(state: State, remote_state: State) -> Option<Status> {
+        Some(Status {
+            state,
+            remote_state,
+            ..Status::default()
+        })
+    }
+
+    /// A status that has been Up `ups` times.
+    fn after(ups: u64, state: State) -> Option<Status> {
+        Some(Status {
+            state,
+            ups,
+            ..Status::default()
+        })
+    }
+
+    /// An Up missed between two Downs (the watch channel kept only the last) still counts.
+    #[test]
+    fn a_missed_up_still_counts() {
+        let mut g = Gate::default();
+        assert_eq!(g.update(after(0, State::Down)), None);
+        assert_eq!(g.update(after(1, State::Down)), Some(Verdict::Stop));
+        assert_eq!(g.update(after(2, State::Up)), Some(Verdict::Start));
+        // A new session starts counting at 0 again.
+        assert_eq!(g.update(after(0, State::Down)), None);
+        assert_eq!(g.update(after(1, State::Up)), None);
+        assert_eq!(g.update(after(1, State::Down)), Some(Verdict::Stop));
+    }
+
+    #[test]
+    fn down_after_up_stops_and_up_starts_again() {
+        let mut g = Gate::default();
+        // Never up: BGP is not held back.
+        assert_eq!(g.update(status(State::Down, State::Down)), None);
+        assert_eq!(g.update(status(State::Init, State::Down)), None);
+        assert_eq!(g.update(status(State::Up, State::Up)), None);
+        assert_eq!(
+            g.update(status(State::Down, State::Down)),
+            Some(Verdict::Stop)
+        );
+        assert!(g.holding());
+        // Still down, Init: no second Stop, no Start.
+        assert_eq!(g.update(status(State::Down, State::Down)), None);
+        assert_eq!(g.update(status(State::Init, State::Down)), None);
+        assert_eq!(g.update(status(State::Up, State::Up)), Some(Verdict::Start));
+        assert!(!g.holding());
+    }
+
+    #[test]
+    fn admin_down_is_not_a_failure() {
+        let mut g = Gate::default();
+        g.update(status(State::Up, State::Up));
+        assert_eq!(g.update(status(State::Down, State::AdminDown)), None);
+        // And afterwards a plain Down, without an Up in between, is no failure either.
+        assert_eq!(g.update(status(State::Down, State::Down)), None);
+    }
+
+    #[test]
+    fn bfd_removed_releases_a_held_session() {
+        let mut g = Gate::default();
+        g.update(status(State::Up, State::Up));
+        assert_eq!(
+            g.update(status(State::Down, State::Down)),
+            Some(Verdict::Stop)
+        );
+        assert_eq!(g.update(None), Some(Verdict::Start));
+        assert_eq!(g.update(None), None);
+    }
+
+    /// The follower sees status changes and a swapped session, and reports the gate's verdicts.
+    #[tokio::test]
+    async fn follower_follows_swapped_sessions() {
+        let (session_tx, session_rx) = watch::channel(Status::default());
+        let (link_tx, link_rx) = watch::channel(Some(session_rx));
+        let mut f = Follower::new(link_rx);
+        // Up and Down again before the follower looked: it still stops the session.
+        session_tx.send_replace(after(1, State::Up).unwrap());
+        session_tx.send_replace(after(1, State::Down).unwrap());
+        let v = tokio::time::timeout(Duration::from_secs(5), f.next())
+            .await
+            .unwrap();
+        assert_eq!(v, Verdict::Stop);
+        // The profile is taken off the BGPPeer: the session is released.
+        link_tx.send_replace(None);
+        let v = tokio::time::timeout(Duration::from_secs(5), f.next())
+            .await
+            .unwrap();
+        assert_eq!(v, Verdict::Start);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), f.next())
+                .await
+                .is_err()
+        );
+    }
+}

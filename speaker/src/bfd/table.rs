@@ -1,0 +1,387 @@
+//! This node's BFD sessions as a table, without I/O: which session a received datagram belongs
+//! to (RFC 5880 6.8.6 demultiplexing, RFC 5881/5883 TTL checks), the sessions' timers, and
+//! sessions added, retuned and removed as the configuration changes. The driver
+//! ([`super::driver`]) owns the sockets and the clock around it.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use ferrolb_bfd::packet::{ControlPacket, DecodeError};
+use ferrolb_bfd::session::{Action, Session};
+
+use super::{SessionKey, Settings};
+
+/// A datagram as it arrived on a BFD port.
+#[derive(Clone, Copy, Debug)]
+pub struct Datagram<'a> {
+    /// Its bytes.
+    pub bytes: &'a [u8],
+    /// Its source address.
+    pub from: IpAddr,
+    /// Whether it came to the multihop port (4784) rather than the single-hop one (3784).
+    pub multihop: bool,
+    /// Its IP TTL / hop limit, when the socket could tell.
+    pub ttl: Option<u8>,
+}
+
+/// Why a datagram was dropped before reaching a session.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Not a valid control packet.
+    #[error("malformed control packet: {0}")]
+    Malformed(#[from] DecodeError),
+    /// Its TTL is below the session's minimum (255 for single hop, RFC 5881 section 5).
+    #[error("TTL {ttl} below the minimum {minimum}")]
+    Ttl {
+        /// The TTL it arrived with (0: unknown).
+        ttl: u8,
+        /// The minimum the session takes.
+        minimum: u8,
+    },
+    /// No session of this node has that discriminator or that peer.
+    #[error("no session for it")]
+    NoSession,
+}
+
+/// One session with its settings.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The state machine.
+    pub session: Session,
+    /// What it was configured with.
+    pub settings: Settings,
+}
+
+/// The sessions of this node.
+#[derive(Debug)]
+pub struct Table {
+    entries: BTreeMap<SessionKey, Entry>,
+    /// Sessions by their local discriminator.
+    by_discriminator: BTreeMap<u32, SessionKey>,
+    /// The discriminator the next session gets (skipping any in use and zero).
+    next_discriminator: u32,
+    /// Seeds the sessions' transmit jitter.
+    seed: u64,
+}
+
+impl Table {
+    /// An empty table. `seed` picks the first discriminator and the jitter seeds: a random
+    /// value, so that a restarted speaker does not reuse its previous discriminators (RFC 5880
+    /// 6.3 asks for them to be unique, and a peer still holding the old session would otherwise
+    /// take our new packets for it).
+    pub fn new(seed: u64) -> Table {
+        Table {
+            entries: BTreeMap::new(),
+            by_discriminator: BTreeMap::new(),
+            next_discriminator: (seed as u32).max(1),
+            seed,
+        }
+    }
+
+    /// The session of `key`.
+    pub fn get(&self, key: &SessionKey) -> Option<&Entry> {
+        self.entries.get(key)
+    }
+
+    /// Every session.
+    pub fn iter(&self) -> impl Iterator<Item = (&SessionKey, &Entry)> {
+        self.entries.iter()
+    }
+
+    /// Adds a session, or retunes an existing one (a poll sequence when Up). Returns what to
+    /// send.
+    pub fn upsert(&mut self, key: SessionKey, settings: Settings, now: Instant) -> Vec<Action> {
+        if let Some(e) = self.entries.get_mut(&key) {
+            if e.settings == settings {
+                return Vec::new();
+            }
+            e.settings = settings;
+            return e.session.reconfigure(settings.config, now);
+        }
+        let discriminator = self.allocate_discriminator();
+        self.seed = self
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let session = Session::new(settings.config, discriminator, self.seed, now);
+        self.by_discriminator.insert(discriminator, key);
+        self.entries.insert(key, Entry { session, settings });
+        Vec::new()
+    }
+
+    /// Removes a session; returns its last packet (AdminDown, so that the peer does not take
+    /// the end of the session for a failure of the path, RFC 5880 6.8.16).
+    pub fn remove(&mut self, key: &SessionKey, now: Instant) -> Vec<Action> {
+        match self.entries.remove(key) {
+            Some(mut e) => {
+                self.by_discriminator
+                    .remove(&e.session.local_discriminator());
+                e.session.set_admin_down(true, now)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    fn allocate_discriminator(&mut self) -> u32 {
+        loop {
+            let d = self.next_discriminator;
+            self.next_discriminator = self.next_discriminator.wrapping_add(1).max(1);
+            if d != 0 && !self.by_discriminator.contains_key(&d) {
+                return d;
+            }
+        }
+    }
+
+    /// Hands a datagram to its session: the one its Your Discriminator names, or, when that is
+    /// zero, the session with its source address on its port (RFC 5880 6.8.6; single hop and
+    /// multihop sessions are told apart by port). Packets below the session's TTL minimum are
+    /// dropped before the session sees them.
+    pub fn receive(
+        &mut self,
+        datagram: Datagram<'_>,
+        now: Instant,
+    ) -> Result<(SessionKey, Vec<Action>), Refused> {
+        let packet = ControlPacket::decode(datagram.bytes)?;
+        let from = datagram.from.to_canonical();
+        let key = if packet.your_discriminator != 0 {
+            self.by_discriminator
+                .get(&packet.your_discriminator)
+                .copied()
+                .filter(|k| k.peer == from && k.multihop == datagram.multihop)
+        } else {
+            self.entries
+                .keys()
+                .find(|k| k.peer == from && k.multihop == datagram.multihop)
+                .copied()
+        }
+        .ok_or(Refused::NoSession)?;
+        let entry = self.entries.get_mut(&key).ok_or(Refused::NoSession)?;
+        let minimum = entry.settings.minimum_ttl;
+        let ttl = datagram.ttl.unwrap_or(0);
+        if ttl < minimum {
+            return Err(Refused::Ttl { ttl, minimum });
+        }
+        Ok((key, entry.session.receive(&packet, now)))
+    }
+
+    /// The sessions' timers at `now`: what each must send, and state changes by detection time.
+    pub fn on_timer(&mut self, now: Instant) -> Vec<(SessionKey, Vec<Action>)> {
+        self.entries
+            .iter_mut()
+            .filter(|(_, e)| e.session.next_deadline().is_some_and(|at| at <= now))
+            .map(|(k, e)| (*k, e.session.on_timer(now)))
+            .filter(|(_, a)| !a.is_empty())
+            .collect()
+    }
+
+    /// The earliest instant a session has work to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .filter_map(|e| e.session.next_deadline())
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use ferrolb_bfd::packet::{Diagnostic, State};
+    use ferrolb_bfd::session::Config;
+
+    use super::*;
+
+    fn key(peer: &str, multihop: bool) -> SessionKey {
+        SessionKey {
+            peer: peer.parse().unwrap(),
+            local: None,
+            multihop,
+        }
+    }
+
+    fn settings(minimum_ttl: u8) -> Settings {
+        Settings {
+            config: Config::default(),
+            minimum_ttl,
+        }
+    }
+
+    fn packet(state: State, mine: u32, yours: u32) -> Vec<u8> {
+        ControlPacket {
+            diagnostic: Diagnostic::None,
+            state,
+            poll: false,
+            final_: false,
+            control_plane_independent: false,
+            demand: false,
+            detect_mult: 3,
+            my_discriminator: mine,
+            your_discriminator: yours,
+            desired_min_tx: 300_000,
+            required_min_rx: 300_000,
+            required_min_echo_rx: 0,
+            auth: None,
+        }
+        .encode()
+    }
+
+    fn dgram<'a>(bytes: &'a [u8], from: &str, multihop: bool, ttl: u8) -> Datagram<'a> {
+        Datagram {
+            bytes,
+            from: from.parse().unwrap(),
+            multihop,
+            ttl: Some(ttl),
+        }
+    }
+
+    fn states(actions: &[Action]) -> Vec<State> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::StateChanged { to, .. } => Some(*to),
+                Action::Send(_) => None,
+            })
+            .collect()
+    }
+
+    /// The first packet (no Your Discriminator) finds its session by source address and port;
+    /// later ones by discriminator; a discriminator that names a session of another peer is
+    /// refused.
+    #[test]
+    fn demultiplexed_by_address_then_discriminator() {
+        let now = Instant::now();
+        let mut t = Table::new(7);
+        let a = key("198.18.0.254", false);
+        let b = key("198.18.0.253", false);
+        t.upsert(a, settings(255), now);
+        t.upsert(b, settings(255), now);
+        let mine_a = t.get(&a).unwrap().session.local_discriminator();
+        let mine_b = t.get(&b).unwrap().session.local_discriminator();
+        assert_ne!(mine_a, mine_b);
+
+        let first = packet(State::Down, 99, 0);
+        let (k, actions) = t
+            .receive(dgram(&first, "198.18.0.254", false, 255), now)
+            .unwrap();
+        assert_eq!(k, a);
+        assert_eq!(states(&actions), vec![State::Init]);
+        let second = packet(State::Up, 99, mine_a);
+        let (k, actions) = t
+            .receive(dgram(&second, "198.18.0.254", false, 255), now)
+            .unwrap();
+        assert_eq!(k, a);
+        assert_eq!(states(&actions), vec![State::Up]);
+        // b's discriminator from a's address: not b's peer.
+        let wrong = packet(State::Up, 99, mine_b);
+        assert_eq!(
+            t.receive(dgram(&wrong, "198.18.0.254", false, 255), now)
+                .unwrap_err(),
+            Refused::NoSession
+        );
+        // The single-hop session does not take packets that came to the multihop port.
+        assert_eq!(
+            t.receive(dgram(&first, "198.18.0.254", true, 255), now)
+                .unwrap_err(),
+            Refused::NoSession
+        );
+        // An IPv4-mapped IPv6 source is the IPv4 peer.
+        let (k, _) = t
+            .receive(dgram(&second, "::ffff:198.18.0.254", false, 255), now)
+            .unwrap();
+        assert_eq!(k, a);
+    }
+
+    /// Single hop takes TTL 255 only (GTSM); multihop takes anything from its minimum up; an
+    /// unknown TTL is taken as 0.
+    #[test]
+    fn ttl_below_the_minimum_is_refused() {
+        let now = Instant::now();
+        let mut t = Table::new(1);
+        t.upsert(key("198.18.0.254", false), settings(255), now);
+        t.upsert(key("198.18.5.1", true), settings(250), now);
+        let p = packet(State::Down, 5, 0);
+        assert_eq!(
+            t.receive(dgram(&p, "198.18.0.254", false, 254), now)
+                .unwrap_err(),
+            Refused::Ttl {
+                ttl: 254,
+                minimum: 255
+            }
+        );
+        assert!(
+            t.receive(dgram(&p, "198.18.0.254", false, 255), now)
+                .is_ok()
+        );
+        assert!(t.receive(dgram(&p, "198.18.5.1", true, 250), now).is_ok());
+        assert!(matches!(
+            t.receive(dgram(&p, "198.18.5.1", true, 249), now),
+            Err(Refused::Ttl { .. })
+        ));
+        let mut unknown = dgram(&p, "198.18.0.254", false, 255);
+        unknown.ttl = None;
+        assert!(matches!(
+            t.receive(unknown, now),
+            Err(Refused::Ttl { ttl: 0, .. })
+        ));
+    }
+
+    /// Junk is refused without touching any session.
+    #[test]
+    fn malformed_datagrams_are_refused() {
+        let now = Instant::now();
+        let mut t = Table::new(1);
+        let k = key("198.18.0.254", false);
+        t.upsert(k, settings(255), now);
+        for junk in [&b""[..], &[0u8; 3][..], &[0xffu8; 24][..]] {
+            assert!(matches!(
+                t.receive(dgram(junk, "198.18.0.254", false, 255), now),
+                Err(Refused::Malformed(_))
+            ));
+        }
+        assert_eq!(t.get(&k).unwrap().session.state(), State::Down);
+    }
+
+    /// Retuning an existing session keeps its discriminator; removing it says AdminDown and
+    /// frees the discriminator; an unchanged profile changes nothing.
+    #[test]
+    fn upsert_and_remove() {
+        let now = Instant::now();
+        let mut t = Table::new(u64::from(u32::MAX));
+        let k = key("fd00:18::fe", false);
+        t.upsert(k, settings(255), now);
+        let d = t.get(&k).unwrap().session.local_discriminator();
+        assert_ne!(d, 0);
+        assert!(t.upsert(k, settings(255), now).is_empty());
+        let mut faster = settings(255);
+        faster.config.desired_min_tx = Duration::from_millis(100);
+        t.upsert(k, faster, now);
+        assert_eq!(t.get(&k).unwrap().session.local_discriminator(), d);
+        assert_eq!(t.get(&k).unwrap().settings, faster);
+        let last = t.remove(&k, now);
+        assert!(last.iter().any(
+            |a| matches!(a, Action::Send(p) if p.state == State::AdminDown && p.my_discriminator == d)
+        ));
+        assert!(t.get(&k).is_none());
+        assert!(t.next_deadline().is_none());
+        assert!(t.remove(&k, now).is_empty());
+    }
+
+    /// Timers: an active session sends at once, then goes quiet until its next interval.
+    #[test]
+    fn timers_drive_transmission() {
+        let now = Instant::now();
+        let mut t = Table::new(3);
+        let k = key("198.18.0.254", false);
+        t.upsert(k, settings(255), now);
+        assert_eq!(t.next_deadline(), Some(now));
+        let due = t.on_timer(now);
+        assert_eq!(due.len(), 1);
+        assert!(matches!(due[0].1[0], Action::Send(_)));
+        assert!(t.next_deadline().unwrap() > now);
+        assert!(t.on_timer(now).is_empty());
+    }
+}
