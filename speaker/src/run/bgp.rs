@@ -31,6 +31,8 @@ struct NotStarted {
 /// The BGP half of the speaker.
 pub struct Bgp {
     driver: Driver,
+    /// The BFD sessions the BGP sessions follow.
+    bfd: super::bfd::BfdSessions,
     /// Peers already reported as unusable, with the reason, so each is reported once while it
     /// lasts.
     reported: BTreeSet<(String, String)>,
@@ -76,8 +78,15 @@ impl Bgp {
             let failed = driver.listen(listen);
             tracing::info!(listening = ?driver.listening(), failed = failed.len(), "accepting BGP connections from configured peers");
         }
+        let bfd = super::bfd::BfdSessions::new(
+            metrics.clone(),
+            events.clone(),
+            namespace.clone(),
+            node.clone(),
+        );
         Self {
             driver,
+            bfd,
             reported: BTreeSet::new(),
             events,
             namespace,
@@ -162,6 +171,7 @@ impl Bgp {
                 }
             }
         }
+        let wanted: Vec<String> = desired.keys().cloned().collect();
         // The driver refuses peers whose MD5 key the kernel does not take (and tries them
         // again on the next call, so a corrected BGPPeer or Secret starts them).
         for (name, e) in self.driver.apply(desired) {
@@ -173,6 +183,12 @@ impl Bgp {
                 },
             );
         }
+        let running: Vec<&String> = wanted
+            .iter()
+            .filter(|n| !not_started.contains_key(*n))
+            .collect();
+        self.bfd
+            .apply(config, running.iter().copied(), &mut self.driver);
         self.report_not_started(&not_started);
         self.report(&plan, me, services);
         plan
@@ -242,6 +258,7 @@ impl Bgp {
     /// objects (it advertises nothing any more).
     pub async fn shutdown(self) {
         self.driver.shutdown(Duration::from_secs(2)).await;
+        self.bfd.shutdown().await;
         self.sweeper_task.abort();
         self.status.send_replace(bgp_status::Desired::new());
         drop(self.status);

@@ -66,6 +66,25 @@ pub struct Metrics {
     pub bgp_updates: Family<PeerLabel, Counter>,
     /// `metallb_bgp_announced_prefixes_total{peer}`: prefixes the peer holds from us.
     pub bgp_announced_prefixes: Family<PeerLabel, Gauge>,
+    /// `metallb_bfd_session_up{peer,vrf}`: 1 while the BFD session is Up.
+    pub bfd_session_up: Family<PeerLabel, Gauge>,
+    /// `metallb_bfd_control_packet_input{peer,vrf}`: control packets accepted.
+    pub bfd_control_in: Family<PeerLabel, Counter>,
+    /// `metallb_bfd_control_packet_output{peer,vrf}`: control packets sent.
+    pub bfd_control_out: Family<PeerLabel, Counter>,
+    /// `metallb_bfd_echo_packet_input{peer,vrf}`: always 0 (no echo function, decision 0018).
+    pub bfd_echo_in: Family<PeerLabel, Counter>,
+    /// `metallb_bfd_echo_packet_output{peer,vrf}`: always 0.
+    pub bfd_echo_out: Family<PeerLabel, Counter>,
+    /// `metallb_bfd_session_up_events{peer,vrf}`.
+    pub bfd_up_events: Family<PeerLabel, Counter>,
+    /// `metallb_bfd_session_down_events{peer,vrf}`.
+    pub bfd_down_events: Family<PeerLabel, Counter>,
+    /// `metallb_bfd_zebra_notifications{peer,vrf}`: state changes told to the BGP sessions
+    /// (FRR's bfdd tells bgpd through zebra; here the BGP session follows directly).
+    pub bfd_notifications: Family<PeerLabel, Counter>,
+    /// Datagrams on the BFD ports dropped before reaching a session, by reason.
+    pub bfd_refused: Family<Vec<(&'static str, String)>, Counter>,
     /// Events dropped because the Event queue was full.
     pub events_dropped: Counter,
 }
@@ -188,6 +207,51 @@ impl Metrics {
             "Number of prefixes currently being advertised on the BGP session",
             m.bgp_announced_prefixes.clone(),
         );
+        r.register(
+            "metallb_bfd_session_up",
+            "BFD session state (1 is up, 0 is down)",
+            m.bfd_session_up.clone(),
+        );
+        r.register(
+            "metallb_bfd_control_packet_input",
+            "Number of received BFD control packets",
+            m.bfd_control_in.clone(),
+        );
+        r.register(
+            "metallb_bfd_control_packet_output",
+            "Number of sent BFD control packets",
+            m.bfd_control_out.clone(),
+        );
+        r.register(
+            "metallb_bfd_echo_packet_input",
+            "Number of received BFD echo packets",
+            m.bfd_echo_in.clone(),
+        );
+        r.register(
+            "metallb_bfd_echo_packet_output",
+            "Number of sent BFD echo packets",
+            m.bfd_echo_out.clone(),
+        );
+        r.register(
+            "metallb_bfd_session_up_events",
+            "Number of BFD session up events",
+            m.bfd_up_events.clone(),
+        );
+        r.register(
+            "metallb_bfd_session_down_events",
+            "Number of BFD session down events",
+            m.bfd_down_events.clone(),
+        );
+        r.register(
+            "metallb_bfd_zebra_notifications",
+            "Number of BFD state changes told to the BGP sessions",
+            m.bfd_notifications.clone(),
+        );
+        r.register(
+            "ferrolb_bfd_packets_refused",
+            "Datagrams on the BFD ports dropped before reaching a session (malformed, TTL, unknown session)",
+            m.bfd_refused.clone(),
+        );
         // A counter's exposition adds `_total`: `ferrolb_speaker_events_dropped_total`.
         r.register(
             "ferrolb_speaker_events_dropped",
@@ -201,6 +265,12 @@ impl Metrics {
 /// The label set of one IP.
 pub fn ip_label(ip: std::net::IpAddr) -> IpLabel {
     vec![("ip", ip.to_string())]
+}
+
+/// The label set of one BFD session, as MetalLB's: the peer's address and the VRF (only the
+/// default one here).
+pub fn bfd_label(peer: std::net::IpAddr) -> PeerLabel {
+    vec![("peer", peer.to_string()), ("vrf", "default".to_string())]
 }
 
 /// The label set of one BGP peer.

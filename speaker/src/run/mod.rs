@@ -2,6 +2,7 @@
 //! around the pure planning of the library.
 
 mod announce;
+mod bfd;
 mod bgp;
 mod bgp_status;
 mod gossip;

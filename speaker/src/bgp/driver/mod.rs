@@ -260,6 +260,9 @@ impl Observer for NoObserver {
 
 struct Handle {
     settings: PeerSettings,
+    /// The BFD session the BGP session follows (see [`Driver::follow_bfd`]).
+    bfd: watch::Sender<Option<watch::Receiver<crate::bfd::Status>>>,
+    bfd_key: Option<crate::bfd::SessionKey>,
     routes: watch::Sender<Arc<AdjRibOut>>,
     status: watch::Receiver<PeerStatus>,
     stop: watch::Sender<bool>,
@@ -462,18 +465,22 @@ impl Driver {
             let (status_tx, status_rx) = watch::channel(PeerStatus::default());
             let (stop_tx, stop_rx) = watch::channel(false);
             let (incoming_tx, incoming_rx) = s.incoming;
+            let (bfd_tx, bfd_rx) = watch::channel(None);
             let task = tokio::spawn(session::run(
                 s.settings.clone(),
                 routes_rx,
                 status_tx,
                 stop_rx,
                 incoming_rx,
+                bfd_rx,
                 self.observer.clone(),
             ));
             self.peers.insert(
                 name,
                 Handle {
                     settings: s.settings,
+                    bfd: bfd_tx,
+                    bfd_key: None,
                     routes: routes_tx,
                     status: status_rx,
                     stop: stop_tx,
@@ -483,6 +490,25 @@ impl Driver {
             );
         }
         refused
+    }
+
+    /// Makes `peer`'s BGP session follow the BFD session `bfd` (its key and status channel;
+    /// none: no BFD): stopped at once when BFD goes down, started again when it is Up
+    /// ([`crate::bfd::gate`]). Changing it does not restart the BGP session.
+    pub fn follow_bfd(
+        &mut self,
+        peer: &str,
+        bfd: Option<(crate::bfd::SessionKey, watch::Receiver<crate::bfd::Status>)>,
+    ) {
+        let Some(h) = self.peers.get_mut(peer) else {
+            return;
+        };
+        let key = bfd.as_ref().map(|(k, _)| *k);
+        if h.bfd_key == key {
+            return;
+        }
+        h.bfd_key = key;
+        h.bfd.send_replace(bfd.map(|(_, rx)| rx));
     }
 
     /// The status of every session.

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::{Observer, PeerSettings, PeerStatus, socket};
+use crate::bfd::gate::{self, Verdict};
 use ferrolb_bgp::adj_out::{self, AdjRibOut, SessionContext};
 use ferrolb_bgp::fsm::{self, Action, Event, Initiator, OPEN_HOLD_TIME, Session, State, Timer};
 use ferrolb_bgp::packet::{AfiSafi, CodecContext, Message, Update};
@@ -244,15 +245,17 @@ async fn read(conn: Option<&mut Conn>) -> std::io::Result<Vec<u8>> {
 }
 
 /// Runs the session until `stop` turns true. `incoming` delivers the connections the peer
-/// opened to our listener.
+/// opened to our listener; `bfd` the BFD session the BGP session follows.
 pub(super) async fn run(
     settings: PeerSettings,
     mut routes: watch::Receiver<Arc<AdjRibOut>>,
     status: watch::Sender<PeerStatus>,
     mut stop: watch::Receiver<bool>,
     mut incoming: mpsc::Receiver<TcpStream>,
+    bfd: gate::Link,
     observer: Arc<dyn Observer>,
 ) {
+    let mut bfd = gate::Follower::new(bfd);
     let session = match Session::new(settings.fsm.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -346,7 +349,8 @@ pub(super) async fn run(
             s = accept => match s {
                 Some(stream) => t.accepted(stream).await,
                 None => incoming_open = false,
-            }
+            },
+            v = bfd.next() => t.bfd(v),
         }
     }
 }
@@ -369,6 +373,26 @@ impl Task {
             Ok(bytes) if !bytes.is_empty() => link.received(&bytes),
             Ok(_) => link.connection_lost(&name, &status, "connection closed by peer".into()),
             Err(e) => link.connection_lost(&name, &status, format!("read: {e}")),
+        }
+    }
+
+    /// Follows the BFD session: down at once (Cease / BFD Down) when it failed, started again
+    /// when it is Up.
+    fn bfd(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Stop => {
+                tracing::warn!(peer = %self.settings.name, "BFD session down: stopping the BGP session until BFD is up again");
+                self.status
+                    .send_modify(|s| s.last_error = Some("BFD session down".into()));
+                self.primary.pending.push_back(Event::BfdDown);
+                if let Some(l) = self.secondary.as_mut() {
+                    l.pending.push_back(Event::BfdDown);
+                }
+            }
+            Verdict::Start => {
+                tracing::info!(peer = %self.settings.name, "BFD session up: starting the BGP session again");
+                self.primary.pending.push_back(Event::ManualStart);
+            }
         }
     }
 

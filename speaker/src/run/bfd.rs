@@ -1,0 +1,355 @@
+//! BFD in the work loop: the BFD sessions the running BGP sessions ask for (their BGPPeer's
+//! `bfdProfile`), handed to the BFD driver, each BGP session set to follow its BFD session;
+//! the driver's reports turned into MetalLB's `metallb_bfd_*` metrics and Events on the
+//! BGPPeers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferrolb_bfd::packet::{Diagnostic, State};
+use ferrolb_config::model::Config;
+use ferrolb_runtime::events::{EventQueue, Queued};
+use ferrolb_speaker::bfd::driver::{Bfd, Observer, Options};
+use ferrolb_speaker::bfd::table::Refused;
+use ferrolb_speaker::bfd::{SessionKey, Settings, Unsupported, state_name};
+use ferrolb_speaker::bgp::driver::Driver;
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use super::metrics::{Metrics, bfd_label};
+
+/// The BFD sessions some BGP sessions ask for.
+#[derive(Debug, Default)]
+pub struct Desired {
+    /// The sessions.
+    pub sessions: BTreeMap<SessionKey, Settings>,
+    /// The session each BGPPeer follows.
+    pub follows: BTreeMap<String, SessionKey>,
+    /// What the BGPPeers' profiles ask for that is not done.
+    pub unsupported: Vec<(String, Unsupported)>,
+}
+
+/// The BFD sessions of `peers` (running BGP sessions, by BGPPeer name). Two BGPPeers with the
+/// same address share one session (the first by name sets its timers), as in FRR.
+pub fn desired<'a>(config: &Config, peers: impl IntoIterator<Item = &'a String>) -> Desired {
+    let mut sessions = BTreeMap::new();
+    let mut follows = BTreeMap::new();
+    let mut unsupported = Vec::new();
+    for name in peers {
+        let Some(peer) = config.peers.get(name) else {
+            continue;
+        };
+        let Some(key) = SessionKey::of_peer(peer) else {
+            continue;
+        };
+        // Validation refuses a BGPPeer naming a missing profile; one deleted meanwhile leaves
+        // the peer without BFD rather than without BGP.
+        let Some(profile) = peer
+            .bfd_profile
+            .as_ref()
+            .and_then(|p| config.bfd_profiles.get(p))
+        else {
+            continue;
+        };
+        let (settings, missing) = Settings::from_profile(profile, key.multihop);
+        if let Some(m) = missing {
+            unsupported.push((name.clone(), m));
+        }
+        sessions.entry(key).or_insert(settings);
+        follows.insert(name.clone(), key);
+    }
+    Desired {
+        sessions,
+        follows,
+        unsupported,
+    }
+}
+
+/// The BFD half of the speaker.
+pub struct BfdSessions {
+    /// Started with the first session, so that a node without BFD peers leaves ports 3784 and
+    /// 4784 to whatever else runs there.
+    driver: Option<Bfd>,
+    /// The BGPPeers of each session, for Events.
+    names: Arc<Mutex<BTreeMap<SessionKey, BTreeSet<String>>>>,
+    metrics: Metrics,
+    events: EventQueue,
+    namespace: String,
+    node: String,
+    /// (peer, what) already reported as not supported.
+    reported: BTreeSet<(String, String)>,
+}
+
+impl BfdSessions {
+    /// No sessions yet.
+    pub fn new(metrics: Metrics, events: EventQueue, namespace: String, node: String) -> Self {
+        BfdSessions {
+            driver: None,
+            names: Arc::default(),
+            metrics,
+            events,
+            namespace,
+            node,
+            reported: BTreeSet::new(),
+        }
+    }
+
+    /// Runs the BFD sessions of the BGP sessions in `bgp` (by BGPPeer name) and makes each
+    /// follow its own.
+    pub fn apply<'a>(
+        &mut self,
+        config: &Config,
+        peers: impl IntoIterator<Item = &'a String> + Clone,
+        bgp: &mut Driver,
+    ) {
+        let Desired {
+            sessions,
+            follows,
+            unsupported,
+        } = desired(config, peers.clone());
+        self.report_unsupported(unsupported);
+        let mut names: BTreeMap<SessionKey, BTreeSet<String>> = BTreeMap::new();
+        for (name, key) in &follows {
+            names.entry(*key).or_default().insert(name.clone());
+        }
+        if let Ok(mut n) = self.names.lock() {
+            *n = names;
+        }
+        if self.driver.is_none() && !sessions.is_empty() {
+            let observer = Arc::new(BfdObserver {
+                metrics: self.metrics.clone(),
+                events: self.events.clone(),
+                names: self.names.clone(),
+                namespace: self.namespace.clone(),
+                node: self.node.clone(),
+            });
+            let (driver, failed) = Bfd::start(Options::default(), observer);
+            tracing::info!(listening = ?driver.listening(), failed = failed.len(), "BFD started");
+            self.driver = Some(driver);
+        }
+        let Some(driver) = self.driver.as_mut() else {
+            return;
+        };
+        for key in sessions.keys() {
+            // The echo counters exist (at 0) for every session, as MetalLB's do.
+            let label = bfd_label(key.peer);
+            let _ = self.metrics.bfd_echo_in.get_or_create(&label);
+            let _ = self.metrics.bfd_echo_out.get_or_create(&label);
+            let _ = self.metrics.bfd_session_up.get_or_create(&label);
+        }
+        for gone in driver
+            .statuses()
+            .keys()
+            .filter(|k| !sessions.contains_key(k))
+        {
+            self.metrics.bfd_session_up.remove(&bfd_label(gone.peer));
+        }
+        driver.apply(sessions);
+        for name in peers {
+            let link = follows
+                .get(name)
+                .and_then(|k| driver.status(k).map(|rx| (*k, rx)));
+            bgp.follow_bfd(name, link);
+        }
+    }
+
+    fn report_unsupported(&mut self, unsupported: Vec<(String, Unsupported)>) {
+        let now: BTreeSet<(String, String)> = unsupported
+            .iter()
+            .map(|(n, u)| (n.clone(), u.to_string()))
+            .collect();
+        self.reported.retain(|r| now.contains(r));
+        for (name, why) in now {
+            if self.reported.insert((name.clone(), why.clone())) {
+                tracing::warn!(peer = %name, "{why}");
+                self.events.push(peer_event(
+                    &self.namespace,
+                    &name,
+                    true,
+                    "BFDEchoNotSupported",
+                    format!("on node {}: {why}", self.node),
+                ));
+            }
+        }
+    }
+
+    /// Says AdminDown on every BFD session and stops.
+    pub async fn shutdown(self) {
+        if let Some(d) = self.driver {
+            d.shutdown(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// An Event on BGPPeer `namespace/name`.
+fn peer_event(
+    namespace: &str,
+    name: &str,
+    warning: bool,
+    reason: &'static str,
+    message: String,
+) -> Queued {
+    Queued {
+        warning,
+        reason,
+        message,
+        action: "BFD",
+        regarding: ObjectReference {
+            api_version: Some("metallb.io/v1beta2".into()),
+            kind: Some("BGPPeer".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+    }
+}
+
+/// The driver's reports into `metallb_bfd_*` and Events.
+struct BfdObserver {
+    metrics: Metrics,
+    events: EventQueue,
+    names: Arc<Mutex<BTreeMap<SessionKey, BTreeSet<String>>>>,
+    namespace: String,
+    node: String,
+}
+
+impl Observer for BfdObserver {
+    fn packet_in(&self, key: &SessionKey) {
+        self.metrics
+            .bfd_control_in
+            .get_or_create(&bfd_label(key.peer))
+            .inc();
+    }
+
+    fn packet_out(&self, key: &SessionKey) {
+        self.metrics
+            .bfd_control_out
+            .get_or_create(&bfd_label(key.peer))
+            .inc();
+    }
+
+    fn state_changed(&self, key: &SessionKey, from: State, to: State, diagnostic: Diagnostic) {
+        let label = bfd_label(key.peer);
+        self.metrics
+            .bfd_session_up
+            .get_or_create(&label)
+            .set(i64::from(to == State::Up));
+        self.metrics.bfd_notifications.get_or_create(&label).inc();
+        let event = if to == State::Up {
+            self.metrics.bfd_up_events.get_or_create(&label).inc();
+            Some((
+                false,
+                "BFDSessionUp",
+                format!("BFD session with {} up on node {}", key.peer, self.node),
+            ))
+        } else if from == State::Up {
+            self.metrics.bfd_down_events.get_or_create(&label).inc();
+            Some((
+                true,
+                "BFDSessionDown",
+                format!(
+                    "BFD session with {} {} on node {} ({diagnostic}); the BGP session waits for it",
+                    key.peer,
+                    state_name(to),
+                    self.node
+                ),
+            ))
+        } else {
+            None
+        };
+        let Some((warning, reason, message)) = event else {
+            return;
+        };
+        let names = self
+            .names
+            .lock()
+            .map(|n| n.get(key).cloned().unwrap_or_default())
+            .unwrap_or_default();
+        for name in names {
+            self.events.push(peer_event(
+                &self.namespace,
+                &name,
+                warning,
+                reason,
+                message.clone(),
+            ));
+        }
+    }
+
+    fn refused(&self, _from: IpAddr, why: &Refused) {
+        let reason = match why {
+            Refused::Malformed(_) => "malformed",
+            Refused::Ttl { .. } => "ttl",
+            Refused::NoSession => "no_session",
+        };
+        self.metrics
+            .bfd_refused
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use ferrolb_config::model::BfdProfile;
+
+    use super::*;
+
+    fn profile(name: &str, tx: u32, echo: bool) -> BfdProfile {
+        BfdProfile {
+            name: name.into(),
+            receive_interval_ms: 300,
+            transmit_interval_ms: tx,
+            detect_multiplier: 3,
+            echo_interval_ms: 50,
+            echo_mode: echo,
+            passive_mode: false,
+            minimum_ttl: 254,
+        }
+    }
+
+    /// Peers with a profile get a session (shared by address, the first by name sets the
+    /// timers), peers without one none; echoMode is reported.
+    #[test]
+    fn sessions_of_the_running_peers() {
+        let mut config = Config::default();
+        config
+            .bfd_profiles
+            .insert("fast".into(), profile("fast", 100, false));
+        config
+            .bfd_profiles
+            .insert("echo".into(), profile("echo", 300, true));
+        let mut a = ferrolb_testkit::model::peer("a", "198.18.0.254").build();
+        a.bfd_profile = Some("fast".into());
+        let mut b = ferrolb_testkit::model::peer("b", "198.18.0.254").build();
+        b.bfd_profile = Some("echo".into());
+        let mut c = ferrolb_testkit::model::peer("c", "198.18.0.253").build();
+        c.bfd_profile = Some("gone".into());
+        let d = ferrolb_testkit::model::peer("d", "198.18.0.252").build();
+        for p in [a, b, c, d] {
+            config.peers.insert(p.name.clone(), p);
+        }
+        let names: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let Desired {
+            sessions,
+            follows,
+            unsupported,
+        } = desired(&config, &names);
+        assert_eq!(sessions.len(), 1);
+        let (key, settings) = sessions.iter().next().unwrap();
+        assert_eq!(key.peer, "198.18.0.254".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            settings.config.desired_min_tx,
+            Duration::from_millis(100),
+            "a comes first"
+        );
+        assert_eq!(follows.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(unsupported.len(), 1);
+        assert_eq!(unsupported[0].0, "b");
+        // Only running peers count.
+        assert!(desired(&config, &names[3..]).sessions.is_empty());
+    }
+}
