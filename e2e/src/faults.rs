@@ -1,6 +1,8 @@
 //! Partial faults on a lab node's speaker heartbeats, undone when dropped (also when the test
 //! fails): what the layer 2 safety tests and the failover bench inject.
 
+use anyhow::Context as _;
+
 use crate::Lab;
 
 /// The speakers' heartbeat port (their default, as MetalLB's memberlist).
@@ -295,5 +297,34 @@ pub fn junk_flood(
             std::thread::sleep(pause * 100);
         }
     }
+    Ok(())
+}
+
+/// Sends one datagram, `hex` bytes, to `to` from port `from_port` with IP TTL `ttl` (run in a
+/// lab host by `ferrolb-lab send-udp`: the BFD tests' hand-made control packets).
+pub fn send_udp(
+    to: std::net::SocketAddr,
+    from_port: u16,
+    ttl: u32,
+    hex: &str,
+) -> anyhow::Result<()> {
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .with_context(|| format!("--hex: not hex at {i}"))
+        })
+        .collect::<anyhow::Result<Vec<u8>>>()?;
+    let bind: std::net::SocketAddr = if to.is_ipv4() {
+        std::net::SocketAddr::from(([0, 0, 0, 0], from_port))
+    } else {
+        std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, from_port))
+    };
+    let socket = std::net::UdpSocket::bind(bind).context("binding the source port")?;
+    if to.is_ipv4() {
+        socket.set_ttl(ttl)?;
+    }
+    socket.send_to(&bytes, to).context("sending")?;
     Ok(())
 }

@@ -112,9 +112,36 @@ pub enum Role {
     Router {
         /// The router's AS number.
         asn: u32,
+        /// The router's BFD timers towards the nodes (FRR profile `nodes`).
+        #[serde(default)]
+        bfd: RouterBfd,
     },
     /// A client behind the router.
     ExternalClient,
+}
+
+/// The lab router's BFD profile towards the nodes: its sessions run only with speakers whose
+/// BGPPeer names a `bfdProfile` (FRR's BGP takes no notice of a BFD session that never came
+/// up, so the others keep plain BGP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterBfd {
+    /// Required Min RX (ms).
+    pub receive_interval_ms: u32,
+    /// Desired Min TX (ms).
+    pub transmit_interval_ms: u32,
+    /// Detection multiplier.
+    pub detect_multiplier: u8,
+}
+
+impl Default for RouterBfd {
+    /// FRR's and MetalLB's defaults: 300 ms both ways, 3 packets.
+    fn default() -> Self {
+        RouterBfd {
+            receive_interval_ms: 300,
+            transmit_interval_ms: 300,
+            detect_multiplier: 3,
+        }
+    }
 }
 
 /// An interface of a host on a segment.
@@ -281,7 +308,10 @@ impl Topology {
         hosts.push(Host {
             name: "router".into(),
             netns: "flb-router".into(),
-            role: Role::Router { asn: ROUTER_ASN },
+            role: Role::Router {
+                asn: ROUTER_ASN,
+                bfd: RouterBfd::default(),
+            },
             interfaces: vec![
                 lab_if("eth0", 254),
                 Interface {

@@ -25,14 +25,9 @@ const POOL: [&str; 2] = ["198.18.201.0/24", "fd00:18::c9:0/112"];
 /// generous; a hold timer expiry (9 s) plus reconnect (connectTime 1 s, doubling) fits too.
 const ROUTE_TIMEOUT: Duration = Duration::from_secs(40);
 
-/// BGPPeer, pool and advertisement of the suite.
-fn bgp_config() -> String {
+/// The suite's BGPPeer `router`, with `extra` spec lines (indented two spaces).
+fn bgp_peer(extra: &str) -> String {
     let ns = ferrolb::NAMESPACE;
-    let list = POOL
-        .iter()
-        .map(|a| format!("'{a}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
     format!(
         "apiVersion: metallb.io/v1beta2
 kind: BGPPeer
@@ -44,7 +39,20 @@ spec:
   holdTime: 9s
   keepaliveTime: 3s
   connectTime: 1s
----
+{extra}"
+    )
+}
+
+/// BGPPeer, pool and advertisement of the suite.
+fn bgp_config() -> String {
+    let ns = ferrolb::NAMESPACE;
+    let list = POOL
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{}---
 apiVersion: metallb.io/v1beta1
 kind: IPAddressPool
 metadata: {{name: bgp, namespace: {ns}}}
@@ -56,7 +64,8 @@ kind: BGPAdvertisement
 metadata: {{name: bgp, namespace: {ns}}}
 spec:
   ipAddressPools: [bgp]
-"
+",
+        bgp_peer("")
     )
 }
 
@@ -523,15 +532,11 @@ fn replace_peer(lab: &Lab, graceful_restart: bool) -> anyhow::Result<()> {
         "router",
         "--ignore-not-found",
     ])?;
-    let mut yaml = bgp_config();
-    if graceful_restart {
-        yaml = yaml.replacen(
-            "  connectTime: 1s\n",
-            "  connectTime: 1s\n  enableGracefulRestart: true\n",
-            1,
-        );
-    }
-    lab.apply(&yaml)
+    lab.apply(&bgp_peer(if graceful_restart {
+        "  enableGracefulRestart: true\n"
+    } else {
+        ""
+    }))
 }
 
 /// The nodes whose path for `ip` the router keeps as stale (RFC 4724: their session went, the
@@ -701,6 +706,382 @@ spec: {{}}
     outcome
 }
 
+/// The router's BFD sessions (`show bfd peers json`) by the node they are with.
+fn router_bfd_peers(
+    lab: &Lab,
+) -> anyhow::Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    let socket = lab.dir.join("frr").display().to_string();
+    let out = lab.exec(
+        "router",
+        "vtysh",
+        &["--vty_socket", &socket, "-c", "show bfd peers json"],
+    )?;
+    let peers: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap_or_default();
+    Ok(peers
+        .into_iter()
+        .filter_map(|p| {
+            let node = node_of_address(lab, p["peer"].as_str()?)?;
+            Some((node, p))
+        })
+        .collect())
+}
+
+/// The router's BFD session status with each of `nodes` (`up`, `down`, ...; `none` when there
+/// is no session).
+fn router_bfd_states(lab: &Lab, nodes: &[&str]) -> anyhow::Result<Vec<String>> {
+    let peers = router_bfd_peers(lab)?;
+    Ok(nodes
+        .iter()
+        .map(|n| {
+            peers
+                .get(*n)
+                .and_then(|p| p["status"].as_str())
+                .unwrap_or("none")
+                .to_string()
+        })
+        .collect())
+}
+
+/// Waits until the router's BFD sessions with `nodes` are each in one of `states`.
+async fn wait_router_bfd(lab: &Lab, nodes: &[&str], states: &[&str]) -> anyhow::Result<()> {
+    wait_for(
+        &format!("the router's BFD sessions with {nodes:?} to be {states:?}"),
+        ROUTE_TIMEOUT,
+        || async {
+            let now = router_bfd_states(lab, nodes).map_err(|e| e.to_string())?;
+            if now.iter().all(|s| states.contains(&s.as_str())) {
+                Ok(Some(()))
+            } else {
+                let socket = lab.dir.join("frr").display().to_string();
+                let raw = lab
+                    .exec(
+                        "router",
+                        "vtysh",
+                        &["--vty_socket", &socket, "-c", "show bfd peers brief"],
+                    )
+                    .unwrap_or_else(|e| e.to_string());
+                Err(format!("{now:?}; vtysh: {raw}"))
+            }
+        },
+    )
+    .await
+}
+
+/// The router's BFD profile `nodes` set to `ms` both ways, multiplier 3.
+fn router_bfd_timers(lab: &Lab, ms: u32) -> anyhow::Result<()> {
+    router_config(
+        lab,
+        &[
+            "bfd",
+            "profile nodes",
+            &format!("receive-interval {ms}"),
+            &format!("transmit-interval {ms}"),
+            "detect-multiplier 3",
+        ],
+    )
+}
+
+/// How many times the router's bgpd ended its session with `node` because its BFD session went
+/// down: it logs "%NOTIFICATION: sent to neighbor ADDRESS 6/10 (Cease/BFD Down)" (dynamic
+/// neighbours are deleted when their session ends, so the log is where the reason stays).
+fn router_bfd_downs(lab: &Lab, node: &str) -> anyhow::Result<usize> {
+    let address = lab.topology.host(node).context("no such node")?.interfaces[0]
+        .ipv4
+        .to_string();
+    let log = std::fs::read_to_string(lab.dir.join("logs").join("frr-bgpd.log"))
+        .context("reading bgpd's log")?;
+    Ok(log
+        .lines()
+        .filter(|l| l.contains(&format!("sent to neighbor {address} 6/10 (Cease/BFD Down)")))
+        .count())
+}
+
+/// The suite's BGPPeer with BFDProfile `bfd` (spec `profile`), until dropped: then the plain
+/// BGPPeer again and the router's BFD profile back to the lab's 300 ms.
+struct WithBfd<'a> {
+    lab: &'a Lab,
+}
+
+impl<'a> WithBfd<'a> {
+    fn apply(lab: &'a Lab, profile: &str) -> anyhow::Result<Self> {
+        let ns = ferrolb::NAMESPACE;
+        lab.apply(&format!(
+            "apiVersion: metallb.io/v1beta1
+kind: BFDProfile
+metadata: {{name: bfd, namespace: {ns}}}
+spec: {profile}
+---
+{}",
+            bgp_peer("  bfdProfile: bfd\n")
+        ))?;
+        Ok(Self { lab })
+    }
+}
+
+impl Drop for WithBfd<'_> {
+    fn drop(&mut self) {
+        let _ = self.lab.apply(&bgp_peer(""));
+        let _ = router_bfd_timers(self.lab, 300);
+    }
+}
+
+/// BFD with FRR's bfdd: every node's session comes Up on both sides; each side sends no faster
+/// than the other can receive (RFC 5880 6.8.7: the slower side wins) whichever side is slower;
+/// our metrics say Up; a profile with echoMode is reported as not supported on the BGPPeer.
+async fn bfd_sessions_come_up_with_frr(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (_scope, _api, ip) = serve_web(lab, "bfd-up", &["node1"]).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+    let _bfd = WithBfd::apply(
+        lab,
+        "{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}",
+    )?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    let peers = router_bfd_peers(lab)?;
+    for node in NODES {
+        let p = &peers[node];
+        ensure!(
+            p["remote-receive-interval"] == 100
+                && p["remote-transmit-interval"] == 100
+                && p["remote-detect-multiplier"] == 3,
+            "{node}: the router does not see our profile: {p}"
+        );
+    }
+    let up = r#"metallb_bfd_session_up{peer="198.18.0.254",vrf="default"}"#;
+    for node in NODES {
+        ensure!(
+            ferrolb::speaker_metric(lab, node, up)? == 1.0,
+            "{node}: {up} is not 1"
+        );
+    }
+    // The router receives at 300 ms: we send at 300 ms, not at our 100 ms. In 3 s that is
+    // about 11 packets (jitter makes them up to 25 % earlier); at 100 ms it would be over 30.
+    let sent = "metallb_bfd_control_packet_output_total{";
+    let rate = |node: &'static str| async move {
+        let before = ferrolb::speaker_metric(lab, node, sent)?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        anyhow::Ok(ferrolb::speaker_metric(lab, node, sent)? - before)
+    };
+    let slow = rate("node1").await?;
+    ensure!(
+        slow > 0.0 && slow < 20.0,
+        "node1 sent {slow} packets in 3 s to a router that receives at 300 ms"
+    );
+    // The router now receives at 50 ms and we at 100 ms: both send at 100 ms. FRR shows what
+    // it sends at as its transmit interval once the poll sequence is over.
+    router_bfd_timers(lab, 50)?;
+    wait_for(
+        "the router to send at our 100 ms receive interval",
+        ROUTE_TIMEOUT,
+        || async {
+            let peers = router_bfd_peers(lab).map_err(|e| e.to_string())?;
+            let p = &peers["node1"];
+            if p["status"] == "up" && p["receive-interval"] == 50 {
+                Ok(Some(()))
+            } else {
+                Err(p.to_string())
+            }
+        },
+    )
+    .await?;
+    let fast = rate("node1").await?;
+    ensure!(
+        fast > slow,
+        "node1 sent {fast} packets in 3 s at 100 ms, not more than {slow} at 300 ms"
+    );
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+
+    // echoMode is not done: said on the BGPPeer, the session runs on control packets.
+    let _echo = WithBfd::apply(lab, "{echoMode: true}")?;
+    wait_for(
+        "a BFDEchoNotSupported Event on the BGPPeer",
+        ROUTE_TIMEOUT,
+        || async {
+            let out = lab
+                .kubectl(&[
+                    "-n",
+                    ferrolb::NAMESPACE,
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "reason=BFDEchoNotSupported,involvedObject.name=router",
+                    "-o",
+                    "name",
+                ])
+                .map_err(|e| e.to_string())?;
+            if out.trim().is_empty() {
+                Err("none yet".into())
+            } else {
+                Ok(Some(()))
+            }
+        },
+    )
+    .await?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    Ok(())
+}
+
+/// With BFD at 100 ms × 3 on both sides, a node whose link is cut is dropped by the router
+/// because of BFD (its BGP session's last reset says so), not by the hold timer; a frozen
+/// speaker (its TCP connection stays open) likewise; a killed one's session goes; each comes
+/// back (BFD Up first, then BGP) once the fault ends.
+async fn bfd_drops_failed_nodes(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (_scope, _api, ip) = serve_web(lab, "bfd-fail", &["node1", "node2"]).await?;
+    router_bfd_timers(lab, 100)?;
+    let _bfd = WithBfd::apply(
+        lab,
+        "{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}",
+    )?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+
+    let downs = router_bfd_downs(lab, "node3")?;
+    lab.set_link("node3", false)?;
+    let outcome = async {
+        wait_advertised_by(lab, &ip, &["node1", "node2"]).await?;
+        ensure!(
+            router_bfd_downs(lab, "node3")? > downs,
+            "the router did not drop node3 for BFD"
+        );
+        wait_http_pods(lab, &ip, 2).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    lab.set_link("node3", true)?;
+    outcome.context("node3's link cut")?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    wait_advertised_by(lab, &ip, &NODES)
+        .await
+        .context("after node3's link came back")?;
+
+    let downs = router_bfd_downs(lab, "node2")?;
+    ctx.speakers.freeze("node2", true)?;
+    let outcome = async {
+        wait_advertised_by(lab, &ip, &["node1", "node3"]).await?;
+        ensure!(
+            router_bfd_downs(lab, "node2")? > downs,
+            "the router did not drop node2 for BFD"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.freeze("node2", false)?;
+    outcome.context("node2's speaker frozen")?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    wait_advertised_by(lab, &ip, &NODES)
+        .await
+        .context("after thawing node2's speaker")?;
+
+    ctx.speakers.kill("node1");
+    let outcome = async {
+        wait_advertised_by(lab, &ip, &["node2", "node3"]).await?;
+        // Down, or gone with the dynamic BGP neighbour its closed connection deleted.
+        wait_router_bfd(lab, &["node1"], &["down", "none"]).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.start("node1")?;
+    outcome.context("node1's speaker killed")?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    wait_advertised_by(lab, &ip, &NODES)
+        .await
+        .context("after restarting node1's speaker")?;
+    Ok(())
+}
+
+/// The router's bfdd restarted: its sessions come back Up with every node, and so do the BGP
+/// sessions and the paths.
+async fn bfd_survives_a_bfdd_restart(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (_scope, _api, ip) = serve_web(lab, "bfd-restart", &["node3"]).await?;
+    let _bfd = WithBfd::apply(lab, "{}")?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    let downs = "metallb_bfd_session_down_events_total{";
+    let before = ferrolb::speaker_metric(lab, "node1", downs)?;
+    let outage = lab.stop_keeping("frr-bfdd")?;
+    // Past our detection time (3 × 300 ms) the speakers see the router's BFD fall silent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    outage.end()?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+    wait_http_pods(lab, &ip, 1).await?;
+    let after = ferrolb::speaker_metric(lab, "node1", downs)?;
+    ensure!(
+        after > before,
+        "node1's BFD session never went down while bfdd was stopped ({before} → {after})"
+    );
+    Ok(())
+}
+
+/// Hand-made control packets sent to node1's BFD port from the router: malformed ones, a
+/// well-formed one with TTL 64 (single hop takes 255 only), one naming an unknown session:
+/// all dropped and counted, the session stays Up and does not flap.
+async fn bfd_malformed_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let _bfd = WithBfd::apply(lab, "{}")?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    let downs = "metallb_bfd_session_down_events_total{";
+    let before = ferrolb::speaker_metric(lab, "node1", downs)?;
+    let refused =
+        |reason: &str| format!("ferrolb_bfd_packets_refused_total{{reason=\"{reason}\"}}");
+    let refused_before: Vec<f64> = ["malformed", "ttl", "no_session"]
+        .iter()
+        .map(|r| ferrolb::speaker_metric(lab, "node1", &refused(r)))
+        .collect::<anyhow::Result<_>>()?;
+    let send = |hex: &str, ttl: &str| -> anyhow::Result<()> {
+        let out = lab
+            .lab_command(
+                "router",
+                &[
+                    "send-udp",
+                    "--to",
+                    "198.18.0.11:3784",
+                    "--ttl",
+                    ttl,
+                    "--hex",
+                    hex,
+                ],
+            )?
+            .output()?;
+        ensure!(out.status.success(), "send-udp: {out:?}");
+        Ok(())
+    };
+    // Version 7; a length beyond the datagram; detect multiplier 0; a valid Up packet from an
+    // unknown discriminator naming a session we do not have.
+    let malformed = [
+        "e0c00318deadbeef00000000000f4240000f424000000000",
+        "20c003ffdeadbeef00000000000f4240000f424000000000",
+        "20c00018deadbeef00000000000f4240000f424000000000",
+    ];
+    for m in malformed {
+        send(m, "255")?;
+    }
+    let valid_down = "20400318deadbeef00000000000f4240000f424000000000";
+    send(valid_down, "64")?;
+    send("20c00318deadbeef12345678000f4240000f424000000000", "255")?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused_after: Vec<f64> = ["malformed", "ttl", "no_session"]
+        .iter()
+        .map(|r| ferrolb::speaker_metric(lab, "node1", &refused(r)))
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(
+        refused_after[0] >= refused_before[0] + 3.0
+            && refused_after[1] > refused_before[1]
+            && refused_after[2] > refused_before[2],
+        "refusals (malformed, ttl, no_session) {refused_before:?} → {refused_after:?}"
+    );
+    ensure!(
+        ferrolb::speaker_metric(lab, "node1", downs)? == before,
+        "node1's BFD session went down"
+    );
+    ensure!(
+        router_bfd_states(lab, &["node1"])? == ["up"],
+        "the router's session with node1 is not up"
+    );
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     // The tests share the speakers and the router: one at a time.
@@ -728,6 +1109,18 @@ fn main() -> std::process::ExitCode {
             "graceful_restart_keeps_paths_through_a_speaker_restart",
             |c| Box::pin(graceful_restart_keeps_paths_through_a_speaker_restart(c)),
         )
+        .test("bfd_sessions_come_up_with_frr", |c| {
+            Box::pin(bfd_sessions_come_up_with_frr(c))
+        })
+        .test("bfd_drops_failed_nodes", |c| {
+            Box::pin(bfd_drops_failed_nodes(c))
+        })
+        .test("bfd_survives_a_bfdd_restart", |c| {
+            Box::pin(bfd_survives_a_bfdd_restart(c))
+        })
+        .test("bfd_malformed_packets_are_ignored", |c| {
+            Box::pin(bfd_malformed_packets_are_ignored(c))
+        })
         .run(&args, |lab| {
             Box::pin(async move { Deployment::start(&lab, "bgp", &bgp_config()) })
         });

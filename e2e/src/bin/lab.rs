@@ -105,6 +105,23 @@ enum Command {
         #[arg(long, default_value_t = 300_000)]
         limit_ms: u64,
     },
+    /// (internal) Send one UDP datagram (hex bytes) to --to from --from-port with IP TTL --ttl
+    /// (the BFD tests' hand-made control packets, e2e/src/faults.rs `send_udp`).
+    #[command(hide = true)]
+    SendUdp {
+        /// Destination socket address (IPv4).
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        /// Source port.
+        #[arg(long, default_value_t = 49999)]
+        from_port: u16,
+        /// IP TTL.
+        #[arg(long, default_value_t = 255)]
+        ttl: u32,
+        /// The payload, hex.
+        #[arg(long)]
+        hex: String,
+    },
     /// (internal) Run a lab process and record how it ended (see e2e/src/process.rs).
     #[command(hide = true)]
     Supervise {
@@ -379,6 +396,12 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::to_string(&r)?);
                 Ok(0)
             }),
+            Command::SendUdp {
+                to,
+                from_port,
+                ttl,
+                hex,
+            } => ferrolb_e2e::faults::send_udp(to, from_port, ttl, &hex).map(|_| 0),
             Command::DelayRelay {
                 delay_ms,
                 route,

@@ -199,9 +199,10 @@ impl Lab {
         std::fs::create_dir_all(&frr_dir)?;
         std::fs::write(frr_dir.join("zebra.conf"), router::zebra_config())?;
         std::fs::write(frr_dir.join("bgpd.conf"), router::frr_config(t))?;
+        std::fs::write(frr_dir.join("bfdd.conf"), router::bfdd_config(t))?;
         // FRR drops privileges to its own user, which must own its path space.
         run("chown", &["-R", "frr:frr", &frr_dir.display().to_string()])?;
-        for daemon in ["zebra", "bgpd"] {
+        for daemon in ["zebra", "bfdd", "bgpd"] {
             let args = router::daemon_args(daemon, &frr_dir);
             self.spawn(
                 state,

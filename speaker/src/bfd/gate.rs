@@ -1,16 +1,30 @@
 //! How a BGP session follows its BFD session (RFC 5882 section 4.3): when BFD goes down after
 //! having been Up, the BGP session is stopped at once (its routes leave the router now, not
-//! when the hold timer expires), and it starts again only once BFD is Up again, so a path that
+//! when the hold timer expires), and it starts again once BFD is Up again, so a path that
 //! carries TCP but drops BFD does not flap the session.
+//!
+//! The wait for BFD is bounded: [`HOLD_DOWN`] (5 s), doubled when BFD fails again within a
+//! minute of the end of the last wait, up to [`MAX_HOLD_DOWN`] (60 s). Routers often create their BFD session only for an
+//! existing BGP neighbour (FRR's dynamic neighbours from `bgp listen range` do: the neighbour,
+//! and with it the BFD session, is deleted when BGP goes down), so waiting for BFD alone would
+//! keep such a session down for ever. On a path that is really down, the BGP connection cannot
+//! come up anyway.
 //!
 //! A BFD session that never came up does not hold BGP back: a router without BFD configured
 //! keeps its BGP session, as with FRR. A Down caused by the peer saying AdminDown is not a
 //! failure (RFC 5882 section 3.2) and leaves BGP alone.
 
+use std::time::{Duration, Instant};
+
 use ferrolb_bfd::packet::State;
 use tokio::sync::watch;
 
 use super::Status;
+
+/// The first wait for BFD after it failed, before the BGP session starts again anyway.
+pub const HOLD_DOWN: Duration = Duration::from_secs(5);
+/// The longest wait, reached by failures less than a minute apart.
+pub const MAX_HOLD_DOWN: Duration = Duration::from_secs(60);
 
 /// What the BGP session must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,15 +45,20 @@ pub struct Gate {
     holding: bool,
     /// The session's `ups` when last seen.
     ups: u64,
+    /// When the BGP session starts again even without BFD.
+    release_at: Option<Instant>,
+    /// The wait the last Stop got, and when that session started again.
+    last_wait: Duration,
+    released_at: Option<Instant>,
 }
 
 impl Gate {
-    /// The verdict for a new status, if any.
-    pub fn update(&mut self, status: Option<Status>) -> Option<Verdict> {
+    /// The verdict for a new status at `now`, if any.
+    pub fn update(&mut self, status: Option<Status>, now: Instant) -> Option<Verdict> {
         let Some(status) = status else {
             self.was_up = false;
             self.ups = 0;
-            return std::mem::take(&mut self.holding).then_some(Verdict::Start);
+            return self.release(now);
         };
         if status.ups < self.ups {
             // Another session: count afresh.
@@ -53,16 +72,48 @@ impl Gate {
         }
         if status.state == State::Up {
             self.was_up = true;
-            return std::mem::take(&mut self.holding).then_some(Verdict::Start);
+            return self.release(now);
         }
         let failed = std::mem::take(&mut self.was_up)
             && status.remote_state != State::AdminDown
             && status.state != State::AdminDown;
         if failed && !self.holding {
+            let again_soon = self
+                .released_at
+                .is_some_and(|r| now.saturating_duration_since(r) < Duration::from_secs(60));
+            let wait = if again_soon {
+                (self.last_wait * 2).clamp(HOLD_DOWN, MAX_HOLD_DOWN)
+            } else {
+                HOLD_DOWN
+            };
+            self.last_wait = wait;
+            self.release_at = Some(now + wait);
             self.holding = true;
             return Some(Verdict::Stop);
         }
         None
+    }
+
+    /// The time at `now`: Start when the wait for BFD is over.
+    pub fn on_timer(&mut self, now: Instant) -> Option<Verdict> {
+        if self.release_at.is_some_and(|at| at <= now) {
+            return self.release(now);
+        }
+        None
+    }
+
+    /// When [`Gate::on_timer`] has something to do.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.release_at
+    }
+
+    fn release(&mut self, now: Instant) -> Option<Verdict> {
+        self.release_at = None;
+        let held = std::mem::take(&mut self.holding);
+        if held {
+            self.released_at = Some(now);
+        }
+        held.then_some(Verdict::Start)
     }
 
     /// Whether the BGP session is held down, waiting for BFD.
@@ -118,6 +169,13 @@ impl Follower {
                     None => std::future::pending().await,
                 }
             };
+            let deadline = self.gate.deadline();
+            let released = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                    None => std::future::pending().await,
+                }
+            };
             let status = tokio::select! {
                 r = link_changed => {
                     if r.is_err() {
@@ -127,12 +185,19 @@ impl Follower {
                     self.current = self.link.borrow_and_update().clone();
                     // Another session (or none): what the old one did no longer counts, and a
                     // session held for the old one is released.
-                    let released = self.gate.update(None);
+                    let now = Instant::now();
+                    let released = self.gate.update(None, now);
                     let status = self.current.as_mut().map(|rx| *rx.borrow_and_update());
-                    if let Some(v) = released.or(self.gate.update(status)) {
+                    if let Some(v) = released.or(self.gate.update(status, now)) {
                         return v;
                     }
                     continue;
+                }
+                () = released => {
+                    match self.gate.on_timer(Instant::now()) {
+                        Some(v) => return v,
+                        None => continue,
+                    }
                 }
                 r = status_changed => match r {
                     Ok(()) => self.current.as_mut().map(|rx| *rx.borrow_and_update()),
@@ -143,7 +208,7 @@ impl Follower {
                     }
                 }
             };
-            if let Some(v) = self.gate.update(status) {
+            if let Some(v) = self.gate.update(status, Instant::now()) {
                 return v;
             }
         }
@@ -157,6 +222,50 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    impl Gate {
+        /// `update` at a fixed instant, far from any hold-down's end.
+        fn update_now(&mut self, status: Option<Status>) -> Option<Verdict> {
+            self.update(status, Instant::now())
+        }
+    }
+
+    /// BFD that stays down releases the BGP session after the hold-down; failures less than a
+    /// minute apart double it up to the cap, a quiet minute resets it.
+    #[test]
+    fn the_wait_for_bfd_is_bounded_and_grows_with_flaps() {
+        let t0 = Instant::now();
+        let mut g = Gate::default();
+        let up = status(State::Up, State::Up);
+        let down = status(State::Down, State::Down);
+        g.update(up, t0);
+        assert_eq!(g.update(down, t0), Some(Verdict::Stop));
+        assert_eq!(g.deadline(), Some(t0 + HOLD_DOWN));
+        assert_eq!(g.on_timer(t0 + HOLD_DOWN - Duration::from_millis(1)), None);
+        assert_eq!(g.on_timer(t0 + HOLD_DOWN), Some(Verdict::Start));
+        assert_eq!(g.deadline(), None);
+        let mut at = t0 + HOLD_DOWN;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            g.update(up, at);
+            assert_eq!(g.update(down, at), Some(Verdict::Stop));
+            let wait = g.deadline().unwrap() - at;
+            waits.push(wait.as_secs());
+            at += wait;
+            assert_eq!(g.on_timer(at), Some(Verdict::Start));
+        }
+        assert_eq!(waits, [10, 20, 40, 60, 60, 60]);
+        // BFD Up before the wait ends starts the session at once, and the timer is cleared.
+        g.update(up, at);
+        g.update(down, at);
+        assert_eq!(g.update(up, at), Some(Verdict::Start));
+        assert_eq!(g.deadline(), None);
+        // A minute without failures since it started again: back to the first wait.
+        let later = at + Duration::from_secs(61);
+        g.update(up, later);
+        g.update(down, later);
+        assert_eq!(g.deadline(), Some(later + HOLD_DOWN));
+    }
 
     fn status(state: State, remote_state: State) -> Option<Status> {
         Some(Status {
@@ -179,53 +288,56 @@ mod tests {
     #[test]
     fn a_missed_up_still_counts() {
         let mut g = Gate::default();
-        assert_eq!(g.update(after(0, State::Down)), None);
-        assert_eq!(g.update(after(1, State::Down)), Some(Verdict::Stop));
-        assert_eq!(g.update(after(2, State::Up)), Some(Verdict::Start));
+        assert_eq!(g.update_now(after(0, State::Down)), None);
+        assert_eq!(g.update_now(after(1, State::Down)), Some(Verdict::Stop));
+        assert_eq!(g.update_now(after(2, State::Up)), Some(Verdict::Start));
         // A new session starts counting at 0 again.
-        assert_eq!(g.update(after(0, State::Down)), None);
-        assert_eq!(g.update(after(1, State::Up)), None);
-        assert_eq!(g.update(after(1, State::Down)), Some(Verdict::Stop));
+        assert_eq!(g.update_now(after(0, State::Down)), None);
+        assert_eq!(g.update_now(after(1, State::Up)), None);
+        assert_eq!(g.update_now(after(1, State::Down)), Some(Verdict::Stop));
     }
 
     #[test]
     fn down_after_up_stops_and_up_starts_again() {
         let mut g = Gate::default();
         // Never up: BGP is not held back.
-        assert_eq!(g.update(status(State::Down, State::Down)), None);
-        assert_eq!(g.update(status(State::Init, State::Down)), None);
-        assert_eq!(g.update(status(State::Up, State::Up)), None);
+        assert_eq!(g.update_now(status(State::Down, State::Down)), None);
+        assert_eq!(g.update_now(status(State::Init, State::Down)), None);
+        assert_eq!(g.update_now(status(State::Up, State::Up)), None);
         assert_eq!(
-            g.update(status(State::Down, State::Down)),
+            g.update_now(status(State::Down, State::Down)),
             Some(Verdict::Stop)
         );
         assert!(g.holding());
         // Still down, Init: no second Stop, no Start.
-        assert_eq!(g.update(status(State::Down, State::Down)), None);
-        assert_eq!(g.update(status(State::Init, State::Down)), None);
-        assert_eq!(g.update(status(State::Up, State::Up)), Some(Verdict::Start));
+        assert_eq!(g.update_now(status(State::Down, State::Down)), None);
+        assert_eq!(g.update_now(status(State::Init, State::Down)), None);
+        assert_eq!(
+            g.update_now(status(State::Up, State::Up)),
+            Some(Verdict::Start)
+        );
         assert!(!g.holding());
     }
 
     #[test]
     fn admin_down_is_not_a_failure() {
         let mut g = Gate::default();
-        g.update(status(State::Up, State::Up));
-        assert_eq!(g.update(status(State::Down, State::AdminDown)), None);
+        g.update_now(status(State::Up, State::Up));
+        assert_eq!(g.update_now(status(State::Down, State::AdminDown)), None);
         // And afterwards a plain Down, without an Up in between, is no failure either.
-        assert_eq!(g.update(status(State::Down, State::Down)), None);
+        assert_eq!(g.update_now(status(State::Down, State::Down)), None);
     }
 
     #[test]
     fn bfd_removed_releases_a_held_session() {
         let mut g = Gate::default();
-        g.update(status(State::Up, State::Up));
+        g.update_now(status(State::Up, State::Up));
         assert_eq!(
-            g.update(status(State::Down, State::Down)),
+            g.update_now(status(State::Down, State::Down)),
             Some(Verdict::Stop)
         );
-        assert_eq!(g.update(None), Some(Verdict::Start));
-        assert_eq!(g.update(None), None);
+        assert_eq!(g.update_now(None), Some(Verdict::Start));
+        assert_eq!(g.update_now(None), None);
     }
 
     /// The follower sees status changes and a swapped session, and reports the gate's verdicts.
