@@ -1,6 +1,11 @@
 //! `e2e/lab demo`: the main job. Brings the lab up, runs ferrolb-controller and a speaker on
 //! every node, and serves a LoadBalancer Service with two pods, showing the IP, the node that
 //! owns it, the kube-proxy chain it goes through, and the answers a client gets through it.
+//!
+//! `e2e/lab demo --bgp`: the same in BGP mode: a BGPPeer to the lab router with a BFDProfile, a
+//! BGPAdvertisement, and a Service whose IP the router learns from every node (ECMP), shown
+//! with the router's routes, its BGP and BFD sessions, and the answers the external client
+//! behind the router gets.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,8 +22,19 @@ use crate::topology::Options;
 
 const DEMO_NS: &str = "demo";
 
-/// Runs the demonstration; leaves the lab up for a look (`e2e/lab down` removes it).
-pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
+/// Runs the demonstration (`bgp`: in BGP mode); leaves the lab up for a look (`e2e/lab down`
+/// removes it).
+pub async fn run(lab_exe: &Path, bgp: bool) -> anyhow::Result<()> {
+    let lab = start(lab_exe).await?;
+    if bgp {
+        run_bgp(&lab).await
+    } else {
+        run_l2(&lab).await
+    }
+}
+
+/// The lab up, ferrolb-controller and a speaker on every node (replacing an earlier demo's).
+async fn start(lab_exe: &Path) -> anyhow::Result<Lab> {
     println!("==> bringing the lab up (3 nodes, kube-proxy iptables, dual-stack)");
     let lab = Lab::up(Options::default(), lab_exe).await?;
     println!(
@@ -37,43 +53,47 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     for node in &nodes {
         ferrolb::start_speaker(&lab, &credentials, node, &[])?;
     }
-    lab.apply(&ferrolb::l2_pool(
-        "demo",
-        &["198.18.200.0/28", "fd00:18::c8:0/124"],
-    ))?;
+    Ok(lab)
+}
+
+/// Namespace `ns` with two pods of app=demo on node1 and node2 and a dual-stack LoadBalancer
+/// Service `demo` (with `annotations`) in front of them, once it has its IPs: the Service, its
+/// IPs and the pool they came from.
+async fn serve(
+    lab: &Lab,
+    ns: &str,
+    annotations: serde_json::Value,
+) -> anyhow::Result<(Service, Vec<String>, String)> {
     let client = lab.client().await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
+    let namespace = Namespace {
         metadata: ObjectMeta {
-            name: Some(DEMO_NS.into()),
+            name: Some(ns.into()),
             ..Default::default()
         },
         ..Default::default()
     };
     namespaces
         .patch(
-            DEMO_NS,
+            ns,
             &PatchParams::apply("ferrolb-demo").force(),
-            &Patch::Apply(&ns),
+            &Patch::Apply(&namespace),
         )
         .await?;
     println!("==> two pods of app=demo on node1 and node2, and a LoadBalancer Service");
     let labels = BTreeMap::from([("app".to_string(), "demo".to_string())]);
     for (i, node) in ["node1", "node2"].iter().enumerate() {
         let name = format!("demo-{i}");
-        let running = crate::lab::State::load(&lab.dir)?.is_some_and(|s| {
-            s.pods
-                .iter()
-                .any(|p| p.namespace == DEMO_NS && p.name == name)
-        });
+        let running = crate::lab::State::load(&lab.dir)?
+            .is_some_and(|s| s.pods.iter().any(|p| p.namespace == ns && p.name == name));
         if !running {
-            lab.add_pod(DEMO_NS, &name, node, &labels).await?;
+            lab.add_pod(ns, &name, node, &labels).await?;
         }
     }
-    let services: Api<Service> = Api::namespaced(client.clone(), DEMO_NS);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let svc: Service = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "demo"},
+        "metadata": {"name": "demo", "annotations": annotations},
         "spec": {"type": "LoadBalancer", "ipFamilyPolicy": "PreferDualStack", "selector": {"app": "demo"},
                  "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
     }))?;
@@ -85,7 +105,7 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         )
         .await?;
     let svc = wait_for(
-        "ferrolb-controller to give Service demo/demo its IPs",
+        &format!("ferrolb-controller to give Service {ns}/demo its IPs"),
         Duration::from_secs(60),
         || {
             let services = services.clone();
@@ -121,9 +141,42 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_default();
     println!(
-        "\nService demo/demo got {} from pool {pool} (metallb.io/ip-allocated-from-pool)",
+        "\nService {ns}/demo got {} from pool {pool} (metallb.io/ip-allocated-from-pool)",
         ips.join(" and ")
     );
+    Ok((svc, ips, pool))
+}
+
+/// Four requests from `host` through each of `ips`, printed; the IPs no request got through.
+fn requests(lab: &Lab, host: &str, ips: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut unanswered = Vec::new();
+    for ip in ips {
+        let url = crate::lab::http_url(ip);
+        let mut answered = 0;
+        for _ in 0..4 {
+            let out = lab.exec_output(host, "curl", &["-sS", "--max-time", "3", "-g", &url])?;
+            let answer = if out.status.success() {
+                answered += 1;
+                String::from_utf8_lossy(&out.stdout).trim().to_string()
+            } else {
+                String::from_utf8_lossy(&out.stderr).trim().to_string()
+            };
+            println!("  curl {url:28} -> {answer}");
+        }
+        if answered == 0 {
+            unanswered.push(ip.clone());
+        }
+    }
+    Ok(unanswered)
+}
+
+/// Layer 2 mode.
+async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
+    lab.apply(&ferrolb::l2_pool(
+        "demo",
+        &["198.18.200.0/28", "fd00:18::c8:0/124"],
+    ))?;
+    let (_, ips, _) = serve(lab, DEMO_NS, serde_json::json!({})).await?;
 
     let owner = wait_for(
         "a speaker to announce demo/demo (ServiceL2Status)",
@@ -200,24 +253,7 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     println!(
         "\nRequests from the client host through the LoadBalancer IPs (each answer: pod name, source seen):"
     );
-    let mut unanswered = Vec::new();
-    for ip in &ips {
-        let url = crate::lab::http_url(ip);
-        let mut answered = 0;
-        for _ in 0..4 {
-            let out = lab.exec_output("client", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
-            let answer = if out.status.success() {
-                answered += 1;
-                String::from_utf8_lossy(&out.stdout).trim().to_string()
-            } else {
-                String::from_utf8_lossy(&out.stderr).trim().to_string()
-            };
-            println!("  curl {url:28} -> {answer}");
-        }
-        if answered == 0 {
-            unanswered.push(ip.clone());
-        }
-    }
+    let unanswered = requests(lab, "client", &ips)?;
     let neighbours = lab.exec("client", "ip", &["neigh", "show", "dev", "eth0"])?;
     println!("\nThe client's neighbour table: each IP resolves to {owner}'s MAC {mac}:");
     for line in neighbours
@@ -237,5 +273,153 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
         lab.dir.join("logs").display()
     );
     println!("\ndemo: every LoadBalancer IP answered");
+    Ok(())
+}
+
+/// The pool, BFD profile, BGP peer and advertisement of the BGP demo: the router (AS 64500,
+/// FRR with bfdd) peers with every node; BFD at 100 ms × 3 on our side (the router's 300 ms
+/// profile is slower, and the slower side wins).
+fn bgp_objects() -> String {
+    let ns = ferrolb::NAMESPACE;
+    format!(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: demo-bgp, namespace: {ns}}}
+spec:
+  addresses: [198.18.202.0/28, 'fd00:18::ca:0/124']
+  autoAssign: false
+---
+apiVersion: metallb.io/v1beta1
+kind: BFDProfile
+metadata: {{name: demo, namespace: {ns}}}
+spec: {{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}}
+---
+apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {{name: demo-router, namespace: {ns}}}
+spec:
+  myASN: 64512
+  peerASN: 64500
+  peerAddress: 198.18.0.254
+  holdTime: 9s
+  connectTime: 1s
+  bfdProfile: demo
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {{name: demo-bgp, namespace: {ns}}}
+spec:
+  ipAddressPools: [demo-bgp]
+"
+    )
+}
+
+/// vtysh on the lab router.
+fn vtysh(lab: &Lab, command: &str) -> anyhow::Result<String> {
+    let socket = lab.dir.join("frr").display().to_string();
+    lab.exec("router", "vtysh", &["--vty_socket", &socket, "-c", command])
+}
+
+/// BGP mode.
+async fn run_bgp(lab: &Lab) -> anyhow::Result<()> {
+    println!(
+        "==> BGPPeer demo-router (AS 64500, BFDProfile demo), pool demo-bgp, BGPAdvertisement"
+    );
+    lab.apply(&bgp_objects())?;
+    let (_, ips, _) = serve(
+        lab,
+        "demo-bgp",
+        serde_json::json!({"metallb.io/address-pool": "demo-bgp"}),
+    )
+    .await?;
+    let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
+    // Every node may announce (externalTrafficPolicy Cluster): the router installs one next hop
+    // per node for each IP.
+    for ip in &ips {
+        let (family, len) = if ip.contains(':') {
+            ("-6", 128)
+        } else {
+            ("-4", 32)
+        };
+        wait_for(
+            &format!("the router to install {ip} with a next hop per node"),
+            Duration::from_secs(60),
+            || async {
+                let out = lab
+                    .exec(
+                        "router",
+                        "ip",
+                        &[family, "route", "show", &format!("{ip}/{len}")],
+                    )
+                    .map_err(|e| e.to_string())?;
+                let hops = out.matches("nexthop").count();
+                if hops >= nodes.len() {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("{hops} next hops: {out}"))
+                }
+            },
+        )
+        .await?;
+    }
+    wait_for(
+        "the router's BFD sessions with every node to be up",
+        Duration::from_secs(60),
+        || async {
+            let out = vtysh(lab, "show bfd peers brief").map_err(|e| e.to_string())?;
+            let up = out.lines().filter(|l| l.trim_end().ends_with("up")).count();
+            if up >= nodes.len() {
+                Ok(Some(()))
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await?;
+    for ip in &ips {
+        let (family, len) = if ip.contains(':') {
+            ("-6", 128)
+        } else {
+            ("-4", 32)
+        };
+        println!("\nThe router's kernel route for {ip} (ip {family} route), ECMP over the nodes:");
+        for line in lab
+            .exec(
+                "router",
+                "ip",
+                &[family, "route", "show", &format!("{ip}/{len}")],
+            )?
+            .lines()
+        {
+            println!("  {line}");
+        }
+    }
+    println!("\nThe router's BGP sessions (vtysh: show bgp summary):");
+    for line in vtysh(lab, "show bgp ipv4 unicast summary")?
+        .lines()
+        // Dynamic neighbours (bgp listen range) are listed with a leading `*`.
+        .filter(|l| l.trim_start_matches('*').starts_with("198.18.0.") || l.starts_with("Neighbor"))
+    {
+        println!("  {line}");
+    }
+    println!("\nThe router's BFD sessions with the nodes (vtysh: show bfd peers brief):");
+    for line in vtysh(lab, "show bfd peers brief")?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+    {
+        println!("  {line}");
+    }
+    println!("\nRequests from the external client behind the router through the LoadBalancer IPs:");
+    let unanswered = requests(lab, "ext", &ips)?;
+    println!(
+        "\nThe lab stays up: `sudo e2e/lab status`, `sudo e2e/lab exec router -- ip route`, `sudo e2e/lab down`."
+    );
+    anyhow::ensure!(
+        unanswered.is_empty(),
+        "no request through {} was answered (logs: {})",
+        unanswered.join(" and "),
+        lab.dir.join("logs").display()
+    );
+    println!("\ndemo --bgp: every LoadBalancer IP answered through the router");
     Ok(())
 }

@@ -30,7 +30,7 @@ fn router_role(topology: &Topology) -> (u32, RouterBfd) {
 pub fn bfdd_config(topology: &Topology) -> String {
     let (_, bfd) = router_role(topology);
     format!(
-        "frr defaults traditional\nhostname lab-router\nlog stdout informational\ndebug bfd peer\ndebug bfd zebra\n!\nbfd\n profile nodes\n  receive-interval {}\n  transmit-interval {}\n  detect-multiplier {}\n exit\n!\nexit\n!\n",
+        "frr defaults traditional\nhostname lab-router\nlog stdout informational\n!\nbfd\n profile nodes\n  receive-interval {}\n  transmit-interval {}\n  detect-multiplier {}\n exit\n!\nexit\n!\n",
         bfd.receive_interval_ms, bfd.transmit_interval_ms, bfd.detect_multiplier
     )
 }

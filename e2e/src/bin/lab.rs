@@ -34,7 +34,12 @@ enum Command {
     },
     /// The main job: lab up, ferrolb-controller, a LoadBalancer Service with two pods, and
     /// requests through its IPs from the client.
-    Demo,
+    Demo {
+        /// BGP mode: peers with the lab router (with BFD), requests from the external client
+        /// behind it.
+        #[arg(long)]
+        bgp: bool,
+    },
     /// Take the lab down: every namespace, link, route and process it made.
     Down,
     /// Show what runs.
@@ -348,7 +353,7 @@ fn main() -> ExitCode {
                 );
                 Ok(0)
             }
-            Command::Demo => rt.block_on(ferrolb_e2e::demo::run(&exe()?)).map(|_| 0),
+            Command::Demo { bgp } => rt.block_on(ferrolb_e2e::demo::run(&exe()?, bgp)).map(|_| 0),
             Command::Down => {
                 ferrolb_e2e::down()?;
                 println!("lab down");
