@@ -314,10 +314,9 @@ spec:
     )
 }
 
-/// vtysh on the lab router.
+/// One vtysh command on the lab router.
 fn vtysh(lab: &Lab, command: &str) -> anyhow::Result<String> {
-    let socket = lab.dir.join("frr").display().to_string();
-    lab.exec("router", "vtysh", &["--vty_socket", &socket, "-c", command])
+    crate::router::vtysh(lab, &[command])
 }
 
 /// BGP mode.

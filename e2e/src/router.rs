@@ -53,6 +53,16 @@ pub fn frr_config(topology: &Topology) -> String {
     c
 }
 
+/// Runs `commands` (one `-c` each) in vtysh on the lab router; returns what it printed.
+pub fn vtysh(lab: &crate::Lab, commands: &[&str]) -> anyhow::Result<String> {
+    let socket = lab.dir.join("frr").display().to_string();
+    let mut args = vec!["--vty_socket", socket.as_str()];
+    for c in commands {
+        args.extend(["-c", c]);
+    }
+    lab.exec("router", "vtysh", &args)
+}
+
 /// Arguments of an FRR daemon in the lab's path space `dir`.
 pub fn daemon_args(daemon: &str, dir: &Path) -> Vec<String> {
     let d = dir.display();
