@@ -25,6 +25,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use ferrolb_e2e::Lab;
+use ferrolb_e2e::bench::percentiles;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::ferrolb;
 use ferrolb_e2e::probe::Report;
@@ -32,7 +34,6 @@ use ferrolb_e2e::process;
 use ferrolb_e2e::router::vtysh;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
-use ferrolb_e2e::{Lab, Options};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 
@@ -253,54 +254,23 @@ impl Drop for Monitor {
     }
 }
 
-fn summary(label: &str, mut values: Vec<f64>) -> String {
-    values.sort_by(f64::total_cmp);
-    if values.is_empty() {
-        return format!("{label:24} no data");
-    }
-    let pct = |p: f64| {
-        let i = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
-        values[i]
-    };
-    format!(
-        "{label:24} n={:3}  p50 {:7.0} ms  p99 {:7.0} ms  max {:7.0} ms  min {:7.0} ms",
-        values.len(),
-        pct(0.5),
-        pct(0.99),
-        values[values.len() - 1],
-        values[0]
-    )
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
         return Ok(());
     }
-    let trials: usize = std::env::var("FERROLB_BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let trials = ferrolb_e2e::bench::trials(10);
     let wanted = std::env::var("FERROLB_BENCH_CASES").unwrap_or_default();
     let cases: Vec<&Case> = CASES
         .iter()
         .filter(|c| wanted.is_empty() || wanted.split(',').any(|w| w.trim() == c.name))
         .collect();
-    anyhow::ensure!(
-        ferrolb_e2e::is_root(),
-        "the failover bench needs root (the lab)"
-    );
-    let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
-    ferrolb::workspace_binary("ferrolb-controller")?;
-    ferrolb::workspace_binary("ferrolb-speaker")?;
-    let lab = Lab::up(Options::default(), &lab_exe).await?;
+    let lab = ferrolb_e2e::bench::lab_up().await?;
     let result = measure(&lab, &cases, trials).await;
     for node in NODES {
         let _ = lab.set_link(node, true);
     }
-    if std::env::var_os("FERROLB_KEEP_LAB").is_none() {
-        ferrolb_e2e::down()?;
-    }
+    ferrolb_e2e::bench::lab_done()?;
     result
 }
 
@@ -341,15 +311,7 @@ async fn run(lab: &Lab, cases: &[&Case], trials: usize) -> anyhow::Result<()> {
     let ip = ingress_ips(&wait_ips(&api, "probe", 1).await?).remove(0);
     all_paths(lab, &ip, true).await?;
     let cut = carrier(lab, &ip)?;
-    let others: Vec<&str> = NODES.iter().copied().filter(|n| *n != cut).collect();
-    scope.deploy("probe", &others).await?;
-    api.patch(
-        "probe",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"spec": {"selector": {"app": "probe"}}})),
-    )
-    .await?;
-    scope.wait_ready_endpoints("probe", others.len()).await?;
+    ferrolb_e2e::bench::serve_away_from(&mut scope, &api, "probe", &NODES, &cut).await?;
     println!("bgp_failover: Service IP {ip}; the external client's traffic goes through {cut}");
     let monitor = Monitor::start(lab)?;
     let mut rows = Vec::new();
@@ -369,32 +331,15 @@ async fn run(lab: &Lab, cases: &[&Case], trials: usize) -> anyhow::Result<()> {
             }
             // Long enough for the hold timer to expire when there is no BFD.
             let probe_for = Duration::from_secs(if bfd { 4 } else { u64::from(case.hold_s) + 4 });
-            let probe = lab
-                .lab_command(
-                    "ext",
-                    &[
-                        "probe",
-                        "--ip",
-                        &ip,
-                        "--interval-ms",
-                        "10",
-                        "--duration-ms",
-                        &probe_for.as_millis().to_string(),
-                    ],
-                )?
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()?;
+            let probe = ferrolb_e2e::bench::start_probe(lab, "ext", &ip, probe_for)?;
             tokio::time::sleep(Duration::from_secs(1)).await;
             monitor.drain();
             let at = Instant::now();
             lab.set_link(&node, false)?;
             let dropped = monitor.first_after(at, probe_for);
-            let report: Report = tokio::task::spawn_blocking(move || {
-                let out = probe.wait_with_output()?;
-                anyhow::Ok(serde_json::from_slice::<Report>(&out.stdout)?)
-            })
-            .await??;
+            let report: Report =
+                tokio::task::spawn_blocking(move || ferrolb_e2e::bench::finish_probe(probe))
+                    .await??;
             lab.set_link(&node, true)?;
             let drop_ms = dropped.map(|d| (d - at).as_secs_f64() * 1000.0);
             println!(
@@ -412,8 +357,11 @@ async fn run(lab: &Lab, cases: &[&Case], trials: usize) -> anyhow::Result<()> {
     }
     println!("\nBGP failover, external client through the router, node link cut:");
     for (name, outages, drops) in rows {
-        println!("{}", summary(&format!("{name} outage"), outages));
-        println!("{}", summary(&format!("{name} route drop"), drops));
+        for (what, values) in [("outage", outages), ("route drop", drops)] {
+            let label = format!("{name} {what}");
+            let line = percentiles(&label, values);
+            println!("{}", line.unwrap_or_else(|| format!("{label:32} no data")));
+        }
     }
     Ok(())
 }

@@ -35,9 +35,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 
+use ferrolb_e2e::Lab;
+use ferrolb_e2e::bench::finish_probe;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::faults::{HeartbeatDelay, HeartbeatFault, junk_flood};
 use ferrolb_e2e::ferrolb;
@@ -45,7 +46,6 @@ use ferrolb_e2e::probe::{Held, Report};
 use ferrolb_e2e::process;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
-use ferrolb_e2e::{Lab, Options};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
@@ -75,27 +75,7 @@ async fn answering(lab: &Lab, ip: &str) -> anyhow::Result<String> {
 }
 
 fn start_probe(lab: &Lab, ip: &str, duration: Duration) -> anyhow::Result<std::process::Child> {
-    Ok(lab
-        .lab_command(
-            "client",
-            &[
-                "probe",
-                "--ip",
-                ip,
-                "--interval-ms",
-                "10",
-                "--duration-ms",
-                &duration.as_millis().to_string(),
-            ],
-        )?
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?)
-}
-
-fn finish_probe(child: std::process::Child) -> anyhow::Result<Report> {
-    let out = child.wait_with_output()?;
-    Ok(serde_json::from_slice(&out.stdout)?)
+    ferrolb_e2e::bench::start_probe(lab, "client", ip, duration)
 }
 
 /// A key no other node has.
@@ -197,23 +177,10 @@ fn signal(pid: i32, signal: Signal) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn summary(label: &str, mut gaps: Vec<f64>) {
-    gaps.sort_by(f64::total_cmp);
-    if gaps.is_empty() {
-        return;
+fn summary(label: &str, gaps: Vec<f64>) {
+    if let Some(line) = ferrolb_e2e::bench::percentiles(label, gaps) {
+        println!("{line}");
     }
-    let pct = |p: f64| {
-        let i = ((p * gaps.len() as f64).ceil() as usize).clamp(1, gaps.len()) - 1;
-        gaps[i]
-    };
-    println!(
-        "{label:32} n={:3}  p50 {:7.0} ms  p99 {:7.0} ms  max {:7.0} ms  min {:7.0} ms",
-        gaps.len(),
-        pct(0.5),
-        pct(0.99),
-        gaps[gaps.len() - 1],
-        gaps[0]
-    );
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -221,25 +188,12 @@ async fn main() -> anyhow::Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
         return Ok(());
     }
-    let trials: usize = std::env::var("FERROLB_BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let trials = ferrolb_e2e::bench::trials(20);
     let extra = std::env::var("FERROLB_BENCH_SPEAKER_ARGS").unwrap_or_default();
     let extra: Vec<&str> = extra.split_whitespace().collect();
-    anyhow::ensure!(
-        ferrolb_e2e::is_root(),
-        "the failover bench needs root (the lab)"
-    );
-    // Before the lab comes up: every binary the bench runs must be built (and current).
-    let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
-    ferrolb::workspace_binary("ferrolb-controller")?;
-    ferrolb::workspace_binary("ferrolb-speaker")?;
-    let lab = Lab::up(Options::default(), &lab_exe).await?;
+    let lab = ferrolb_e2e::bench::lab_up().await?;
     let result = measure(&lab, &extra, trials).await;
-    if std::env::var_os("FERROLB_KEEP_LAB").is_none() {
-        ferrolb_e2e::down()?;
-    }
+    ferrolb_e2e::bench::lab_done()?;
     result
 }
 
@@ -294,15 +248,8 @@ async fn run(
     .await?;
     let ips = ingress_ips(&wait_ips(&api, "probe", 2).await?);
     let owner = answering(lab, &ips[0]).await?;
-    let others: Vec<&str> = NODES.iter().copied().filter(|n| *n != owner).collect();
-    scope.deploy("probe", &others).await?;
-    api.patch(
-        "probe",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"spec": {"selector": {"app": "probe"}}})),
-    )
-    .await?;
-    scope.wait_ready_endpoints("probe", 2).await?;
+    let others =
+        ferrolb_e2e::bench::serve_away_from(&mut scope, &api, "probe", &NODES, &owner).await?;
     println!("Service probe: {ips:?}, owner {owner}, pods on {others:?}");
     let owner: &'static str = NODES.iter().copied().find(|n| *n == owner).unwrap();
     let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();

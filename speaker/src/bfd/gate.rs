@@ -33,6 +33,9 @@ pub enum Verdict {
     Stop,
     /// BFD is Up again (or no longer configured): start the session again.
     Start,
+    /// The wait for BFD is over while it is still not Up: start the session again anyway (the
+    /// router may set its BFD session up only once BGP is).
+    WaitOver,
 }
 
 /// The pure rule, fed every status change of the peer's BFD session (`None`: the peer has no
@@ -97,7 +100,7 @@ impl Gate {
     /// The time at `now`: Start when the wait for BFD is over.
     pub fn on_timer(&mut self, now: Instant) -> Option<Verdict> {
         if self.release_at.is_some_and(|at| at <= now) {
-            return self.release(now);
+            return self.release(now).map(|_| Verdict::WaitOver);
         }
         None
     }
@@ -242,7 +245,7 @@ mod tests {
         assert_eq!(g.update(down, t0), Some(Verdict::Stop));
         assert_eq!(g.deadline(), Some(t0 + HOLD_DOWN));
         assert_eq!(g.on_timer(t0 + HOLD_DOWN - Duration::from_millis(1)), None);
-        assert_eq!(g.on_timer(t0 + HOLD_DOWN), Some(Verdict::Start));
+        assert_eq!(g.on_timer(t0 + HOLD_DOWN), Some(Verdict::WaitOver));
         assert_eq!(g.deadline(), None);
         let mut at = t0 + HOLD_DOWN;
         let mut waits = Vec::new();
@@ -252,7 +255,7 @@ mod tests {
             let wait = g.deadline().unwrap() - at;
             waits.push(wait.as_secs());
             at += wait;
-            assert_eq!(g.on_timer(at), Some(Verdict::Start));
+            assert_eq!(g.on_timer(at), Some(Verdict::WaitOver));
         }
         assert_eq!(waits, [10, 20, 40, 60, 60, 60]);
         // BFD Up before the wait ends starts the session at once, and the timer is cleared.

@@ -15,7 +15,6 @@ use ferrolb_speaker::bfd::driver::{Bfd, Observer, Options};
 use ferrolb_speaker::bfd::table::Refused;
 use ferrolb_speaker::bfd::{SessionKey, Settings, Unsupported, state_name};
 use ferrolb_speaker::bgp::driver::Driver;
-use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::metrics::{Metrics, bfd_label};
 
@@ -195,13 +194,7 @@ fn peer_event(
         reason,
         message,
         action: "BFD",
-        regarding: ObjectReference {
-            api_version: Some("metallb.io/v1beta2".into()),
-            kind: Some("BGPPeer".into()),
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
+        regarding: super::bgp::bgp_peer_ref(namespace, name),
     }
 }
 

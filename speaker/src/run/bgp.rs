@@ -312,13 +312,18 @@ fn md5_key_failed(namespace: &str, name: &str, node: &str, why: &str) -> Queued 
         reason: "MD5KeyFailed",
         message: format!("BGP session not started on node {node}: {why}"),
         action: "StartSession",
-        regarding: ObjectReference {
-            api_version: Some("metallb.io/v1beta2".into()),
-            kind: Some("BGPPeer".into()),
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
+        regarding: bgp_peer_ref(namespace, name),
+    }
+}
+
+/// BGPPeer `namespace/name`, for Events about it.
+pub fn bgp_peer_ref(namespace: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("metallb.io/v1beta2".into()),
+        kind: Some("BGPPeer".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        ..Default::default()
     }
 }
 

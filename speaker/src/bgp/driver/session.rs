@@ -390,7 +390,11 @@ impl Task {
                 }
             }
             Verdict::Start => {
-                tracing::info!(peer = %self.settings.name, "BFD session up: starting the BGP session again");
+                tracing::info!(peer = %self.settings.name, "BFD session up (or no longer configured): starting the BGP session again");
+                self.primary.pending.push_back(Event::ManualStart);
+            }
+            Verdict::WaitOver => {
+                tracing::info!(peer = %self.settings.name, "BFD still down after the wait: starting the BGP session again anyway");
                 self.primary.pending.push_back(Event::ManualStart);
             }
         }
