@@ -1016,10 +1016,11 @@ async fn bfd_survives_a_bfdd_restart(ctx: Ctx) -> anyhow::Result<()> {
 
 /// Hand-made control packets sent to node1's BFD port from the router: malformed ones, a
 /// well-formed one with TTL 64 (single hop takes 255 only), one naming an unknown session:
-/// all dropped and counted, the session stays Up and does not flap.
+/// all dropped and counted, the session stays Up and does not flap. Our side is passive here
+/// (`passiveMode`): the sessions come up because the router speaks first.
 async fn bfd_malformed_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
-    let _bfd = WithBfd::apply(lab, "{}")?;
+    let _bfd = WithBfd::apply(lab, "{passiveMode: true}")?;
     wait_router_bfd(lab, &NODES, &["up"]).await?;
     let downs = "metallb_bfd_session_down_events_total{";
     let before = ferrolb::speaker_metric(lab, "node1", downs)?;

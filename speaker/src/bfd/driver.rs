@@ -560,6 +560,27 @@ mod tests {
         b.shutdown(Duration::from_secs(1)).await;
     }
 
+    /// Multihop (RFC 5883): the sessions meet on the multihop port and take packets from their
+    /// `minimumTtl` up (loopback packets keep TTL 255); a single-hop session with the same
+    /// peer would be another session.
+    #[tokio::test]
+    async fn multihop_sessions_use_their_own_port() {
+        let (mut a, mut b, mut to_b, mut to_a, _) = pair(15784);
+        to_b.multihop = true;
+        to_a.multihop = true;
+        let mut multihop = fast();
+        multihop.minimum_ttl = 254;
+        a.apply([(to_b, multihop)].into());
+        b.apply([(to_a, multihop)].into());
+        let mut ra = a.status(&to_b).unwrap();
+        wait_state(&mut ra, State::Up).await;
+        let mut single = to_b;
+        single.multihop = false;
+        assert!(a.status(&single).is_none());
+        a.shutdown(Duration::from_secs(1)).await;
+        b.shutdown(Duration::from_secs(1)).await;
+    }
+
     /// A peer that goes silent is detected after the detection time (3 × 20 ms here).
     #[tokio::test]
     async fn silence_is_detected() {
