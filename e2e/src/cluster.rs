@@ -217,7 +217,6 @@ pub async fn create_pod(
     labels: &BTreeMap<String, String>,
     ips: &[String],
 ) -> anyhow::Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -250,6 +249,20 @@ pub async fn create_pod(
         }),
         status: None,
     };
+    create_running_pod(client, namespace, pod, host_ip, ips).await
+}
+
+/// Creates `pod` (bound to a node by its spec) and marks it Running and Ready with `ips`, as the
+/// node's kubelet would once its containers run.
+pub async fn create_running_pod(
+    client: &Client,
+    namespace: &str,
+    pod: Pod,
+    host_ip: &str,
+    ips: &[String],
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let name = pod.metadata.name.clone().context("a Pod needs a name")?;
     // The ServiceAccount admission plugin refuses pods until the namespace's `default`
     // ServiceAccount exists, which kube-controller-manager creates shortly after the namespace.
     wait_for(
@@ -289,7 +302,7 @@ pub async fn create_pod(
         ..Default::default()
     };
     pods.patch_status(
-        name,
+        &name,
         &PatchParams::default(),
         &Patch::Merge(&serde_json::json!({"status": status})),
     )

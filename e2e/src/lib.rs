@@ -14,6 +14,8 @@ pub mod faults;
 pub mod ferrolb;
 pub mod lab;
 pub mod logs;
+pub mod metallb;
+pub mod ndp;
 pub mod pki;
 pub mod probe;
 pub mod process;

@@ -2,7 +2,12 @@
 //! peering passively with every node so speakers (ferrolb, or GoBGP in the proof test) can
 //! connect, with BFD (profile `nodes`) on every such session.
 
+use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
+
+use crate::Lab;
+use crate::cluster::wait_for;
 
 use crate::topology::{Role, RouterBfd, Topology};
 
@@ -86,4 +91,146 @@ pub fn daemon_args(daemon: &str, dir: &Path) -> Vec<String> {
         args.extend(["--bfdctl".to_string(), format!("{d}/bfdd.sock")]);
     }
     args
+}
+
+// What the router learnt, and what reaches the Service through it: the checks BGP tests make
+// for ferrolb and for MetalLB alike.
+
+/// How long a route change may take to reach the router: UPDATEs are sent at once, so this is
+/// generous; a hold timer expiry (9 s) plus reconnect (connectTime 1 s, doubling) fits too.
+pub const ROUTE_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// The prefix of a Service IP (host route).
+pub fn prefix(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("{ip}/128")
+    } else {
+        format!("{ip}/32")
+    }
+}
+
+/// The lab node owning an address (either family) on the lab segment.
+pub fn node_of_address(lab: &Lab, address: &str) -> Option<String> {
+    lab.topology.nodes().find_map(|n| {
+        let i = &n.interfaces[0];
+        (i.ipv4.to_string() == address || i.ipv6.to_string() == address).then(|| n.name.clone())
+    })
+}
+
+/// The router's BGP table entry (vtysh JSON) for the host route of `ip`.
+pub fn router_route(lab: &Lab, ip: &str) -> anyhow::Result<serde_json::Value> {
+    let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
+    let socket = lab.dir.join("frr").display().to_string();
+    let command = format!("show bgp {family} unicast {} json", prefix(ip));
+    let out = lab.exec(
+        "router",
+        "vtysh",
+        &["--vty_socket", &socket, "-c", &command],
+    )?;
+    // A prefix not in the table prints `{}` (or a warning object): no paths.
+    Ok(serde_json::from_str(&out).unwrap_or_default())
+}
+
+/// The router's paths for the host route of `ip`: for each, the node it came from (the BGP
+/// neighbour) and the nodes its next hops name.
+pub fn router_paths(lab: &Lab, ip: &str) -> anyhow::Result<Vec<(String, BTreeSet<String>)>> {
+    let json = router_route(lab, ip)?;
+    let mut paths = Vec::new();
+    for path in json["paths"].as_array().into_iter().flatten() {
+        let peer = path["peer"]["peerId"].as_str().unwrap_or_default();
+        let from = node_of_address(lab, peer).unwrap_or_else(|| format!("?{peer}"));
+        let next_hops = path["nexthops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["ip"].as_str())
+            // IPv6 paths may carry the neighbour's link-local address beside the global one.
+            .filter(|a| !a.starts_with("fe80:"))
+            .map(|a| node_of_address(lab, a).unwrap_or_else(|| format!("?{a}")))
+            .collect();
+        paths.push((from, next_hops));
+    }
+    Ok(paths)
+}
+
+/// Waits until the router's paths for `ip` come from exactly `nodes`, each with its own address
+/// as next hop.
+pub async fn wait_advertised_by(lab: &Lab, ip: &str, nodes: &[&str]) -> anyhow::Result<()> {
+    let want: BTreeSet<String> = nodes.iter().map(|n| n.to_string()).collect();
+    wait_for(
+        &format!("the router's paths for {ip} to come from {want:?}"),
+        ROUTE_TIMEOUT,
+        || async {
+            let paths = router_paths(lab, ip).map_err(|e| e.to_string())?;
+            let from: BTreeSet<String> = paths.iter().map(|(f, _)| f.clone()).collect();
+            let hops_ok = paths
+                .iter()
+                .all(|(f, hops)| hops.contains(f) && hops.iter().all(|h| h == f));
+            if from == want && paths.len() == want.len() && hops_ok {
+                Ok(Some(()))
+            } else {
+                Err(format!("paths (neighbour, next hops): {paths:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// HTTP through `ip` from the external client: the answering pod.
+pub fn http_from_ext(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    Ok(lab.http_from("ext", ip)?.0)
+}
+
+/// Waits until HTTP from the external client through `ip` has been answered by `want` different
+/// pods (kube-proxy programs the Service's rules a little after its endpoints are ready: until
+/// then requests are dropped or rejected, so failures are retried).
+pub async fn wait_http_pods(lab: &Lab, ip: &str, want: usize) -> anyhow::Result<BTreeSet<String>> {
+    let mut pods = BTreeSet::new();
+    wait_for(
+        &format!("{want} pod(s) to answer through {ip} from ext"),
+        Duration::from_secs(30),
+        || {
+            let answer = http_from_ext(lab, ip);
+            if let Ok(pod) = &answer {
+                pods.insert(pod.clone());
+            }
+            let seen = format!("pods {pods:?}, last {answer:?}");
+            let done = pods.len() >= want;
+            async move { if done { Ok(Some(())) } else { Err(seen) } }
+        },
+    )
+    .await?;
+    Ok(pods)
+}
+
+/// Waits until the router installed the route in its kernel table: for IPv4 with every node as
+/// next hop; for IPv6 with as many next hops (zebra may prefer link-local next hops).
+pub async fn wait_installed(lab: &Lab, ip: &str, nodes: &[&str]) -> anyhow::Result<()> {
+    let v6 = ip.contains(':');
+    let family = if v6 { "-6" } else { "-4" };
+    let want = nodes
+        .iter()
+        .map(|n| Ok(lab.ipv4_of(n)?.to_string()))
+        .collect::<anyhow::Result<Vec<String>>>()?;
+    wait_for(
+        &format!("the router to install {ip} via {nodes:?}"),
+        ROUTE_TIMEOUT,
+        || async {
+            let out = lab
+                .exec("router", "ip", &[family, "route", "show", &prefix(ip)])
+                .map_err(|e| e.to_string())?;
+            let hops_ok = if v6 {
+                // One next hop is written inline, several as `nexthop via` lines.
+                nodes.len() == 1 || out.matches("nexthop via").count() == nodes.len()
+            } else {
+                want.iter().all(|a| out.contains(&format!("via {a} ")))
+            };
+            if out.contains("proto bgp") && hops_ok {
+                Ok(Some(()))
+            } else {
+                Err(format!("router route: {out:?}"))
+            }
+        },
+    )
+    .await
 }

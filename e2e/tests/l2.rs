@@ -58,42 +58,14 @@ async fn owner(lab: &Lab, ns: &str, name: &str) -> anyhow::Result<String> {
     .await
 }
 
-/// Node name owning a MAC address.
-fn node_of_mac(lab: &Lab, mac: &str) -> anyhow::Result<String> {
-    for node in NODES {
-        if lab.mac_of(node)?.eq_ignore_ascii_case(mac) {
-            return Ok(node.to_string());
-        }
-    }
-    anyhow::bail!("MAC {mac} is no lab node's")
-}
-
 /// Waits until exactly one MAC answers for `ip` from the client, and returns its node.
 async fn answering_node(lab: &Lab, ip: &str) -> anyhow::Result<String> {
-    let mac = wait_for(
-        &format!("exactly one MAC to answer for {ip}"),
-        Duration::from_secs(30),
-        || async {
-            let macs = lab.l2_answers("client", ip).map_err(|e| e.to_string())?;
-            match macs.len() {
-                1 => Ok(macs.into_iter().next()),
-                _ => Err(format!("answers from {macs:?}")),
-            }
-        },
-    )
-    .await?;
-    node_of_mac(lab, &mac)
+    lab.answering_node("client", ip).await
 }
 
 /// HTTP through `ip` from the client: the answering pod and the source it saw.
 fn http(lab: &Lab, ip: &str) -> anyhow::Result<(String, String)> {
-    let url = ferrolb_e2e::lab::http_url(ip);
-    let out = lab.exec("client", "curl", &["-sS", "--max-time", "3", "-g", &url])?;
-    let mut words = out.split_whitespace();
-    Ok((
-        words.next().unwrap_or_default().to_string(),
-        words.next().unwrap_or_default().to_string(),
-    ))
+    lab.http_from("client", ip)
 }
 
 /// The node's address on the lab segment in the family of `ip`.
@@ -540,13 +512,13 @@ async fn heartbeats_blocked_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
                     );
                     if what.starts_with("a non-owner") {
                         ensure!(
-                            node_of_mac(lab, macs.iter().next().map_or("", String::as_str))?
+                            lab.node_of_mac(macs.iter().next().map_or("", String::as_str))?
                                 == first,
                             "{what}: {ip} moved away from {first}"
                         );
                     } else {
                         ensure!(
-                            node_of_mac(lab, macs.iter().next().map_or("", String::as_str))?
+                            lab.node_of_mac(macs.iter().next().map_or("", String::as_str))?
                                 != first,
                             "{what}: {ip} still answered by {first}, which is cut off"
                         );
@@ -642,7 +614,7 @@ async fn heartbeats_lossy_or_flooded(ctx: Ctx) -> anyhow::Result<()> {
                     if i == 0
                         && let Some(mac) = macs.iter().next()
                     {
-                        let node = node_of_mac(lab, mac)?;
+                        let node = lab.node_of_mac(mac)?;
                         if node != last {
                             moves += 1;
                             last = node;
@@ -720,7 +692,7 @@ async fn heartbeats_delayed_on_one_node(ctx: Ctx) -> anyhow::Result<()> {
                     if i == 0
                         && let Some(mac) = answers.iter().rev().find_map(|m| m.iter().next())
                     {
-                        let by = node_of_mac(lab, mac)?;
+                        let by = lab.node_of_mac(mac)?;
                         if by != last {
                             moves += 1;
                             last = by;
@@ -799,7 +771,7 @@ async fn rolling_restart_keeps_ips_on_their_nodes(ctx: Ctx) -> anyhow::Result<()
                         most = most.max(macs.len());
                         ensure!(macs.len() <= 1, "{ip} answered by {macs:?} while {node} restarted");
                         for mac in macs {
-                            let by = node_of_mac(lab, mac)?;
+                            let by = lab.node_of_mac(mac)?;
                             if by != first {
                                 moves.push(format!("{ip} answered by {by} while {node} restarted"));
                             }
@@ -912,7 +884,7 @@ async fn gossip_key_mismatch_and_rotation(ctx: Ctx) -> anyhow::Result<()> {
                     for macs in lab.l2_answers_by_request("client", ip)? {
                         ensure!(macs.len() <= 1, "{what}: {ip} answered by {macs:?}");
                         for mac in &macs {
-                            let by = node_of_mac(lab, mac)?;
+                            let by = lab.node_of_mac(mac)?;
                             ensure!(by == first, "{what}: {ip} moved to {by}");
                         }
                     }
@@ -995,7 +967,7 @@ async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Resul
         for ip in &ips {
             let macs = lab.l2_answers("client", ip)?;
             ensure!(macs.len() == 1, "frozen owner: {ip} answered by {macs:?}");
-            let node = node_of_mac(lab, macs.iter().next().map_or("", String::as_str))?;
+            let node = lab.node_of_mac(macs.iter().next().map_or("", String::as_str))?;
             ensure!(node != first, "{ip} still answered by the frozen {first}");
         }
         tokio::time::sleep(Duration::from_millis(3000)).await;

@@ -110,6 +110,24 @@ enum Command {
         #[arg(long, default_value_t = 300_000)]
         limit_ms: u64,
     },
+    /// (internal) Ask NDP who has --target on --interface: --count Neighbor Solicitations, each
+    /// followed by --wait-ms of listening; prints every answer's MAC, whatever its source address
+    /// (e2e/src/ndp.rs: ndisc6 drops answers from link-local sources, MetalLB's among them).
+    #[command(hide = true)]
+    NdpSolicit {
+        /// Interface to ask on.
+        #[arg(long, default_value = "eth0")]
+        interface: String,
+        /// The IPv6 address asked for.
+        #[arg(long)]
+        target: std::net::Ipv6Addr,
+        /// Solicitations sent.
+        #[arg(long, default_value_t = 3)]
+        count: u32,
+        /// Listening after each, milliseconds.
+        #[arg(long, default_value_t = 300)]
+        wait_ms: u64,
+    },
     /// (internal) Send one UDP datagram (hex bytes) to --to from --from-port with IP TTL --ttl
     /// (the BFD tests' hand-made control packets, e2e/src/faults.rs `send_udp`).
     #[command(hide = true)]
@@ -401,6 +419,15 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::to_string(&r)?);
                 Ok(0)
             }),
+            Command::NdpSolicit {
+                interface,
+                target,
+                count,
+                wait_ms,
+            } => {
+                ferrolb_e2e::ndp::solicit(&interface, target, count, Duration::from_millis(wait_ms))
+                    .map(|_| 0)
+            }
             Command::SendUdp {
                 to,
                 from_port,

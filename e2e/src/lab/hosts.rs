@@ -61,7 +61,7 @@ impl Lab {
         self.ask_l2(
             from,
             ip,
-            &["-m", "-n", "-r", "3", "-w", "300"],
+            &["--count", "3", "--wait-ms", "300"],
             &["-c", "3", "-W", "0.3"],
         )
     }
@@ -76,22 +76,22 @@ impl Lab {
         from: &str,
         ip: &str,
     ) -> anyhow::Result<Vec<BTreeSet<String>>> {
-        // One solicitation (-r 1) or request (-c 1); every answer within 40 ms (arping counts
+        // One solicitation (--count 1) or request (-c 1); every answer within 40 ms (arping counts
         // only replies to us).
         (0..3)
             .map(|_| {
                 self.ask_l2(
                     from,
                     ip,
-                    &["-m", "-n", "-r", "1", "-w", "40"],
+                    &["--count", "1", "--wait-ms", "40"],
                     &["-c", "1", "-w", "0.04"],
                 )
             })
             .collect()
     }
 
-    /// The MACs answering `ip` from `from`'s eth0: ndisc6 with `ndisc` for an IPv6 address,
-    /// arping with `arping` for an IPv4 one.
+    /// The MACs answering `ip` from `from`'s eth0: `ferrolb-lab ndp-solicit` with `ndisc` for an
+    /// IPv6 address, arping with `arping` for an IPv4 one.
     fn ask_l2(
         &self,
         from: &str,
@@ -101,9 +101,17 @@ impl Lab {
     ) -> anyhow::Result<BTreeSet<String>> {
         let mut macs = BTreeSet::new();
         if ip.contains(':') {
-            // ndisc6 -m prints every advertisement: "Target link-layer address: 82:24:...".
-            let args: Vec<&str> = ndisc.iter().copied().chain([ip, "eth0"]).collect();
-            let out = self.exec_output(from, "ndisc6", &args)?;
+            // Every advertisement, from any source (e2e/src/ndp.rs says why not ndisc6), as
+            // "Target link-layer address: 82:24:...".
+            let mut args = vec!["ndp-solicit", "--target", ip];
+            args.extend_from_slice(ndisc);
+            let out = self.lab_command(from, &args)?.output()?;
+            if !out.status.success() {
+                bail!(
+                    "ndp-solicit {ip} in {from}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
             for line in String::from_utf8_lossy(&out.stdout).lines() {
                 if let Some(mac) = line.trim().strip_prefix("Target link-layer address:") {
                     macs.insert(mac.trim().to_ascii_lowercase());
@@ -141,6 +149,48 @@ impl Lab {
                 .collect::<Vec<_>>()
                 .join(", ")
         )
+    }
+}
+
+impl Lab {
+    /// HTTP through `ip` from lab host `from` (3 s at most): the answering pod's name and the
+    /// source address it saw.
+    pub fn http_from(&self, from: &str, ip: &str) -> anyhow::Result<(String, String)> {
+        let url = http_url(ip);
+        let out = self.exec(from, "curl", &["-sS", "--max-time", "3", "-g", &url])?;
+        let mut words = out.split_whitespace();
+        Ok((
+            words.next().unwrap_or_default().to_string(),
+            words.next().unwrap_or_default().to_string(),
+        ))
+    }
+
+    /// The lab node whose lab interface has MAC address `mac`.
+    pub fn node_of_mac(&self, mac: &str) -> anyhow::Result<String> {
+        for node in self.topology.nodes() {
+            if self.mac_of(&node.name)?.eq_ignore_ascii_case(mac) {
+                return Ok(node.name.clone());
+            }
+        }
+        bail!("MAC {mac} is no lab node's")
+    }
+
+    /// Waits (30 s at most) until exactly one MAC answers ARP/NDP for `ip` from `from`, and
+    /// returns its node.
+    pub async fn answering_node(&self, from: &str, ip: &str) -> anyhow::Result<String> {
+        let mac = cluster::wait_for(
+            &format!("exactly one MAC to answer for {ip}"),
+            std::time::Duration::from_secs(30),
+            || async {
+                let macs = self.l2_answers(from, ip).map_err(|e| e.to_string())?;
+                match macs.len() {
+                    1 => Ok(macs.into_iter().next()),
+                    _ => Err(format!("answers from {macs:?}")),
+                }
+            },
+        )
+        .await?;
+        self.node_of_mac(&mac)
     }
 }
 
