@@ -545,6 +545,51 @@ fn prefer_dual_stack_falls_back_to_the_primary_family() {
     assert_eq!(got(&mut a, &req), ("b-four".into(), ips(&["10.0.0.0"])));
 }
 
+/// Found by the differential test against MetalLB (seed 2): one family is a valid answer for
+/// PreferDualStack, the secondary one too when the primary is exhausted everywhere.
+#[test]
+fn prefer_dual_stack_takes_the_secondary_family_when_the_primary_is_exhausted() {
+    let mut a = Allocator::new(vec![pool("dual", &["10.0.0.1/32", "fd00::/120"])]);
+    got(&mut a, &svc("four"));
+    let req = dual(svc("s"), FamilyPolicy::PreferDualStack);
+    assert_eq!(got(&mut a, &req), ("dual".into(), ips(&["fd00::"])));
+    // In an annotated pool MetalLB tries both, then IPv4, then IPv6, whatever the primary.
+    let mut a = Allocator::new(vec![pool("dual", &["10.0.0.1/32", "fd00::1/128"])]);
+    got(&mut a, &svc("four"));
+    let six_first = svc("s")
+        .with_families(FamilyPolicy::PreferDualStack, &[Family::V6, Family::V4])
+        .with_pool("dual");
+    assert_eq!(got(&mut a, &six_first), ("dual".into(), ips(&["fd00::1"])));
+    // RequireDualStack still needs both.
+    let mut a = Allocator::new(vec![pool("dual", &["10.0.0.1/32", "fd00::/120"])]);
+    got(&mut a, &svc("four"));
+    assert!(
+        a.allocate(&dual(svc("r"), FamilyPolicy::RequireDualStack))
+            .is_err()
+    );
+}
+
+/// Found by the differential test against MetalLB (seed 2): a PreferDualStack Service that holds
+/// only its secondary family keeps it when a pool with both families appears.
+#[test]
+fn prefer_dual_stack_on_its_secondary_family_is_not_moved() {
+    let mut a = Allocator::new(vec![pool("a-dual", &["10.0.0.1/32", "fd00::/120"])]);
+    got(&mut a, &svc("four"));
+    let req = dual(svc("s"), FamilyPolicy::PreferDualStack);
+    assert_eq!(got(&mut a, &req), ("a-dual".into(), ips(&["fd00::"])));
+    a.set_pools(vec![
+        pool("a-dual", &["10.0.0.1/32", "fd00::/120"]),
+        pool("b-dual", &["10.0.1.0/24", "fd01::/120"]),
+    ]);
+    assert_eq!(got(&mut a, &req), ("a-dual".into(), ips(&["fd00::"])));
+    // It gains its primary family when that frees up in its own pool.
+    a.release(&key("four"));
+    assert_eq!(
+        got(&mut a, &req),
+        ("a-dual".into(), ips(&["10.0.0.1", "fd00::"]))
+    );
+}
+
 #[test]
 fn prefer_dual_stack_gains_the_other_family_later_from_the_same_pool() {
     let mut a = Allocator::new(vec![pool("dual", &["10.0.0.0/24", "fd00::1/128"])]);

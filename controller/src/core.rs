@@ -153,8 +153,17 @@ impl Core {
         let key = key_of(service);
         if !is_ours(service, self.lb_class.as_deref()) {
             self.forget(&key);
-            // Clear only what we wrote: our annotation marks it.
-            if current_pool(service).is_some() {
+            // A LoadBalancer of another class was never ours (the class cannot change while the
+            // type is LoadBalancer), even when it carries the pool annotation: MetalLB, or a
+            // second ferrolb with its own class, writes the same one, and clearing it would
+            // fight that controller for ever (found by the differential test against MetalLB).
+            // Only a Service that stopped being a LoadBalancer is cleared, and only if our
+            // annotation marks it.
+            let load_balancer = service
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.type_.as_deref() == Some("LoadBalancer"));
+            if !load_balancer && current_pool(service).is_some() {
                 return Outcome {
                     desired: Desired::Cleared,
                     notes: vec![Note {
@@ -407,6 +416,36 @@ mod tests {
             core.reconcile(&cleared, &Labels::new()).desired,
             Desired::Untouched
         );
+    }
+
+    #[test]
+    fn another_controllers_assignment_is_left_alone() {
+        // MetalLB (or a second ferrolb) serving its own class writes the same annotation.
+        for ours in [None, Some("ferrolb.io/a")] {
+            let mut core = Core::new(ours.map(str::to_string));
+            core.set_pools(vec![pool("p", "198.18.200.0/30")]);
+            for class in [
+                serde_json::json!({"loadBalancerClass": "metallb.io/other"}),
+                serde_json::json!({}),
+            ] {
+                let svc = with_status(
+                    service("a", serde_json::json!({ "spec": class })),
+                    "198.18.200.1",
+                    "p",
+                );
+                if is_ours(&svc, ours) {
+                    continue;
+                }
+                assert_eq!(
+                    core.reconcile(&svc, &Labels::new()),
+                    Outcome {
+                        desired: Desired::Untouched,
+                        notes: vec![]
+                    },
+                    "ours {ours:?}, Service class {class}"
+                );
+            }
+        }
     }
 
     #[test]

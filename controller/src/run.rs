@@ -612,12 +612,22 @@ impl Decide for Decider {
         }
     }
 
-    /// Services of ours still waiting for an IP.
+    /// Services of ours still waiting for an IP, or for their second family: a PreferDualStack
+    /// Service with two cluster IPs that holds one family gains the other when it frees up, as
+    /// in MetalLB (found by the differential test).
     fn waiting(&self) -> Vec<ServiceKey> {
         self.services
             .iter()
-            .filter(|s| self.core.allocator().assignment(s.key()).is_none())
-            .filter(|s| is_ours(&s.to_service(), self.lb_class.as_deref()))
+            .filter(|s| {
+                let service = s.to_service();
+                if !is_ours(&service, self.lb_class.as_deref()) {
+                    return false;
+                }
+                match self.core.allocator().assignment(s.key()) {
+                    None => true,
+                    Some(held) => held.ips.len() < 2 && prefers_dual_stack(&service),
+                }
+            })
             .map(|s| s.key().clone())
             .collect()
     }
@@ -625,6 +635,15 @@ impl Decide for Decider {
     fn held(&self) -> usize {
         self.core.allocator().len()
     }
+}
+
+/// Whether the Service is PreferDualStack and got both families (`spec.ipFamilies`; the cache
+/// keeps no cluster IPs).
+fn prefers_dual_stack(service: &Service) -> bool {
+    service.spec.as_ref().is_some_and(|spec| {
+        spec.ip_family_policy.as_deref() == Some("PreferDualStack")
+            && spec.ip_families.as_ref().is_some_and(|f| f.len() == 2)
+    })
 }
 
 impl Decider {

@@ -96,16 +96,26 @@ pub fn controller_failpoints(lab: &Lab, identity: &str) -> PathBuf {
         .join(format!("controller-{identity}"))
 }
 
-/// Starts a controller replica in the control-plane host, with fast lease timings.
 /// The gossip key Secret the lab's controllers create (`--gossip-secret-name`).
 pub const CONTROLLER_MADE_GOSSIP_SECRET: &str = "ferrolb-controller-made-gossip-key";
 
-/// Starts a controller replica.
+/// Starts a controller replica in the control-plane host, with fast lease timings.
 pub fn start_controller(
     lab: &Lab,
     kubeconfig: &Path,
     identity: &str,
     port: u16,
+) -> anyhow::Result<LabProcess> {
+    start_controller_with(lab, kubeconfig, identity, port, &[])
+}
+
+/// [`start_controller`] with `extra` arguments (e.g. `--lb-class`).
+pub fn start_controller_with(
+    lab: &Lab,
+    kubeconfig: &Path,
+    identity: &str,
+    port: u16,
+    extra: &[&str],
 ) -> anyhow::Result<LabProcess> {
     let log = lab
         .dir
@@ -135,6 +145,7 @@ pub fn start_controller(
         CONTROLLER_MADE_GOSSIP_SECRET,
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     let exe = workspace_binary("ferrolb-controller")?;

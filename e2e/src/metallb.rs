@@ -283,9 +283,25 @@ impl crate::suite::Fixture for MetalLb {
     }
 }
 
+/// Installs MetalLB ([`MetalLb::start`] does the same) and starts only its controller, with
+/// `extra` arguments (e.g. `--lb-class`): for comparing allocations, which need no speaker.
+pub fn start_controller_only(lab: &Lab, extra: &[&str]) -> anyhow::Result<LabProcess> {
+    let credentials = install(lab)?;
+    start_controller_with(lab, &credentials.controller, extra)
+}
+
 /// Starts MetalLB's controller in the control-plane host: webhooks off (the lab's API server has
 /// no route to a webhook Service; ferrolb's CRDs carry the validation), native BGP (its default).
 fn start_controller(lab: &Lab, kubeconfig: &Path) -> anyhow::Result<LabProcess> {
+    start_controller_with(lab, kubeconfig, &[])
+}
+
+/// [`start_controller`] with `extra` arguments.
+fn start_controller_with(
+    lab: &Lab,
+    kubeconfig: &Path,
+    extra: &[&str],
+) -> anyhow::Result<LabProcess> {
     let log = lab.dir.join("logs").join("metallb-controller.log");
     let args: Vec<String> = [
         "--namespace",
@@ -301,6 +317,7 @@ fn start_controller(lab: &Lab, kubeconfig: &Path) -> anyhow::Result<LabProcess> 
         "info",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     let exe = installed("metallb-controller")?;

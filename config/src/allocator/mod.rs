@@ -439,7 +439,8 @@ impl Allocator {
         Ok(picked)
     }
 
-    /// The family sets to try, in order: both then the primary for PreferDualStack.
+    /// The families to ask for (the primary first), how many, and whether one family will do
+    /// (PreferDualStack).
     fn plans(request: &ServiceRequest) -> ([Family; 2], usize, bool) {
         let primary = request.primary_family();
         match request.secondary_family() {
@@ -468,8 +469,14 @@ impl Allocator {
         }
         let (families, count, fallback) = Self::plans(request);
         let mut result = self.pick_all(pool, &families[..count], request);
-        if result.is_err() && fallback {
-            result = self.pick_all(pool, &families[..1], request);
+        if fallback {
+            // MetalLB's order in an annotated pool: both, else IPv4, else IPv6, whatever the
+            // Service's primary family.
+            for family in [Family::V4, Family::V6] {
+                if result.is_err() {
+                    result = self.pick_all(pool, &[family], request);
+                }
+            }
         }
         let picked = result?;
         Ok(self.commit(request, pool, picked.as_slice()))
@@ -481,8 +488,10 @@ impl Allocator {
     ) -> Result<Assignment, AllocationError> {
         let (families, count, fallback) = Self::plans(request);
         let keyed = request.effective_sharing_key().is_some();
+        // PreferDualStack: a pool with both families, else the first with the primary family,
+        // else the first with the secondary one (MetalLB's order; one family is a valid answer).
         let plans: &[&[Family]] = if fallback {
-            &[&families[..2], &families[..1]]
+            &[&families[..2], &families[..1], &families[1..2]]
         } else {
             &[&families[..count]]
         };
@@ -695,7 +704,16 @@ impl Allocator {
         }
         if request.requested_ips.is_empty() {
             if wanted[0].is_none() {
-                wanted[0] = Some(self.pick(pool, primary, request).ok()?);
+                match self.pick(pool, primary, request) {
+                    Ok(ip) => wanted[0] = Some(ip),
+                    // A PreferDualStack Service holding its secondary family keeps it: moving it
+                    // to a pool with both would change an IP under a running Service (MetalLB
+                    // keeps it too; found by the differential test).
+                    Err(_)
+                        if request.family_policy == FamilyPolicy::PreferDualStack
+                            && wanted[1].is_some() => {}
+                    Err(_) => return None,
+                }
             }
             if let Some(secondary) = secondary
                 && wanted[1].is_none()
@@ -709,7 +727,9 @@ impl Allocator {
                 }
             }
         }
-        wanted[0]?;
+        if wanted.iter().all(Option::is_none) {
+            return None;
+        }
         if request.family_policy == FamilyPolicy::RequireDualStack && wanted[1].is_none() {
             return None;
         }
