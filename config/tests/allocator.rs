@@ -569,6 +569,18 @@ fn prefer_dual_stack_takes_the_secondary_family_when_the_primary_is_exhausted() 
     );
 }
 
+/// Found by the differential test against MetalLB (seed 5): a pool whose serviceAllocation admits
+/// the Service is used for one family before an open pool with both.
+#[test]
+fn prefer_dual_stack_takes_one_family_from_a_restricted_pool_before_an_open_one() {
+    let mut a = Allocator::new(vec![
+        with_priority(pool("a-six", &["fd00::/120"]), Some(1)),
+        pool("b-dual", &["10.0.0.0/24", "fd01::/120"]),
+    ]);
+    let req = dual(svc("s"), FamilyPolicy::PreferDualStack);
+    assert_eq!(got(&mut a, &req), ("a-six".into(), ips(&["fd00::"])));
+}
+
 /// Found by the differential test against MetalLB (seed 2): a PreferDualStack Service that holds
 /// only its secondary family keeps it when a pool with both families appears.
 #[test]

@@ -24,93 +24,26 @@
 //! controller); asserts nothing (machines here are noisy).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferrolb_e2e::bench::{
+    Seen, burst, cpu_ticks, create_all, env_usize, mib, percentile, proc_status_bytes, service,
+    wait_all, watch_ips,
+};
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::ferrolb::{self, NAMESPACE};
 use ferrolb_e2e::lab::State;
 use ferrolb_e2e::process;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::{Lab, Options};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher::{self, Event};
-
-fn service(name: &str) -> Service {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        // No NodePorts: 10,000 Services would exhaust the 2,768 of the default range.
-        "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false, "ports": [{"port": 80, "protocol": "TCP"}]}
-    }))
-    .unwrap()
-}
-
-fn has_ip(s: &Service) -> bool {
-    s.status
-        .as_ref()
-        .and_then(|st| st.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .is_some_and(|i| !i.is_empty())
-}
-
-type Seen = Arc<Mutex<HashMap<String, Instant>>>;
-
-/// Watches the namespace and records when each Service first shows an IP.
-fn watch_ips(api: Api<Service>) -> Seen {
-    let seen: Seen = Arc::default();
-    let out = seen.clone();
-    tokio::spawn(async move {
-        let stream = watcher::watcher(api, watcher::Config::default());
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            if let Ok(Event::Apply(s) | Event::InitApply(s)) = ev
-                && has_ip(&s)
-            {
-                let now = Instant::now();
-                out.lock()
-                    .unwrap()
-                    .entry(s.metadata.name.clone().unwrap_or_default())
-                    .or_insert(now);
-            }
-        }
-    });
-    seen
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default)
-}
 
 /// CPU time (user + system) each process used, to show what bounds a phase.
 struct CpuSample {
     at: Instant,
     ticks: Vec<(String, i32, u64)>,
-}
-
-/// User plus system CPU time of a process, in clock ticks (USER_HZ, 100 per second on Linux).
-fn cpu_ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit(')').next()?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
 }
 
 impl CpuSample {
@@ -162,94 +95,6 @@ impl CpuSample {
                 .join(", ")
         );
     }
-}
-
-/// Creates `names` as LoadBalancer Services, `concurrency` at a time; returns when each
-/// creation was sent.
-async fn create_all(
-    api: &Api<Service>,
-    names: &[String],
-    concurrency: usize,
-) -> anyhow::Result<Vec<(String, Instant)>> {
-    futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let api = api.clone();
-            async move {
-                let at = Instant::now();
-                api.create(&PostParams::default(), &service(&name))
-                    .await
-                    .map(|_| (name, at))
-            }
-        })
-        .buffer_unordered(concurrency.max(1))
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .map_err(Into::into)
-}
-
-/// Waits until every one of `names` has an IP.
-async fn wait_all(seen: &Seen, names: &[String], what: &str) -> anyhow::Result<()> {
-    let n = names.len();
-    wait_for(what, Duration::from_secs(900), || {
-        let done = {
-            let seen = seen.lock().unwrap();
-            names.iter().filter(|n| seen.contains_key(*n)).count()
-        };
-        async move {
-            if done == n {
-                Ok(Some(()))
-            } else {
-                Err(format!("{done}/{n}"))
-            }
-        }
-    })
-    .await
-}
-
-async fn burst(
-    api: &Api<Service>,
-    seen: &Seen,
-    prefix: &str,
-    n: usize,
-    concurrency: usize,
-) -> anyhow::Result<(Vec<Duration>, Duration, Duration)> {
-    let started = Instant::now();
-    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
-    let creates = create_all(api, &names, concurrency).await?;
-    let created = started.elapsed();
-    wait_all(
-        seen,
-        &names,
-        &format!("{n} Services of burst {prefix} to get IPs"),
-    )
-    .await?;
-    let total = started.elapsed();
-    let seen = seen.lock().unwrap();
-    let mut latencies: Vec<Duration> = creates
-        .iter()
-        .map(|(name, at)| seen[name].saturating_duration_since(*at))
-        .collect();
-    latencies.sort();
-    Ok((latencies, total, created))
-}
-
-/// A `VmRSS`-style field of /proc/PID/status, in bytes.
-fn proc_status_bytes(pid: i32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
-}
-
-fn mib(bytes: Option<u64>) -> f64 {
-    bytes.unwrap_or(0) as f64 / 1048576.0
 }
 
 /// Stops the controller when the bench ends, also on error.

@@ -53,25 +53,7 @@ use nix::sys::signal::Signal;
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 
 async fn answering(lab: &Lab, ip: &str) -> anyhow::Result<String> {
-    let mac = wait_for(
-        &format!("one MAC to answer for {ip}"),
-        Duration::from_secs(30),
-        || async {
-            let macs = lab.l2_answers("client", ip).map_err(|e| e.to_string())?;
-            if macs.len() == 1 {
-                Ok(macs.into_iter().next())
-            } else {
-                Err(format!("{macs:?}"))
-            }
-        },
-    )
-    .await?;
-    for node in NODES {
-        if lab.mac_of(node)?.eq_ignore_ascii_case(&mac) {
-            return Ok(node.to_string());
-        }
-    }
-    anyhow::bail!("{mac} is no node's")
+    lab.answering_node("client", ip).await
 }
 
 fn start_probe(lab: &Lab, ip: &str, duration: Duration) -> anyhow::Result<std::process::Child> {

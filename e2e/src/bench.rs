@@ -2,6 +2,16 @@
 //! they run built first) and taken down after, their trial count, and one line of percentiles
 //! per series of measurements.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher::{self, Event};
+
+use crate::cluster::wait_for;
 use crate::{Lab, Options, ferrolb};
 
 /// Brings the lab up for a bench: fails unless root; builds the binaries first (a bench must
@@ -100,6 +110,189 @@ pub fn trials(default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+// Services created and timed until their IP shows: the controller bench and versus_metallb.
+
+/// A LoadBalancer Service `name` with one TCP port and no NodePorts.
+pub fn service(name: &str) -> Service {
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            // No NodePorts: 10,000 Services would exhaust the 2,768 of the default range.
+            allocate_load_balancer_node_ports: Some(false),
+            ports: Some(vec![ServicePort {
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The map of a [`Seen`], also after a panic elsewhere (the map stays valid).
+fn seen_map(seen: &Seen) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether the Service has an IP in its status.
+pub fn has_ip(s: &Service) -> bool {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty())
+}
+
+/// When each Service first showed an IP, by name.
+pub type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// Watches the namespace and records when each Service first shows an IP.
+pub fn watch_ips(api: Api<Service>) -> Seen {
+    let seen: Seen = Arc::default();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let stream = watcher::watcher(api, watcher::Config::default());
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Ok(Event::Apply(s) | Event::InitApply(s)) = ev
+                && has_ip(&s)
+            {
+                let now = Instant::now();
+                seen_map(&out)
+                    .entry(s.metadata.name.clone().unwrap_or_default())
+                    .or_insert(now);
+            }
+        }
+    });
+    seen
+}
+
+/// The `p` quantile (0..=1) of sorted durations; zero for none.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// A number from the environment, else `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+/// User plus system CPU time of a process, in clock ticks (USER_HZ, 100 per second on Linux).
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit(')').next()?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Creates `names` as LoadBalancer Services, `concurrency` at a time; returns when each
+/// creation was sent.
+pub async fn create_all(
+    api: &Api<Service>,
+    names: &[String],
+    concurrency: usize,
+) -> anyhow::Result<Vec<(String, Instant)>> {
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let at = Instant::now();
+                api.create(&PostParams::default(), &service(&name))
+                    .await
+                    .map(|_| (name, at))
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(Into::into)
+}
+
+/// Waits until every one of `names` has an IP.
+pub async fn wait_all(seen: &Seen, names: &[String], what: &str) -> anyhow::Result<()> {
+    let n = names.len();
+    wait_for(what, Duration::from_secs(900), || {
+        let done = {
+            let seen = seen_map(seen);
+            names.iter().filter(|n| seen.contains_key(*n)).count()
+        };
+        async move {
+            if done == n {
+                Ok(Some(()))
+            } else {
+                Err(format!("{done}/{n}"))
+            }
+        }
+    })
+    .await
+}
+
+/// Creates `n` Services `prefix-NNNNN`, `concurrency` at a time, and waits until all have IPs:
+/// each one's latency (sorted), the total time, and the time the creations took.
+pub async fn burst(
+    api: &Api<Service>,
+    seen: &Seen,
+    prefix: &str,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<(Vec<Duration>, Duration, Duration)> {
+    let started = Instant::now();
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
+    let creates = create_all(api, &names, concurrency).await?;
+    let created = started.elapsed();
+    wait_all(
+        seen,
+        &names,
+        &format!("{n} Services of burst {prefix} to get IPs"),
+    )
+    .await?;
+    let total = started.elapsed();
+    let seen = seen_map(seen);
+    let mut latencies: Vec<Duration> = creates
+        .iter()
+        .filter_map(|(name, at)| Some(seen.get(name)?.saturating_duration_since(*at)))
+        .collect();
+    latencies.sort();
+    Ok((latencies, total, created))
+}
+
+/// A `VmRSS`-style field of /proc/PID/status, in bytes.
+pub fn proc_status_bytes(pid: i32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Bytes as MiB (0 when unknown).
+pub fn mib(bytes: Option<u64>) -> f64 {
+    bytes.unwrap_or(0) as f64 / 1048576.0
 }
 
 #[cfg(test)]

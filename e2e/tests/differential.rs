@@ -42,8 +42,12 @@ use libtest_mimic::Arguments;
 const METALLB_CLASS: &str = "lab.ferrolb.io/metallb";
 /// The class ferrolb's controller serves.
 const FERROLB_CLASS: &str = "lab.ferrolb.io/ferrolb";
-/// Seeds that once found a difference (none yet).
-const REGRESSION_SEEDS: [u64; 0] = [];
+/// Seeds beyond the defaults that once found a difference, with the steps that reach it.
+const REGRESSION_SEEDS: [(u64, usize); 1] = [
+    // Step 56: a PreferDualStack Service took both families from an open pool where MetalLB
+    // takes one from a pool whose serviceAllocation admits it.
+    (5, 60),
+];
 /// Pools p0..p2, Services s0..s5.
 const POOLS: usize = 3;
 const SERVICES: usize = 6;
@@ -519,12 +523,21 @@ async fn run_seed(
     Ok((order_dependent, documented))
 }
 
-fn seeds() -> Vec<u64> {
-    let mut seeds: Vec<u64> = std::env::var("FERROLB_DIFF_SEEDS")
+/// The seeds and their step counts: `FERROLB_DIFF_SEEDS` (default 1 and 2, which found the
+/// first differences) with `steps` each, then the regression seeds.
+fn seeds(steps: usize) -> Vec<(u64, usize)> {
+    let mut seeds: Vec<(u64, usize)> = std::env::var("FERROLB_DIFF_SEEDS")
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 2]);
-    seeds.extend(REGRESSION_SEEDS);
+        .unwrap_or_else(|| vec![1, 2])
+        .into_iter()
+        .map(|seed| (seed, steps))
+        .collect();
+    for &(seed, steps) in &REGRESSION_SEEDS {
+        if !seeds.iter().any(|&(s, _)| s == seed) {
+            seeds.push((seed, steps));
+        }
+    }
     seeds
 }
 
@@ -536,7 +549,7 @@ async fn allocation_matches_metallb(ctx: Controllers) -> anyhow::Result<()> {
     // One namespace for every seed (pools select it by name); each seed leaves it empty.
     let scope = TestScope::new(&ctx.lab, "diff").await?;
     let api: Api<Service> = Api::namespaced(ctx.lab.client().await?, &scope.namespace);
-    for seed in seeds() {
+    for (seed, steps) in seeds(steps) {
         let started = Instant::now();
         let (order_dependent, documented) = run_seed(&ctx.lab, &api, seed, steps)
             .await

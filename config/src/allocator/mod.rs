@@ -495,25 +495,32 @@ impl Allocator {
         } else {
             &[&families[..count]]
         };
-        for &plan in plans {
-            // Keyed Services first look for a pool where they can share.
-            for sharing_pass in [true, false] {
-                if sharing_pass && !keyed {
-                    continue;
-                }
-                for n in 0..self.auto_order.len() {
-                    let pool = self.auto_order[n];
-                    if !self.admits(pool, request)
-                        || !plan.iter().all(|&f| self.pools[pool].has_family(f))
-                        || (sharing_pass
-                            && plan
-                                .iter()
-                                .all(|&f| self.shareable(pool, f, request).is_none()))
-                    {
+        // Pools whose serviceAllocation admits the Service first, then the open ones, each group
+        // with every plan before the next (MetalLB's order: a PreferDualStack Service takes one
+        // family from a restricted pool before both from an open one; found by the
+        // differential test).
+        for restricted in [true, false] {
+            for &plan in plans {
+                // Keyed Services first look for a pool where they can share.
+                for sharing_pass in [true, false] {
+                    if sharing_pass && !keyed {
                         continue;
                     }
-                    if let Ok(picked) = self.pick_all(pool, plan, request) {
-                        return Ok(self.commit(request, pool, picked.as_slice()));
+                    for n in 0..self.auto_order.len() {
+                        let pool = self.auto_order[n];
+                        if self.pools[pool].pool.allocation.is_some() != restricted
+                            || !self.admits(pool, request)
+                            || !plan.iter().all(|&f| self.pools[pool].has_family(f))
+                            || (sharing_pass
+                                && plan
+                                    .iter()
+                                    .all(|&f| self.shareable(pool, f, request).is_none()))
+                        {
+                            continue;
+                        }
+                        if let Ok(picked) = self.pick_all(pool, plan, request) {
+                            return Ok(self.commit(request, pool, picked.as_slice()));
+                        }
                     }
                 }
             }
