@@ -225,6 +225,19 @@ fn held_ip_is_not_kept_for_a_require_dual_stack_request_of_one_family() {
     assert_eq!(a.assignment(&key("s")), None);
 }
 
+/// Found by the property test: a held IPv6 address (the secondary family of a RequireDualStack
+/// request) must not be kept alone either.
+#[test]
+fn held_secondary_ip_is_not_kept_for_a_require_dual_stack_request_of_one_family() {
+    let mut a = Allocator::new(vec![pool("p", &["fd00::/120"])]);
+    let at = ips(&["fd00::1"]);
+    let v6 = svc("s").with_families(FamilyPolicy::SingleStack, &[Family::V6]);
+    got(&mut a, &v6.with_requested_ips(&at));
+    let req = dual(svc("s"), FamilyPolicy::RequireDualStack).with_requested_ips(&at);
+    assert!(a.allocate(&req).is_err());
+    assert_eq!(a.assignment(&key("s")), None);
+}
+
 #[test]
 fn annotated_pool_is_used_even_without_auto_assign() {
     let mut a = Allocator::new(vec![

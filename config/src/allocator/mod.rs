@@ -734,7 +734,10 @@ impl Allocator {
                 }
             }
         }
-        if wanted.iter().all(Option::is_none) {
+        // Only a PreferDualStack Service may hold its secondary family alone.
+        if wanted[0].is_none()
+            && (request.family_policy != FamilyPolicy::PreferDualStack || wanted[1].is_none())
+        {
             return None;
         }
         if request.family_policy == FamilyPolicy::RequireDualStack && wanted[1].is_none() {
