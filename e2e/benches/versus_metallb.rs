@@ -9,26 +9,33 @@
 //! Rows so far: Service creation to IP (single Services one after the other, p50/p99; a burst,
 //! all IPs and p99), layer 2 outage when the owner's link is cut and when its speaker is killed
 //! (p50/p99/max, UDP probe every 10 ms from the client), and the controller's and one speaker's
-//! memory and the controller's CPU time with the burst's Services. Not yet: 10,000 BGP prefixes
-//! to FRR, API writes per minute at rest.
+//! memory and the controller's CPU time with the burst's Services, the API writes per minute at
+//! rest with them (the API server's counters, less the lab's own rate measured before the system
+//! started), and 10,000 BGP prefixes to FRR after the session comes up (Services from a BGP pool
+//! with an endpoint each, ignored by kube-proxy; then a BGPPeer for node1; the router's summary
+//! polled until it counts them all).
 //!
 //! Environment: `FERROLB_BENCH_TRIALS` (default 10) failover trials per system,
-//! `FERROLB_BENCH_SINGLES` (default 30), `FERROLB_BENCH_BURST` (default 1000).
+//! `FERROLB_BENCH_SINGLES` (default 30), `FERROLB_BENCH_BURST` (default 1000),
+//! `FERROLB_BENCH_PREFIXES` (default 10000), `FERROLB_BENCH_REST_SECONDS` (default 60).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
 use ferrolb_e2e::Lab;
+use ferrolb_e2e::apiserver_metrics::{self, Writes};
 use ferrolb_e2e::bench::{
     burst, cpu_ticks, env_usize, finish_probe, mib, percentile, percentiles, proc_status_bytes,
-    start_probe, watch_ips,
+    start_probe, wait_all, watch_ips,
 };
 use ferrolb_e2e::ferrolb::{self, Deployment, NAMESPACE};
 use ferrolb_e2e::metallb::MetalLb;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams, PostParams};
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 /// How long each failover trial probes; the kill comes after [`BEFORE_KILL`].
@@ -94,7 +101,7 @@ fn config() -> String {
 /// A system's figures, in the order of [`ROWS`].
 type Figures = Vec<Option<f64>>;
 
-const ROWS: [&str; 13] = [
+const ROWS: [&str; 16] = [
     "Service to IP, single, p50 (ms)",
     "Service to IP, single, p99 (ms)",
     "burst: all IPs (ms)",
@@ -108,6 +115,9 @@ const ROWS: [&str; 13] = [
     "controller RSS after the burst (MiB)",
     "controller CPU for the burst (s)",
     "speaker RSS (node1) after the burst (MiB)",
+    "API writes per minute at rest, 1,000 Services",
+    "BGP: all prefixes at FRR after session up (ms)",
+    "BGP: BGPPeer created to all prefixes (ms)",
 ];
 
 #[tokio::main]
@@ -127,17 +137,31 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn measure(lab: &Lab, metallb: bool) -> anyhow::Result<(&'static str, Figures)> {
+    // The lab's own writers (node agent, kube-controller-manager) before the system starts.
+    let client = lab.client().await?;
+    let window = Duration::from_secs(30);
+    let before = apiserver_metrics::writes(&client).await?;
+    tokio::time::sleep(window).await;
+    let lab_rate = apiserver_metrics::per_minute(
+        &before,
+        &apiserver_metrics::writes(&client).await?,
+        window.as_secs_f64(),
+    );
+    println!(
+        "lab's own API writes per minute: {}",
+        show_writes(&lab_rate)
+    );
     let running = if metallb {
         Running::MetalLb(MetalLb::start(lab, &config()).await?)
     } else {
         Running::Ferrolb(Deployment::start(lab, "versus", &config())?)
     };
-    let figures = scenarios(lab, &running).await;
+    let figures = scenarios(lab, &running, apiserver_metrics::total(&lab_rate)).await;
     running.stop();
     Ok((running.name(), figures?))
 }
 
-async fn scenarios(lab: &Lab, running: &Running) -> anyhow::Result<Figures> {
+async fn scenarios(lab: &Lab, running: &Running, lab_writes: f64) -> anyhow::Result<Figures> {
     let name = running.name();
     let mut scope = TestScope::new(lab, "versus").await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
@@ -246,7 +270,205 @@ async fn scenarios(lab: &Lab, running: &Running) -> anyhow::Result<Figures> {
         cpu,
         speaker_rss.map(|b| mib(Some(b))),
     ]);
+
+    // At rest with the burst's Services.
+    let client = lab.client().await?;
+    let rest = Duration::from_secs(env_usize("FERROLB_BENCH_REST_SECONDS", 60) as u64);
+    let before = apiserver_metrics::writes(&client).await?;
+    tokio::time::sleep(rest).await;
+    let at_rest = apiserver_metrics::per_minute(
+        &before,
+        &apiserver_metrics::writes(&client).await?,
+        rest.as_secs_f64(),
+    );
+    println!(
+        "{name}: API writes per minute at rest, with the lab's own: {}",
+        show_writes(&at_rest)
+    );
+    rows.push(Some(
+        (apiserver_metrics::total(&at_rest) - lab_writes).max(0.0),
+    ));
+
+    let (session_up, peer_created) = prefixes(lab, &scope, &seen, name).await?;
+    rows.extend([session_up, peer_created].map(|d| d.and_then(ms)));
     Ok(rows)
+}
+
+/// The BGP pool of the prefix scenario (room for 16,384 /32s, off the layer 2 pools), only for
+/// Services that name it.
+fn prefix_config() -> String {
+    format!(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: prefixes, namespace: {NAMESPACE}}}
+spec:
+  addresses: ['198.18.128.0/18']
+  autoAssign: false
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {{name: prefixes, namespace: {NAMESPACE}}}
+spec:
+  ipAddressPools: [prefixes]
+"
+    )
+}
+
+/// The router, peered from node1 only: one session to time.
+fn peer_config() -> String {
+    format!(
+        "apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {{name: router, namespace: {NAMESPACE}}}
+spec:
+  myASN: 64512
+  peerASN: 64500
+  peerAddress: 198.18.0.254
+  holdTime: 9s
+  nodeSelectors:
+  - matchLabels: {{kubernetes.io/hostname: node1}}
+"
+    )
+}
+
+/// A Service of the prefix scenario: from the BGP pool, with the probe pods as endpoints (both
+/// systems announce a Cluster-policy Service only while it has one), ignored by kube-proxy (its
+/// rules are not what is measured, and 10,000 Services would keep it busy for minutes).
+fn prefix_service(name: &str) -> Service {
+    let mut s = ferrolb_e2e::bench::service(name);
+    s.metadata.labels = Some(
+        [(
+            "service.kubernetes.io/service-proxy-name".to_string(),
+            "none".to_string(),
+        )]
+        .into(),
+    );
+    s.metadata.annotations = Some(
+        [(
+            "metallb.io/address-pool".to_string(),
+            "prefixes".to_string(),
+        )]
+        .into(),
+    );
+    if let Some(spec) = s.spec.as_mut() {
+        spec.selector = Some([("app".to_string(), "probe".to_string())].into());
+    }
+    s
+}
+
+/// `FERROLB_BENCH_PREFIXES` Services with IPs and endpoints, then the BGPPeer: how long after the
+/// session is up (and after the peer was created) the router counts every prefix.
+async fn prefixes(
+    lab: &Lab,
+    scope: &TestScope,
+    seen: &ferrolb_e2e::bench::Seen,
+    name: &str,
+) -> anyhow::Result<(Option<Duration>, Option<Duration>)> {
+    let n = env_usize("FERROLB_BENCH_PREFIXES", 10_000);
+    if n == 0 {
+        return Ok((None, None));
+    }
+    lab.apply(&prefix_config())?;
+    let client = lab.client().await?;
+    let api: Api<Service> = Api::namespaced(client.clone(), &scope.namespace);
+    let names: Vec<String> = (0..n).map(|i| format!("pfx-{i:05}")).collect();
+    let started = Instant::now();
+    futures::stream::iter(names.iter().cloned())
+        .map(|service| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &prefix_service(&service))
+                    .await
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    wait_all(
+        seen,
+        &names,
+        &format!("{n} Services of the BGP pool to get IPs"),
+    )
+    .await?;
+    let slices: Api<EndpointSlice> = Api::namespaced(client, &scope.namespace);
+    ferrolb_e2e::cluster::wait_for(
+        &format!("{n} Services of the BGP pool to have a ready endpoint"),
+        Duration::from_secs(900),
+        || async {
+            let ready = slices
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .filter(|s| {
+                    s.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("kubernetes.io/service-name"))
+                        .is_some_and(|svc| svc.starts_with("pfx-"))
+                        && s.endpoints
+                            .iter()
+                            .any(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+                })
+                .count();
+            if ready >= n {
+                Ok(Some(()))
+            } else {
+                Err(format!("{ready} of {n}"))
+            }
+        },
+    )
+    .await?;
+    println!(
+        "{name}: {n} Services of the BGP pool with IPs and endpoints in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // Let the speakers take in the last of them before the session starts.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+
+    let created = Instant::now();
+    lab.apply(&peer_config())?;
+    let mut established: Option<Instant> = None;
+    let deadline = created + Duration::from_secs(600);
+    loop {
+        let summary = ferrolb_e2e::router::vtysh(lab, &["show bgp ipv4 unicast summary json"])?;
+        let now = Instant::now();
+        let json: serde_json::Value = serde_json::from_str(&summary).unwrap_or_default();
+        let peer = &json["peers"]["198.18.0.11"];
+        if established.is_none() && peer["state"] == "Established" {
+            established = Some(now);
+        }
+        let count = peer["pfxRcd"].as_u64().unwrap_or(0) as usize;
+        if count >= n {
+            let up = established.map(|at| now.saturating_duration_since(at));
+            println!(
+                "{name}: {n} prefixes at FRR {:.0} ms after the BGPPeer, {:.0?} after session up",
+                (now - created).as_secs_f64() * 1000.0,
+                up
+            );
+            return Ok((up, Some(now - created)));
+        }
+        anyhow::ensure!(
+            now < deadline,
+            "{name}: FRR counts {count} of {n} prefixes from node1 after 600 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes per minute, the total and the resources with the most.
+fn show_writes(w: &Writes) -> String {
+    let mut top: Vec<_> = w.iter().collect();
+    top.sort_by(|a, b| b.1.total_cmp(a.1));
+    let list: Vec<String> = top
+        .iter()
+        .take(8)
+        .map(|(k, v)| format!("{k} {v:.1}"))
+        .collect();
+    format!("{:.1} ({})", apiserver_metrics::total(w), list.join(", "))
 }
 
 /// The layer 2 faults measured on the owner.

@@ -5,6 +5,7 @@
 //! Traffic stays inside namespaces the lab made; the host namespace holds an `unreachable` route
 //! for the whole lab range and only talks to the lab over its own bridge.
 
+pub mod apiserver_metrics;
 pub mod bench;
 pub mod cluster;
 pub mod cmd;

@@ -171,6 +171,10 @@ impl Lab {
                 "--use-service-account-credentials=true".into(),
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),
+                // The default 20 requests/s makes thousands of EndpointSlices (the benches'
+                // Services) take minutes; the lab's API server has room for more.
+                "--kube-api-qps=100".into(),
+                "--kube-api-burst=200".into(),
                 "--v=1".into(),
             ],
         )?;
