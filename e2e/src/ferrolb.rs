@@ -109,7 +109,21 @@ pub fn start_controller(
     start_controller_with(lab, kubeconfig, identity, port, &[])
 }
 
-/// [`start_controller`] with `extra` arguments (e.g. `--lb-class`).
+/// The controller's Lease timings as the chart ships them (its defaults); the lab's replicas
+/// run faster ones unless `extra` gives these.
+pub const SHIPPED_LEASE_TIMINGS: [&str; 8] = [
+    "--lease-duration",
+    "15s",
+    "--renew-deadline",
+    "10s",
+    "--retry-period",
+    "2s",
+    "--stall-timeout",
+    "30s",
+];
+
+/// [`start_controller`] with `extra` arguments (e.g. `--lb-class`, or
+/// [`SHIPPED_LEASE_TIMINGS`] instead of the lab's fast ones).
 pub fn start_controller_with(
     lab: &Lab,
     kubeconfig: &Path,
@@ -121,14 +135,7 @@ pub fn start_controller_with(
         .dir
         .join("logs")
         .join(format!("controller-{identity}.log"));
-    let args: Vec<String> = [
-        "run",
-        "--kubeconfig",
-        &kubeconfig.display().to_string(),
-        "--identity",
-        identity,
-        "--listen",
-        &format!("127.0.0.1:{port}"),
+    let fast = [
         "--lease-duration",
         "4s",
         "--renew-deadline",
@@ -137,14 +144,31 @@ pub fn start_controller_with(
         "500ms",
         "--stall-timeout",
         "5s",
+    ];
+    let timings: &[&str] = if extra.contains(&"--lease-duration") {
+        &[]
+    } else {
+        &fast
+    };
+    let args: Vec<String> = [
+        "run",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--identity",
+        identity,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .iter()
+    .chain(timings)
+    .chain(&[
         "--failpoints",
         &controller_failpoints(lab, identity).display().to_string(),
         // The Secret a chart with `speaker.secretCreatedBy: controller` leaves to the
         // controller; named apart from the key the lab's speakers use.
         "--gossip-secret-name",
         CONTROLLER_MADE_GOSSIP_SECRET,
-    ]
-    .iter()
+    ])
     .chain(extra)
     .map(|s| s.to_string())
     .collect();
@@ -456,8 +480,18 @@ impl Deployment {
     /// Installs ferrolb (CRDs, RBAC, the speakers' key), starts the controller `controller-<name>`
     /// on port 7472, applies `config` (YAML) and starts a speaker on every node.
     pub fn start(lab: &Lab, name: &str, config: &str) -> anyhow::Result<Self> {
+        Self::start_with(lab, name, config, &[])
+    }
+
+    /// [`Self::start`] with more arguments for the controller.
+    pub fn start_with(
+        lab: &Lab,
+        name: &str,
+        config: &str,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let kubeconfig = install(lab)?;
-        let controller = start_controller(lab, &kubeconfig, name, 7472)?;
+        let controller = start_controller_with(lab, &kubeconfig, name, 7472, controller_args)?;
         let deployment = Self {
             lab: lab.clone(),
             controller,
