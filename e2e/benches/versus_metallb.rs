@@ -10,8 +10,8 @@
 //! all IPs and p99), layer 2 outage when the owner's link is cut and when its speaker is killed
 //! (p50/p99/max, UDP probe every 10 ms from the client), and the controller's and one speaker's
 //! memory and the controller's CPU time with the burst's Services, the API writes per minute at
-//! rest with them (the API server's counters, less the lab's own rate measured before the system
-//! started), and 10,000 BGP prefixes to FRR after the session comes up (Services from a BGP pool
+//! rest with them (once 10 s pass with no Service write; the API server's counters, less the
+//! lab's own rate measured before the system started), and 10,000 BGP prefixes to FRR after the session comes up (Services from a BGP pool
 //! with an endpoint each, ignored by kube-proxy; then a BGPPeer for node1; the router's summary
 //! polled until it counts them all).
 //!
@@ -277,10 +277,28 @@ async fn scenarios(lab: &Lab, running: &Running, lab_writes: f64) -> anyhow::Res
         speaker_rss.map(|b| mib(Some(b))),
     ]);
 
-    // At rest with the burst's Services.
+    // At rest with the burst's Services: once a 10 s window has no Service writes (MetalLB
+    // writes status for tens of seconds after the last IP appears; its client sends 20
+    // requests/s), bounded.
     let client = lab.client().await?;
+    let settle_from = Instant::now();
+    let mut before = apiserver_metrics::writes(&client).await?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let now = apiserver_metrics::writes(&client).await?;
+        let window = apiserver_metrics::per_minute(&before, &now, 10.0);
+        before = now;
+        let busy = window.keys().any(|k| k.starts_with("core/services"));
+        if !busy || settle_from.elapsed() > Duration::from_secs(300) {
+            println!(
+                "{name}: at rest after {:.0} s (last window: {})",
+                settle_from.elapsed().as_secs_f64(),
+                show_writes(&window)
+            );
+            break;
+        }
+    }
     let rest = Duration::from_secs(env_usize("FERROLB_BENCH_REST_SECONDS", 60) as u64);
-    let before = apiserver_metrics::writes(&client).await?;
     tokio::time::sleep(rest).await;
     let at_rest = apiserver_metrics::per_minute(
         &before,
