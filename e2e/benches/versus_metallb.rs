@@ -15,7 +15,8 @@
 //! with an endpoint each, ignored by kube-proxy; then a BGPPeer for node1; the router's summary
 //! polled until it counts them all).
 //!
-//! Environment: `FERROLB_BENCH_TRIALS` (default 10) failover trials per system,
+//! Environment: `FERROLB_VERSUS_SYSTEMS` (`metallb,ferrolb`: both, the default; one name
+//! measures that side only), `FERROLB_BENCH_TRIALS` (default 10) failover trials per system,
 //! `FERROLB_BENCH_SINGLES` (default 30), `FERROLB_BENCH_BURST` (default 1000),
 //! `FERROLB_BENCH_PREFIXES` (default 10000), `FERROLB_BENCH_REST_SECONDS` (default 60).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -126,7 +127,13 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let mut results: Vec<(&'static str, Figures)> = Vec::new();
+    // `FERROLB_VERSUS_SYSTEMS=ferrolb` (or `metallb`) measures one side only, e.g. to repeat it.
+    let systems = std::env::var("FERROLB_VERSUS_SYSTEMS").unwrap_or_default();
     for metallb in [true, false] {
+        let key = if metallb { "metallb" } else { "ferrolb" };
+        if !systems.is_empty() && !systems.split(',').any(|s| s.trim() == key) {
+            continue;
+        }
         let lab = ferrolb_e2e::bench::lab_up().await?;
         let outcome = measure(&lab, metallb).await;
         ferrolb_e2e::bench::lab_done()?;
@@ -507,9 +514,11 @@ enum Fault {
 
 fn print_table(results: &[(&'static str, Figures)]) {
     let find = |name: &str| results.iter().find(|(n, _)| *n == name).map(|(_, f)| f);
-    let (Some(theirs), Some(ours)) = (find("MetalLB"), find("ferrolb")) else {
-        return;
-    };
+    let none: Figures = vec![None; ROWS.len()];
+    let (theirs, ours) = (
+        find("MetalLB").unwrap_or(&none),
+        find("ferrolb").unwrap_or(&none),
+    );
     println!();
     println!(
         "{:46} {:>12} {:>12} {:>8}",
