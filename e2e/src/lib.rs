@@ -9,6 +9,7 @@ pub mod apiserver_metrics;
 pub mod bench;
 pub mod cluster;
 pub mod cmd;
+pub mod containerlab;
 pub mod demo;
 pub mod echo;
 pub mod faults;

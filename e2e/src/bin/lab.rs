@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ferrolb_e2e::lab::{State, bin_dir, lab_dir};
-use ferrolb_e2e::{Families, Lab, Options, ProxyMode, cluster, process};
+use ferrolb_e2e::{Families, Lab, Options, ProxyMode, Topology, cluster, containerlab, process};
 
 /// The ferrolb lab: a real Kubernetes control plane, nodes with kube-proxy, pods, a client and an
 /// FRR router, in network namespaces on this machine. Needs root.
@@ -42,6 +42,23 @@ enum Command {
     },
     /// Take the lab down: every namespace, link, route and process it made.
     Down,
+    /// Print the lab as a containerlab topology (YAML): a kind cluster with the lab's nodes, the
+    /// client, the FRR router and the external client, with the lab's addresses
+    /// (docs/containerlab.md). Needs no root and touches nothing.
+    Containerlab {
+        /// Number of nodes (at most 60).
+        #[arg(long, default_value_t = 3)]
+        nodes: u8,
+        /// kube-proxy mode.
+        #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
+        proxy_mode: ProxyMode,
+        /// IP families of the cluster.
+        #[arg(long, value_enum, default_value_t = Families::Dual)]
+        families: Families,
+        /// kind's node image (default: the one the kind library in containerlab was made for).
+        #[arg(long)]
+        kind_image: Option<String>,
+    },
     /// Show what runs.
     Status,
     /// Run a command in a host: `exec node1 -- ip addr`.
@@ -378,6 +395,34 @@ fn main() -> ExitCode {
                 Ok(0)
             }
             Command::Status => status().map(|_| 0),
+            Command::Containerlab {
+                nodes,
+                proxy_mode,
+                families,
+                kind_image,
+            } => {
+                let topology = Topology::standard(Options {
+                    nodes,
+                    proxy_mode,
+                    families,
+                });
+                let settings = containerlab::Settings {
+                    kind_image,
+                    ..containerlab::Settings::default()
+                };
+                let yaml = containerlab::generate(&topology, &settings)?;
+                // A reader that stops early (`| head`) ends it quietly, as for `status`.
+                match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+                    other => other.context("writing the topology")?,
+                }
+                for bridge in containerlab::bridges(&topology) {
+                    eprintln!(
+                        "containerlab does not create bridges: before `containerlab deploy`, run\n  ip link add {bridge} type bridge && ip link set {bridge} up"
+                    );
+                }
+                Ok(0)
+            }
             Command::Exec { host, command } => {
                 let lab = running_lab()?;
                 let netns = lab.netns_of(&host)?;
