@@ -48,11 +48,24 @@ pub struct SessionContext {
     /// Families negotiated with the peer.
     pub families: Vec<AfiSafi>,
     /// Next hop of IPv4 prefixes: the session's local IPv4 address (or the node's over an IPv6
-    /// session). `None`: IPv4 prefixes cannot be sent.
+    /// session). `None`: IPv4 prefixes are sent with the IPv6 next hop when
+    /// `extended_next_hop` is set, and not at all otherwise.
     pub next_hop_v4: Option<Ipv4Addr>,
-    /// Next hop of IPv6 prefixes: the session's local IPv6 address (or the node's over an IPv4
-    /// session). `None`: IPv6 prefixes cannot be sent.
+    /// Global next hop of IPv6 prefixes: the session's local IPv6 address (or the node's over
+    /// an IPv4 session). A link-local address here is taken as `next_hop_v6_link_local`.
     pub next_hop_v6: Option<Ipv6Addr>,
+    /// Our link-local address on the link shared with the peer: sent after the global next
+    /// hop (32 octets, RFC 2545 §3), or alone on an unnumbered session (see
+    /// [`MpNextHop::ipv6`] for the encoding). With neither this nor `next_hop_v6`, IPv6
+    /// prefixes cannot be sent.
+    pub next_hop_v6_link_local: Option<Ipv6Addr>,
+    /// Extended next hop was negotiated for IPv4 unicast with IPv6 next hops
+    /// ([`Negotiated::extended_next_hop`](crate::fsm::Negotiated::extended_next_hop)). When
+    /// set and `next_hop_v4` is `None`, IPv4 prefixes go in MP_REACH_NLRI (AFI 1, SAFI 1) with
+    /// the IPv6 next hop and no NEXT_HOP attribute, and are withdrawn in MP_UNREACH_NLRI
+    /// (RFC 8950 §4). A session with an IPv4 next hop keeps the classic encoding, which every
+    /// peer understands.
+    pub extended_next_hop: bool,
     /// Codec settings negotiated in the OPENs.
     pub codec: CodecContext,
 }
@@ -62,12 +75,25 @@ impl SessionContext {
     pub fn can_send(&self, prefix: &IpNet) -> bool {
         match prefix {
             IpNet::V4(_) => {
-                self.next_hop_v4.is_some() && self.families.contains(&AfiSafi::IPV4_UNICAST)
+                (self.next_hop_v4.is_some() || self.ipv4_next_hop_is_ipv6())
+                    && self.families.contains(&AfiSafi::IPV4_UNICAST)
             }
             IpNet::V6(_) => {
-                self.next_hop_v6.is_some() && self.families.contains(&AfiSafi::IPV6_UNICAST)
+                self.ipv6_next_hop().is_some() && self.families.contains(&AfiSafi::IPV6_UNICAST)
             }
         }
+    }
+
+    /// The IPv6 next hop in MP_REACH_NLRI: global, global and link-local, or link-local
+    /// alone; `None` without any IPv6 address.
+    pub fn ipv6_next_hop(&self) -> Option<MpNextHop> {
+        MpNextHop::ipv6(self.next_hop_v6, self.next_hop_v6_link_local)
+    }
+
+    /// True when IPv4 prefixes travel in MP_REACH_NLRI with the IPv6 next hop (RFC 8950):
+    /// extended next hop negotiated, no IPv4 next hop, and an IPv6 one.
+    pub fn ipv4_next_hop_is_ipv6(&self) -> bool {
+        self.extended_next_hop && self.next_hop_v4.is_none() && self.ipv6_next_hop().is_some()
     }
 
     fn attributes(&self, route: &RouteAttributes) -> PathAttributes {
@@ -123,24 +149,41 @@ pub fn diff(
     }
     let mut updates = Vec::new();
     if !withdraw4.is_empty() {
-        updates.extend(Update::withdraw_ipv4(&withdraw4));
+        // Withdrawn where they were announced. The session's next hops do not change while it
+        // is up (the driver builds a new context, and clears the Adj-RIB-Out, per session).
+        updates.extend(if ctx.ipv4_next_hop_is_ipv6() {
+            Update::withdraw_ipv4_mp(&withdraw4)
+        } else {
+            Update::withdraw_ipv4(&withdraw4)
+        });
     }
     if !withdraw6.is_empty() {
         updates.extend(Update::withdraw_ipv6(&withdraw6));
     }
+    let v6_next_hop = ctx.ipv6_next_hop();
     for (attrs, (v4, v6)) in groups {
         let base = ctx.attributes(attrs);
-        if let (false, Some(nh)) = (v4.is_empty(), ctx.next_hop_v4) {
-            let mut a = base.clone();
-            a.next_hop = Some(nh);
-            updates.extend(Update::announce_ipv4(&a, &v4, &ctx.codec)?);
+        if !v4.is_empty() {
+            match (ctx.next_hop_v4, &v6_next_hop) {
+                (Some(nh), _) => {
+                    let mut a = base.clone();
+                    a.next_hop = Some(nh);
+                    updates.extend(Update::announce_ipv4(&a, &v4, &ctx.codec)?);
+                }
+                (None, Some(nh)) if ctx.extended_next_hop => {
+                    updates.extend(Update::announce_ipv4_mp(
+                        &base,
+                        nh.clone(),
+                        &v4,
+                        &ctx.codec,
+                    )?);
+                }
+                // `can_send` kept them out of `next`.
+                _ => {}
+            }
         }
-        if let (false, Some(global)) = (v6.is_empty(), ctx.next_hop_v6) {
-            let nh = MpNextHop::Ipv6 {
-                global,
-                link_local: None,
-            };
-            updates.extend(Update::announce_ipv6(&base, nh, &v6, &ctx.codec)?);
+        if let (false, Some(nh)) = (v6.is_empty(), &v6_next_hop) {
+            updates.extend(Update::announce_ipv6(&base, nh.clone(), &v6, &ctx.codec)?);
         }
     }
     Ok((updates, next))
@@ -161,9 +204,24 @@ mod tests {
             families: vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
             next_hop_v4: Some("198.18.0.1".parse().unwrap()),
             next_hop_v6: Some("fd00:18::1".parse().unwrap()),
+            next_hop_v6_link_local: None,
+            extended_next_hop: false,
             codec: CodecContext::default(),
         }
     }
+
+    /// An unnumbered session: only our link-local address, extended next hop negotiated.
+    fn unnumbered() -> SessionContext {
+        SessionContext {
+            next_hop_v4: None,
+            next_hop_v6: None,
+            next_hop_v6_link_local: Some(LINK_LOCAL),
+            extended_next_hop: true,
+            ..ctx()
+        }
+    }
+
+    const LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
     fn attrs(c: u16) -> RouteAttributes {
         RouteAttributes {
@@ -173,8 +231,13 @@ mod tests {
         }
     }
 
-    /// Applies UPDATEs (after an encode/decode round trip) to a table, as a peer would.
-    fn apply(table: &mut BTreeMap<IpNet, PathAttributes>, updates: &[Update]) {
+    /// Applies UPDATEs (after an encode/decode round trip) to a table, as a peer would, and
+    /// checks every next hop is `ctx`'s.
+    fn apply(
+        table: &mut BTreeMap<IpNet, PathAttributes>,
+        updates: &[Update],
+        ctx: &SessionContext,
+    ) {
         for u in updates {
             let bytes = Message::Update(u.clone())
                 .to_bytes(&CodecContext::default())
@@ -187,12 +250,17 @@ mod tests {
             for p in &u.withdrawn {
                 table.remove(&IpNet::V4(*p));
             }
-            if let Some(un) = &u.attributes.mp_unreach
-                && let Nlri::Ipv6Unicast(ps) = &un.withdrawn
-            {
-                for p in ps {
+            match u.attributes.mp_unreach.as_ref().map(|un| &un.withdrawn) {
+                Some(Nlri::Ipv6Unicast(ps)) => ps.iter().for_each(|p| {
                     table.remove(&IpNet::V6(*p));
-                }
+                }),
+                Some(Nlri::Ipv4Unicast(ps)) => ps.iter().for_each(|p| {
+                    table.remove(&IpNet::V4(*p));
+                }),
+                _ => {}
+            }
+            if !u.nlri.is_empty() {
+                assert_eq!(u.attributes.next_hop, ctx.next_hop_v4);
             }
             let mut a = u.attributes.clone();
             a.mp_reach = None;
@@ -200,18 +268,18 @@ mod tests {
             for p in &u.nlri {
                 table.insert(IpNet::V4(*p), a.clone());
             }
-            if let Some(r) = &u.attributes.mp_reach
-                && let Nlri::Ipv6Unicast(ps) = &r.nlri
-            {
-                assert_eq!(
-                    r.next_hop,
-                    MpNextHop::Ipv6 {
-                        global: "fd00:18::1".parse().unwrap(),
-                        link_local: None
-                    }
-                );
-                for p in ps {
-                    table.insert(IpNet::V6(*p), a.clone());
+            if let Some(r) = &u.attributes.mp_reach {
+                assert_eq!(Some(&r.next_hop), ctx.ipv6_next_hop().as_ref());
+                // RFC 4760 §3: no NEXT_HOP when all NLRI is in MP_REACH_NLRI.
+                assert_eq!(u.attributes.next_hop, None);
+                match &r.nlri {
+                    Nlri::Ipv6Unicast(ps) => ps.iter().for_each(|p| {
+                        table.insert(IpNet::V6(*p), a.clone());
+                    }),
+                    Nlri::Ipv4Unicast(ps) => ps.iter().for_each(|p| {
+                        table.insert(IpNet::V4(*p), a.clone());
+                    }),
+                    Nlri::Other { .. } => panic!("unexpected family"),
                 }
             }
         }
@@ -281,23 +349,152 @@ mod tests {
         )
     }
 
+    #[test]
+    fn unnumbered_session_sends_ipv4_in_mp_reach_with_the_link_local_next_hop() {
+        let c = unnumbered();
+        let v4: IpNet = "198.18.201.1/32".parse().unwrap();
+        let v6: IpNet = "fd00:18::c9:1/128".parse().unwrap();
+        assert!(c.can_send(&v4));
+        assert!(c.can_send(&v6));
+        let desired: AdjRibOut = [(v4, attrs(1)), (v6, attrs(1))].into();
+        let (updates, sent) = diff(&AdjRibOut::new(), &desired, &c).unwrap();
+        assert_eq!(sent, desired);
+        let ll_twice = MpNextHop::Ipv6 {
+            global: LINK_LOCAL,
+            link_local: Some(LINK_LOCAL),
+        };
+        assert_eq!(updates.len(), 2);
+        for u in &updates {
+            assert!(u.nlri.is_empty() && u.withdrawn.is_empty());
+            assert_eq!(u.attributes.next_hop, None);
+            assert_eq!(
+                u.attributes.mp_reach.as_ref().map(|r| &r.next_hop),
+                Some(&ll_twice)
+            );
+        }
+        assert_eq!(
+            updates[0].attributes.mp_reach.as_ref().unwrap().nlri,
+            Nlri::Ipv4Unicast(vec!["198.18.201.1/32".parse().unwrap()])
+        );
+        // Withdrawn in MP_UNREACH_NLRI, where they were announced.
+        let (updates, sent) = diff(&sent, &AdjRibOut::new(), &c).unwrap();
+        assert!(sent.is_empty());
+        let withdrawn: Vec<&Nlri> = updates
+            .iter()
+            .filter_map(|u| u.attributes.mp_unreach.as_ref().map(|m| &m.withdrawn))
+            .collect();
+        assert_eq!(
+            withdrawn,
+            [
+                &Nlri::Ipv4Unicast(vec!["198.18.201.1/32".parse().unwrap()]),
+                &Nlri::Ipv6Unicast(vec!["fd00:18::c9:1/128".parse().unwrap()]),
+            ]
+        );
+        assert!(updates.iter().all(|u| u.withdrawn.is_empty()));
+    }
+
+    #[test]
+    fn ipv4_without_ipv4_next_hop_needs_extended_next_hop() {
+        let v4: IpNet = "198.18.201.1/32".parse().unwrap();
+        let not_negotiated = SessionContext {
+            extended_next_hop: false,
+            ..unnumbered()
+        };
+        assert!(!not_negotiated.can_send(&v4));
+        let desired: AdjRibOut = [(v4, attrs(1))].into();
+        let (updates, sent) = diff(&AdjRibOut::new(), &desired, &not_negotiated).unwrap();
+        assert!(updates.is_empty() && sent.is_empty());
+        // Negotiated, but no IPv6 address either.
+        let no_address = SessionContext {
+            next_hop_v6_link_local: None,
+            ..unnumbered()
+        };
+        assert!(!no_address.can_send(&v4));
+        // With an IPv4 next hop the classic encoding stays, negotiated or not.
+        let numbered = SessionContext {
+            extended_next_hop: true,
+            ..ctx()
+        };
+        assert!(!numbered.ipv4_next_hop_is_ipv6());
+        let (updates, _) = diff(&AdjRibOut::new(), &desired, &numbered).unwrap();
+        assert_eq!(updates[0].nlri, vec!["198.18.201.1/32".parse().unwrap()]);
+        assert_eq!(updates[0].attributes.mp_reach, None);
+    }
+
+    #[test]
+    fn ipv6_next_hop_takes_global_link_local_or_both() {
+        let global: Ipv6Addr = "fd00:18::1".parse().unwrap();
+        let with = |g, ll| SessionContext {
+            next_hop_v6: g,
+            next_hop_v6_link_local: ll,
+            ..ctx()
+        };
+        assert_eq!(
+            with(Some(global), None).ipv6_next_hop(),
+            Some(MpNextHop::Ipv6 {
+                global,
+                link_local: None
+            })
+        );
+        assert_eq!(
+            with(Some(global), Some(LINK_LOCAL)).ipv6_next_hop(),
+            Some(MpNextHop::Ipv6 {
+                global,
+                link_local: Some(LINK_LOCAL)
+            })
+        );
+        let ll_twice = Some(MpNextHop::Ipv6 {
+            global: LINK_LOCAL,
+            link_local: Some(LINK_LOCAL),
+        });
+        assert_eq!(with(None, Some(LINK_LOCAL)).ipv6_next_hop(), ll_twice);
+        // A link-local address given as the global one (the session's local address on an
+        // unnumbered session) is not sent as if it were global.
+        assert_eq!(with(Some(LINK_LOCAL), None).ipv6_next_hop(), ll_twice);
+        assert_eq!(with(None, None).ipv6_next_hop(), None);
+        assert!(!with(None, None).can_send(&"fd00:18::c9:1/128".parse().unwrap()));
+    }
+
+    /// Sessions the property runs on: classic, unnumbered, global plus link-local with extended
+    /// next hop and no IPv4 next hop, and extended next hop with an IPv4 next hop.
+    fn session_strategy() -> impl Strategy<Value = SessionContext> {
+        prop_oneof![
+            Just(ctx()),
+            Just(unnumbered()),
+            Just(SessionContext {
+                next_hop_v4: None,
+                next_hop_v6_link_local: Some(LINK_LOCAL),
+                extended_next_hop: true,
+                ..ctx()
+            }),
+            Just(SessionContext {
+                extended_next_hop: true,
+                ..ctx()
+            }),
+        ]
+    }
+
     proptest! {
         /// After any sequence of plans, the peer's table (built from the encoded UPDATEs) holds
         /// exactly the last plan, with the attributes it asks for.
         #[test]
-        fn peer_table_follows_the_plans(plans in proptest::collection::vec(table_strategy(), 1..4)) {
+        fn peer_table_follows_the_plans(
+            plans in proptest::collection::vec(table_strategy(), 1..4),
+            ctx in session_strategy(),
+        ) {
             let mut sent = AdjRibOut::new();
             let mut table = BTreeMap::new();
             for desired in &plans {
-                let (updates, next) = diff(&sent, desired, &ctx()).unwrap();
-                apply(&mut table, &updates);
+                let (updates, next) = diff(&sent, desired, &ctx).unwrap();
+                apply(&mut table, &updates, &ctx);
                 sent = next;
                 prop_assert_eq!(table.keys().collect::<Vec<_>>(), desired.keys().collect::<Vec<_>>());
                 for (p, a) in &table {
                     let want = &desired[p];
                     prop_assert_eq!(&a.communities, &want.communities.iter().copied().collect::<Vec<_>>());
                     prop_assert_eq!(a.local_pref, None);
-                    prop_assert_eq!(a.next_hop.is_some(), matches!(p, IpNet::V4(_)));
+                    let classic_v4 = matches!(p, IpNet::V4(_)) && !ctx.ipv4_next_hop_is_ipv6();
+                    prop_assert_eq!(a.next_hop.is_some(), classic_v4);
                 }
             }
         }

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use crate::packet::iana::{cease_subcode, error_code, fsm_subcode, open_subcode};
 use crate::packet::{
-    AfiSafi, Capability, CodecContext, DecodeError, GracefulRestart, GracefulRestartFamily,
-    Message, Notification, Open, RouteRefresh, Update,
+    AfiSafi, Capability, CodecContext, DecodeError, ExtendedNextHop, GracefulRestart,
+    GracefulRestartFamily, Message, Notification, Open, RouteRefresh, Update,
 };
 
 /// Hold time while waiting for the peer's OPEN (RFC 4271 §8.2.2 suggests four minutes).
@@ -102,6 +102,11 @@ pub struct Config {
     /// the routes it had until the restarted speaker's End-of-RIB replaces them (make before
     /// break), as MetalLB's FRR mode does with `preserve-fw-state`.
     pub graceful_restart_time: Option<u16>,
+    /// Advertise the extended next hop capability (RFC 8950) for IPv4 unicast with IPv6 next
+    /// hops, so that IPv4 prefixes can be announced over a session that has no IPv4 next hop
+    /// (BGP unnumbered: the peer is known only by its IPv6 link-local address). Only sent when
+    /// `families` has IPv4 unicast. `false` keeps the OPEN as it was before RFC 8950 support.
+    pub extended_next_hop: bool,
 }
 
 /// A configuration the session cannot run with.
@@ -184,6 +189,11 @@ pub struct Negotiated {
     pub peer_graceful_restart: Option<GracefulRestart>,
     /// The peer's host name from its FQDN capability, if it sent one.
     pub peer_hostname: Option<String>,
+    /// Both sides advertised the extended next hop capability for IPv4 unicast with IPv6 next
+    /// hops (AFI 1, SAFI 1, next hop AFI 2; RFC 8950 §3), and IPv4 unicast was negotiated: IPv4
+    /// prefixes may be sent in MP_REACH_NLRI with an IPv6 next hop
+    /// ([`SessionContext::extended_next_hop`](crate::adj_out::SessionContext::extended_next_hop)).
+    pub extended_next_hop: bool,
     /// How UPDATEs to and from this peer are laid out.
     pub codec: CodecContext,
 }
@@ -397,6 +407,11 @@ impl Session {
             .map(|f| Capability::Multiprotocol(*f))
             .collect();
         caps.push(Capability::RouteRefresh);
+        if c.extended_next_hop && c.families.contains(&AfiSafi::IPV4_UNICAST) {
+            caps.push(Capability::ExtendedNextHop(vec![
+                ExtendedNextHop::IPV4_UNICAST_OVER_IPV6,
+            ]));
+        }
         if let Some(restart_time) = c.graceful_restart_time {
             caps.push(Capability::GracefulRestart(GracefulRestart {
                 restart_state: false,
@@ -739,6 +754,14 @@ impl Session {
             internal,
             hold_time: Duration::from_secs(u64::from(hold)),
             keepalive,
+            // RFC 8950 §2: a speaker may send IPv4 NLRI with an IPv6 next hop only to a peer
+            // that advertised the capability for that family, and we only announce what we
+            // advertised ourselves.
+            extended_next_hop: c.extended_next_hop
+                && families.contains(&AfiSafi::IPV4_UNICAST)
+                && open
+                    .extended_next_hops()
+                    .any(|e| e == ExtendedNextHop::IPV4_UNICAST_OVER_IPV6),
             families,
             route_refresh: open.supports_route_refresh(),
             peer_graceful_restart: open.capabilities.iter().find_map(|cap| match cap {
@@ -850,6 +873,7 @@ mod tests {
             },
             families: vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
             graceful_restart_time: None,
+            extended_next_hop: false,
         }
     }
 
@@ -1143,6 +1167,7 @@ mod tests {
         assert_eq!(n.peer_bgp_id, PEER_ID);
         assert!(!n.internal);
         assert!(n.route_refresh);
+        assert!(!n.extended_next_hop);
         assert_eq!(
             n.families,
             vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST]
@@ -1410,6 +1435,133 @@ mod tests {
             n.peer_graceful_restart.as_ref().map(|g| g.restart_time),
             Some(120)
         );
+    }
+
+    /// The peer's OPEN of `peer_open` with an extended next hop capability of `entries`.
+    fn peer_open_with_enhe(entries: Vec<ExtendedNextHop>) -> Open {
+        let mut open = peer_open(64513, 90);
+        open.capabilities.push(Capability::ExtendedNextHop(entries));
+        open
+    }
+
+    fn negotiated_enhe(config: Config, open: Open) -> bool {
+        let mut s = session_in(config, State::OpenSent);
+        s.handle(Event::BGPOpen(open));
+        s.negotiated().unwrap().extended_next_hop
+    }
+
+    fn enhe_config() -> Config {
+        Config {
+            extended_next_hop: true,
+            ..config()
+        }
+    }
+
+    #[test]
+    fn extended_next_hop_is_advertised_only_when_configured() {
+        let caps = |c: Config| Session::new(c).unwrap().open_message().capabilities;
+        assert!(
+            !caps(config())
+                .iter()
+                .any(|c| matches!(c, Capability::ExtendedNextHop(_)))
+        );
+        let ours = caps(enhe_config());
+        assert!(ours.contains(&Capability::ExtendedNextHop(vec![
+            ExtendedNextHop::IPV4_UNICAST_OVER_IPV6
+        ])));
+        // On the wire: code 5, length 6, AFI 1, SAFI 1, next hop AFI 2.
+        let bytes = Capability::ExtendedNextHop(vec![ExtendedNextHop::IPV4_UNICAST_OVER_IPV6])
+            .to_bytes()
+            .unwrap();
+        assert_eq!(bytes, [5, 6, 0, 1, 0, 1, 0, 2]);
+        // Without IPv4 unicast there is nothing to carry.
+        let v6_only = Config {
+            families: vec![AfiSafi::IPV6_UNICAST],
+            ..enhe_config()
+        };
+        assert!(
+            !caps(v6_only)
+                .iter()
+                .any(|c| matches!(c, Capability::ExtendedNextHop(_)))
+        );
+    }
+
+    #[test]
+    fn extended_next_hop_is_negotiated_when_both_sides_send_it() {
+        let ipv4_over_ipv6 = ExtendedNextHop::IPV4_UNICAST_OVER_IPV6;
+        assert!(negotiated_enhe(
+            enhe_config(),
+            peer_open_with_enhe(vec![ipv4_over_ipv6])
+        ));
+        // Among other entries (FRR also lists IPv4 VPN), and in a capability of its own.
+        let vpn = ExtendedNextHop {
+            afi: 1,
+            safi: 128,
+            next_hop_afi: 2,
+        };
+        assert!(negotiated_enhe(
+            enhe_config(),
+            peer_open_with_enhe(vec![vpn, ipv4_over_ipv6])
+        ));
+        let mut split = peer_open_with_enhe(vec![vpn]);
+        split
+            .capabilities
+            .push(Capability::ExtendedNextHop(vec![ipv4_over_ipv6]));
+        assert!(negotiated_enhe(enhe_config(), split));
+    }
+
+    #[test]
+    fn extended_next_hop_is_not_negotiated_when_only_one_side_sends_it() {
+        let ipv4_over_ipv6 = ExtendedNextHop::IPV4_UNICAST_OVER_IPV6;
+        // Only we send it.
+        assert!(!negotiated_enhe(enhe_config(), peer_open(64513, 90)));
+        // Only the peer sends it.
+        assert!(!negotiated_enhe(
+            config(),
+            peer_open_with_enhe(vec![ipv4_over_ipv6])
+        ));
+        // The peer sends it for other families only.
+        for other in [
+            ExtendedNextHop {
+                afi: 1,
+                safi: 128,
+                next_hop_afi: 2,
+            },
+            ExtendedNextHop {
+                afi: 2,
+                safi: 1,
+                next_hop_afi: 1,
+            },
+            ExtendedNextHop {
+                afi: 1,
+                safi: 1,
+                next_hop_afi: 1,
+            },
+        ] {
+            assert!(!negotiated_enhe(
+                enhe_config(),
+                peer_open_with_enhe(vec![other])
+            ));
+        }
+        // A malformed capability (not a multiple of six octets) is kept as unknown and means
+        // nothing.
+        let mut open = peer_open(64513, 90);
+        open.capabilities.push(Capability::Unknown {
+            code: 5,
+            value: vec![0, 1, 0, 1, 0],
+        });
+        assert!(!negotiated_enhe(enhe_config(), open));
+        // Both send it, but IPv4 unicast is not a common family.
+        let v6_peer = Open::new(
+            64513,
+            90,
+            PEER_ID,
+            vec![
+                Capability::Multiprotocol(AfiSafi::IPV6_UNICAST),
+                Capability::ExtendedNextHop(vec![ipv4_over_ipv6]),
+            ],
+        );
+        assert!(!negotiated_enhe(enhe_config(), v6_peer));
     }
 
     #[test]

@@ -300,6 +300,43 @@ pub enum MpNextHop {
 }
 
 impl MpNextHop {
+    /// The IPv6 next hop to send for our own routes (IPv6 prefixes, or IPv4 prefixes with the
+    /// extended next hop capability, RFC 8950 §4), or `None` when there is no address at all.
+    ///
+    /// - `global` alone: 16 octets (RFC 2545 §3).
+    /// - `global` and `link_local`: 32 octets, global first.
+    /// - `link_local` alone, as on an unnumbered session: 32 octets with the link-local address
+    ///   in both fields. A `global` that is itself link-local counts as `link_local`.
+    ///
+    /// Why the link-local-only case is 32 octets with the address twice, rather than 16 octets
+    /// with the link-local address or 32 octets with `::` as global: it is exactly what FRR
+    /// sends on an unnumbered session whose interface has no global address (bgpd/bgp_zebra.c,
+    /// `bgp_nexthop_set`: "Set link-local address as global"), and what FRR handles best on
+    /// receipt:
+    /// - FRR ≥ 7.5 tracks the second (link-local) address for both "LL(LL)" and "::(LL)"
+    ///   (bgpd/bgp_nht.c `make_prefix`, commit 606fdbb1), and since 7.4 exempts a 32-octet
+    ///   next hop's global part from the martian check (bgpd/bgp_route.c, commit 0355b41d).
+    /// - With `set ipv6 next-hop prefer-global` FRR installs the first address
+    ///   (bgpd/bgp_zebra.c `bgp_path_info_to_ipv6_nexthop`): a link-local one gets the
+    ///   interface and works, `::` would not.
+    /// - FRR ≥ 10.4 logs "received IPv6 global next-hop as Link-Local, but no capability
+    ///   exchanged" for a 16-octet link-local next hop unless the Link-Local Next Hop capability
+    ///   (draft-ietf-idr-linklocal-capability), which we do not send, was negotiated.
+    pub fn ipv6(global: Option<Ipv6Addr>, link_local: Option<Ipv6Addr>) -> Option<Self> {
+        let (global, stray) = match global {
+            Some(g) if g.is_unicast_link_local() => (None, Some(g)),
+            g => (g, None),
+        };
+        match (global, link_local.or(stray)) {
+            (Some(global), link_local) => Some(Self::Ipv6 { global, link_local }),
+            (None, Some(ll)) => Some(Self::Ipv6 {
+                global: ll,
+                link_local: Some(ll),
+            }),
+            (None, None) => None,
+        }
+    }
+
     fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Self::Ipv4(a) => {

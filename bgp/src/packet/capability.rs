@@ -38,6 +38,18 @@ pub struct ExtendedNextHop {
     pub next_hop_afi: u16,
 }
 
+impl ExtendedNextHop {
+    /// IPv4 unicast NLRI with an IPv6 next hop (`00 01 00 01 00 02` on the wire): what a
+    /// session needs to carry IPv4 prefixes when it has no IPv4 next hop, as on an unnumbered
+    /// (IPv6 link-local) session.
+    pub const IPV4_UNICAST_OVER_IPV6: Self = Self {
+        afi: afi::IPV4,
+        // Widening a u8 to u16; `u16::from` is not usable in a constant.
+        safi: safi::UNICAST as u16,
+        next_hop_afi: afi::IPV6,
+    };
+}
+
 /// One address family in the graceful restart capability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GracefulRestartFamily {

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::capability::{AfiSafi, Capability};
+use super::capability::{AfiSafi, Capability, ExtendedNextHop};
 use super::error::{DecodeError, EncodeError};
 use super::iana::{self, cease_subcode, error_code, message_type, optional_parameter};
 use super::reader::Reader;
@@ -215,6 +215,18 @@ impl Open {
     /// The sender's AS: from the 4-octet AS capability when present, else "My Autonomous System".
     pub fn asn(&self) -> u32 {
         self.four_octet_as().unwrap_or(u32::from(self.my_as))
+    }
+
+    /// The entries of the sender's extended next hop capabilities (RFC 8950 §3); empty when it
+    /// sent none.
+    pub fn extended_next_hops(&self) -> impl Iterator<Item = ExtendedNextHop> + '_ {
+        self.capabilities
+            .iter()
+            .filter_map(|c| match c {
+                Capability::ExtendedNextHop(entries) => Some(entries.iter().copied()),
+                _ => None,
+            })
+            .flatten()
     }
 
     /// The families the sender advertised; IPv4 unicast alone when it sent no multiprotocol

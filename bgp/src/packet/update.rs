@@ -160,32 +160,43 @@ impl Update {
     }
 
     /// UPDATEs announcing IPv6 unicast `prefixes` in MP_REACH_NLRI with `next_hop`, alongside
-    /// `attributes`, as few as fit in 4096 octets each.
+    /// `attributes` without their NEXT_HOP (RFC 4760 §3: an UPDATE whose only NLRI is in
+    /// MP_REACH_NLRI should not carry one), as few as fit in 4096 octets each.
     pub fn announce_ipv6(
         attributes: &PathAttributes,
         next_hop: MpNextHop,
         prefixes: &[Ipv6Net],
         ctx: &CodecContext,
     ) -> Result<Vec<Self>, EncodeError> {
-        let mut with_reach = attributes.clone();
-        with_reach.mp_reach = Some(MpReach {
+        announce_mp(
+            attributes,
             next_hop,
-            nlri: Nlri::Ipv6Unicast(Vec::new()),
-        });
-        // One more octet in case MP_REACH_NLRI grows past 255 octets and needs extended length.
-        let budget = nlri_budget(&with_reach, ctx, 1)?;
-        Ok(chunks(prefixes, budget, ipv6_prefix_len)
-            .map(|chunk| {
-                let mut attrs = with_reach.clone();
-                if let Some(reach) = &mut attrs.mp_reach {
-                    reach.nlri = Nlri::Ipv6Unicast(chunk.to_vec());
-                }
-                Self {
-                    attributes: attrs,
-                    ..Self::default()
-                }
-            })
-            .collect())
+            prefixes,
+            ctx,
+            Nlri::Ipv6Unicast,
+            ipv6_prefix_len,
+        )
+    }
+
+    /// UPDATEs announcing IPv4 unicast `prefixes` in MP_REACH_NLRI (AFI 1, SAFI 1) with
+    /// `next_hop`, alongside `attributes` without their NEXT_HOP, as few as fit in 4096 octets
+    /// each. This is how IPv4 prefixes travel with an IPv6 next hop once the extended next hop
+    /// capability is negotiated (RFC 8950 §4); a NEXT_HOP attribute would only contradict it
+    /// (RFC 4760 §3 says not to send one with no NLRI outside MP_REACH_NLRI).
+    pub fn announce_ipv4_mp(
+        attributes: &PathAttributes,
+        next_hop: MpNextHop,
+        prefixes: &[Ipv4Net],
+        ctx: &CodecContext,
+    ) -> Result<Vec<Self>, EncodeError> {
+        announce_mp(
+            attributes,
+            next_hop,
+            prefixes,
+            ctx,
+            Nlri::Ipv4Unicast,
+            ipv4_prefix_len,
+        )
     }
 
     /// UPDATEs withdrawing IPv4 unicast `prefixes`, as few as fit in 4096 octets each.
@@ -202,22 +213,67 @@ impl Update {
     /// UPDATEs withdrawing IPv6 unicast `prefixes` in MP_UNREACH_NLRI, as few as fit in 4096
     /// octets each.
     pub fn withdraw_ipv6(prefixes: &[Ipv6Net]) -> Vec<Self> {
-        // Header, two length fields, attribute header with extended length, AFI/SAFI.
-        let budget = MAX_MESSAGE_LEN - HEADER_LEN - 4 - 4 - 3;
-        chunks(prefixes, budget, ipv6_prefix_len)
-            .map(|chunk| {
-                let withdrawn = Nlri::Ipv6Unicast(chunk.to_vec());
-                let attributes = PathAttributes {
-                    mp_unreach: Some(MpUnreach { withdrawn }),
-                    ..PathAttributes::default()
-                };
-                Self {
-                    attributes,
-                    ..Self::default()
-                }
-            })
-            .collect()
+        withdraw_mp(prefixes, Nlri::Ipv6Unicast, ipv6_prefix_len)
     }
+
+    /// UPDATEs withdrawing IPv4 unicast `prefixes` in MP_UNREACH_NLRI (AFI 1, SAFI 1), as few
+    /// as fit in 4096 octets each: the counterpart of [`Update::announce_ipv4_mp`], so that a
+    /// session that announces IPv4 in MP_REACH_NLRI also withdraws it there.
+    pub fn withdraw_ipv4_mp(prefixes: &[Ipv4Net]) -> Vec<Self> {
+        withdraw_mp(prefixes, Nlri::Ipv4Unicast, ipv4_prefix_len)
+    }
+}
+
+/// UPDATEs announcing `prefixes` in MP_REACH_NLRI, the family given by `nlri`.
+fn announce_mp<T: Clone>(
+    attributes: &PathAttributes,
+    next_hop: MpNextHop,
+    prefixes: &[T],
+    ctx: &CodecContext,
+    nlri: fn(Vec<T>) -> Nlri,
+    size: fn(&T) -> usize,
+) -> Result<Vec<Update>, EncodeError> {
+    let mut with_reach = attributes.clone();
+    with_reach.next_hop = None;
+    with_reach.mp_reach = Some(MpReach {
+        next_hop,
+        nlri: nlri(Vec::new()),
+    });
+    // One more octet in case MP_REACH_NLRI grows past 255 octets and needs extended length.
+    let budget = nlri_budget(&with_reach, ctx, 1)?;
+    Ok(chunks(prefixes, budget, size)
+        .map(|chunk| {
+            let mut attrs = with_reach.clone();
+            if let Some(reach) = &mut attrs.mp_reach {
+                reach.nlri = nlri(chunk.to_vec());
+            }
+            Update {
+                attributes: attrs,
+                ..Update::default()
+            }
+        })
+        .collect())
+}
+
+/// UPDATEs withdrawing `prefixes` in MP_UNREACH_NLRI, the family given by `nlri`.
+fn withdraw_mp<T: Clone>(
+    prefixes: &[T],
+    nlri: fn(Vec<T>) -> Nlri,
+    size: fn(&T) -> usize,
+) -> Vec<Update> {
+    // Header, two length fields, attribute header with extended length, AFI/SAFI.
+    let budget = MAX_MESSAGE_LEN - HEADER_LEN - 4 - 4 - 3;
+    chunks(prefixes, budget, size)
+        .map(|chunk| Update {
+            attributes: PathAttributes {
+                mp_unreach: Some(MpUnreach {
+                    withdrawn: nlri(chunk.to_vec()),
+                }),
+                ..PathAttributes::default()
+            },
+            ..Update::default()
+        })
+        .collect()
 }
 
 /// Octets left for NLRI in a message carrying `attributes`, minus `slack`.
