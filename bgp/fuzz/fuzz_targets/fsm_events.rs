@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&setup, mut rest)) = data.split_first() else {
         return;
     };
-    // The first byte picks the peer AS rule, hold time and graceful restart.
+    // The first byte picks the peer AS rule, hold time, graceful restart and extended next hop.
     let config = Config {
         local_as: 64512,
         peer_as: match setup % 3 {
@@ -31,6 +31,8 @@ fuzz_target!(|data: &[u8]| {
         },
         families: vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
         graceful_restart_time: (setup & 0x8 != 0).then_some(120),
+        // Lets the peer's extended next hop capability reach negotiation.
+        extended_next_hop: setup & 0x20 != 0,
     };
     let Ok(mut session) = Session::new(config) else {
         return;

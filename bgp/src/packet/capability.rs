@@ -208,8 +208,10 @@ impl Capability {
     }
 }
 
+/// Entries of six octets (RFC 8950 §3), at least one; anything else is malformed, and kept as
+/// [`Capability::Unknown`] (ignoring it only means IPv4 keeps IPv4 next hops).
 fn decode_extended_next_hop(value: &[u8]) -> Option<Capability> {
-    if !value.len().is_multiple_of(6) {
+    if value.is_empty() || !value.len().is_multiple_of(6) {
         return None;
     }
     let entries = value
