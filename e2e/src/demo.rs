@@ -304,6 +304,8 @@ spec:
   holdTime: 9s
   connectTime: 1s
   bfdProfile: demo
+  # The Service's IPv6 address goes over this IPv4 session too (as in MetalLB, only with this).
+  dualStackAddressFamily: true
 ---
 apiVersion: metallb.io/v1beta1
 kind: BGPAdvertisement

@@ -4,7 +4,7 @@
 //! Tests run one at a time (they share the speakers); each works in its own namespace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -12,8 +12,8 @@ use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::router::{
-    ROUTE_TIMEOUT, http_from_ext, node_of_address, router_paths, router_route, wait_advertised_by,
-    wait_http_pods, wait_installed,
+    ROUTE_TIMEOUT, http_from_ext, node_of_address, router_paths, router_route, vtysh,
+    wait_advertised_by, wait_http_pods, wait_installed,
 };
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
@@ -40,6 +40,7 @@ spec:
   holdTime: 9s
   keepaliveTime: 3s
   connectTime: 1s
+  dualStackAddressFamily: true
 {extra}"
     )
 }
@@ -943,6 +944,155 @@ async fn bfd_malformed_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lab router's BGP neighbours in the default VRF: address → FRR state.
+fn router_neighbours(lab: &Lab) -> anyhow::Result<BTreeMap<String, String>> {
+    let out = vtysh(lab, &["show bgp vrf default summary json"])?;
+    let json: serde_json::Value =
+        serde_json::from_str(&out).with_context(|| format!("vtysh printed {out}"))?;
+    let mut neighbours = BTreeMap::new();
+    for family in json.as_object().into_iter().flat_map(|o| o.values()) {
+        for (address, peer) in family["peers"].as_object().into_iter().flatten() {
+            let state = peer["state"].as_str().unwrap_or_default().to_string();
+            neighbours.insert(address.clone(), state);
+        }
+    }
+    Ok(neighbours)
+}
+
+/// `dualStackAddressFamily`, as MetalLB sets up FRR: without it the IPv4 session carries IPv4
+/// prefixes only, so a dual-stack Service's IPv6 host route leaves the router while its IPv4
+/// one stays; with it (the suite's peer) both come back.
+async fn dual_stack_address_family_decides_the_families(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "bgp-families").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        bgp_service(
+            "web",
+            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+        )?,
+    )
+    .await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 1).await?;
+    let (Some(v4), Some(v6)) = (
+        ips.iter().find(|ip| !ip.contains(':')),
+        ips.iter().find(|ip| ip.contains(':')),
+    ) else {
+        anyhow::bail!("not one IP of each family: {ips:?}");
+    };
+    for ip in [v4, v6] {
+        wait_advertised_by(lab, ip, &NODES).await?;
+    }
+    // The suite's peer without the field: MetalLB's default.
+    let single = bgp_peer("").replace("  dualStackAddressFamily: true\n", "");
+    ensure!(!single.contains("dualStack"), "{single}");
+    lab.apply(&single)?;
+    let restored = SuitePeer(lab);
+    wait_advertised_by(lab, v6, &[]).await?;
+    wait_advertised_by(lab, v4, &NODES).await?;
+    drop(restored);
+    wait_advertised_by(lab, v6, &NODES).await?;
+    Ok(())
+}
+
+/// Puts the suite's BGPPeer back when dropped.
+struct SuitePeer<'a>(&'a Lab);
+
+impl Drop for SuitePeer<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.apply(&bgp_peer(""));
+    }
+}
+
+/// A BGPPeer in a VRF the nodes do not have: its session is bound to the VRF device, so it never
+/// runs in the default VRF instead (the router would take it: it accepts the nodes from their
+/// lab addresses); every node reports it (Warning Event `VRFNotFound` on the BGPPeer, session
+/// gauge 0), and the default-VRF sessions carry on. (The lab's kernel has no VRF driver, so a
+/// session inside a real VRF cannot be shown here; see docs/bgp.md.)
+async fn vrf_peer_without_its_vrf_never_runs_outside_it(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let ns = ferrolb::NAMESPACE;
+    let before = wait_for(
+        "every session of the router to be established",
+        ROUTE_TIMEOUT,
+        || async {
+            let n = router_neighbours(lab).map_err(|e| e.to_string())?;
+            if n.len() == NODES.len() && n.values().all(|s| s == "Established") {
+                Ok(Some(n))
+            } else {
+                Err(format!("{n:?}"))
+            }
+        },
+    )
+    .await?;
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {{name: red, namespace: {ns}}}
+spec:
+  myASN: 64513
+  peerASN: 64500
+  peerAddress: 198.18.0.254
+  vrf: flb-no-such-vrf
+  connectTime: 1s
+"
+    ))?;
+    struct Delete<'a>(&'a Lab);
+    impl Drop for Delete<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kubectl(&[
+                "delete",
+                "-n",
+                ferrolb::NAMESPACE,
+                "bgppeer/red",
+                "--ignore-not-found",
+            ]);
+        }
+    }
+    let _delete = Delete(lab);
+    wait_for(
+        "a VRFNotFound Event on BGPPeer red from every node",
+        Duration::from_secs(30),
+        || async {
+            let events = lab
+                .kubectl(&[
+                    "get",
+                    "events",
+                    "-n",
+                    ns,
+                    "--field-selector",
+                    "reason=VRFNotFound,involvedObject.name=red",
+                    "-o",
+                    "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+                ])
+                .map_err(|e| e.to_string())?;
+            let all = NODES.iter().all(|n| {
+                events.contains(&format!("on node {n}:")) && events.contains("flb-no-such-vrf")
+            });
+            if all { Ok(Some(())) } else { Err(events) }
+        },
+    )
+    .await?;
+    // Several connect attempts (connectTime 1 s) have come and gone by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for node in NODES {
+        let up = ferrolb::speaker_metric(lab, node, r#"metallb_bgp_session_up{peer="red"}"#)?;
+        ensure!(
+            up == 0.0,
+            "{node}: BGPPeer red reports up ({up}) without its VRF"
+        );
+    }
+    let after = router_neighbours(lab)?;
+    ensure!(
+        after == before && after.values().all(|s| s == "Established"),
+        "the router's sessions changed: before {before:?}, after {after:?}"
+    );
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     // The tests share the speakers and the router: one at a time.
@@ -981,6 +1131,12 @@ fn main() -> std::process::ExitCode {
         })
         .test("bfd_malformed_packets_are_ignored", |c| {
             Box::pin(bfd_malformed_packets_are_ignored(c))
+        })
+        .test("dual_stack_address_family_decides_the_families", |c| {
+            Box::pin(dual_stack_address_family_decides_the_families(c))
+        })
+        .test("vrf_peer_without_its_vrf_never_runs_outside_it", |c| {
+            Box::pin(vrf_peer_without_its_vrf_never_runs_outside_it(c))
         })
         .run(&args, |lab| {
             Box::pin(async move { Deployment::start(&lab, "bgp", &bgp_config()) })

@@ -1099,6 +1099,8 @@ fn driver_steps(n: usize) {
         families: vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
         next_hop_v4: Some(SPEAKER_V4.parse().unwrap()),
         next_hop_v6: None,
+        next_hop_v6_link_local: None,
+        extended_next_hop: false,
         codec: CodecContext::default(),
     };
     let empty = AdjRibOut::new();

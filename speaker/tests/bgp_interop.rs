@@ -92,14 +92,18 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A BGPPeer carrying both families (`dualStackAddressFamily`), so each session is checked with
+/// IPv4 and IPv6 prefixes.
 fn peer(name: &str, address: &str, password: Option<&str>) -> Peer {
-    model::peer(name, address)
+    let mut p = model::peer(name, address)
         .hold_time(Duration::from_secs(9))
         .keepalive_time(Duration::from_secs(3))
         .connect_time(Duration::from_secs(1))
         .router_id(SPEAKER_V4)
         .password(password)
-        .build()
+        .build();
+    p.dual_stack_address_family = true;
+    p
 }
 
 fn routes() -> AdjRibOut {

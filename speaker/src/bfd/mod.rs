@@ -68,6 +68,26 @@ pub enum Unsupported {
         "BFDProfile {0}: echoMode is not supported (decision 0018); the session runs with control packets only"
     )]
     EchoMode(String),
+    /// A BGPPeer in a VRF names a BFD profile: BFD's sockets are in the default VRF only.
+    #[error(
+        "BFDProfile {profile}: BFD is not supported for a BGPPeer in a VRF (vrf {vrf}); the BGP session runs without it"
+    )]
+    InVrf {
+        /// The profile asked for.
+        profile: String,
+        /// The peer's VRF.
+        vrf: String,
+    },
+}
+
+impl Unsupported {
+    /// The reason of the Warning Event on the BGPPeer.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unsupported::EchoMode(_) => "BFDEchoNotSupported",
+            Unsupported::InVrf { .. } => "BFDNotSupportedInVRF",
+        }
+    }
 }
 
 impl Settings {

@@ -51,6 +51,16 @@ pub fn desired<'a>(config: &Config, peers: impl IntoIterator<Item = &'a String>)
         else {
             continue;
         };
+        if let Some(vrf) = peer.vrf.as_ref().filter(|v| !v.is_empty()) {
+            unsupported.push((
+                name.clone(),
+                Unsupported::InVrf {
+                    profile: profile.name.clone(),
+                    vrf: vrf.clone(),
+                },
+            ));
+            continue;
+        }
         let (settings, missing) = Settings::from_profile(profile, key.multihop);
         if let Some(m) = missing {
             unsupported.push((name.clone(), m));
@@ -154,19 +164,19 @@ impl BfdSessions {
     }
 
     fn report_unsupported(&mut self, unsupported: Vec<(String, Unsupported)>) {
-        let now: BTreeSet<(String, String)> = unsupported
+        let now: BTreeMap<(String, String), &'static str> = unsupported
             .iter()
-            .map(|(n, u)| (n.clone(), u.to_string()))
+            .map(|(n, u)| ((n.clone(), u.to_string()), u.reason()))
             .collect();
-        self.reported.retain(|r| now.contains(r));
-        for (name, why) in now {
+        self.reported.retain(|r| now.contains_key(r));
+        for ((name, why), reason) in now {
             if self.reported.insert((name.clone(), why.clone())) {
                 tracing::warn!(peer = %name, "{why}");
                 self.events.push(peer_event(
                     &self.namespace,
                     &name,
                     true,
-                    "BFDEchoNotSupported",
+                    reason,
                     format!("on node {}: {why}", self.node),
                 ));
             }
@@ -344,5 +354,23 @@ mod tests {
         assert_eq!(unsupported[0].0, "b");
         // Only running peers count.
         assert!(desired(&config, &names[3..]).sessions.is_empty());
+    }
+
+    /// A peer in a VRF gets no BFD session (the sockets are in the default VRF) and is
+    /// reported, so the profile is not silently ignored.
+    #[test]
+    fn a_peer_in_a_vrf_gets_no_bfd_and_is_reported() {
+        let mut config = Config::default();
+        config
+            .bfd_profiles
+            .insert("fast".into(), profile("fast", 100, false));
+        let mut red = ferrolb_testkit::model::peer("red", "198.19.253.254").build();
+        red.bfd_profile = Some("fast".into());
+        red.vrf = Some("red".into());
+        config.peers.insert("red".into(), red);
+        let d = desired(&config, &["red".to_string()]);
+        assert!(d.sessions.is_empty() && d.follows.is_empty());
+        assert_eq!(d.unsupported.len(), 1);
+        assert_eq!(d.unsupported[0].1.reason(), "BFDNotSupportedInVRF");
     }
 }

@@ -24,6 +24,9 @@ struct NotStarted {
     /// Its TCP MD5 key cannot be used: an error and an `MD5KeyFailed` Event, since the peer
     /// would otherwise have run without the signatures the operator asked for.
     md5: bool,
+    /// The BGPPeer asks for what this speaker does not do (unnumbered): an error and an
+    /// `UnnumberedNotSupported` Event, so the missing routes are never a silent surprise.
+    unsupported: bool,
     /// The reason, for the log and the Event.
     why: String,
 }
@@ -36,6 +39,8 @@ pub struct Bgp {
     /// Peers already reported as unusable, with the reason, so each is reported once while it
     /// lasts.
     reported: BTreeSet<(String, String)>,
+    /// BGPPeers whose `vrf` this node lacks, with the VRF, each reported once while it lasts.
+    missing_vrfs: BTreeSet<(String, String)>,
     /// Where the Events about BGPPeers go.
     events: EventQueue,
     /// The namespace of the BGPPeers (the speaker's).
@@ -88,6 +93,7 @@ impl Bgp {
             driver,
             bfd,
             reported: BTreeSet::new(),
+            missing_vrfs: BTreeSet::new(),
             events,
             namespace,
             node,
@@ -137,6 +143,7 @@ impl Bgp {
             .unwrap_or_default();
         let mut desired = BTreeMap::new();
         let mut not_started: BTreeMap<String, NotStarted> = BTreeMap::new();
+        let mut missing_vrfs = BTreeSet::new();
         for (name, peer_plan) in &plan.peers {
             let Some(peer) = config.peers.get(name) else {
                 continue;
@@ -149,22 +156,40 @@ impl Bgp {
                 }) => match secret_password(secret_name, secret(secret_name).as_deref()) {
                     Ok(p) => Some(p),
                     Err(why) => {
-                        not_started.insert(name.clone(), NotStarted { md5: false, why });
+                        not_started.insert(
+                            name.clone(),
+                            NotStarted {
+                                md5: false,
+                                unsupported: false,
+                                why,
+                            },
+                        );
                         continue;
                     }
                 },
                 _ => None,
             };
             match PeerSettings::from_peer(peer, &addresses, password.as_deref()) {
-                Ok(settings) => {
+                Ok(mut settings) => {
+                    if let Some(vrf) = &settings.connect.vrf {
+                        let in_vrf = super::vrf::addresses(vrf);
+                        if in_vrf.is_empty() {
+                            // The session still starts: it retries (and says why) until the
+                            // VRF appears.
+                            missing_vrfs.insert((name.clone(), vrf.clone()));
+                        }
+                        settings.use_vrf_addresses(&in_vrf);
+                    }
                     desired.insert(name.clone(), (settings, peer_plan.routes.clone()));
                 }
                 Err(e) => {
                     let md5 = matches!(e, SettingsError::PasswordTooLong { .. });
+                    let unsupported = matches!(e, SettingsError::Unnumbered(_));
                     not_started.insert(
                         name.clone(),
                         NotStarted {
                             md5,
+                            unsupported,
                             why: e.to_string(),
                         },
                     );
@@ -179,6 +204,7 @@ impl Bgp {
                 name,
                 NotStarted {
                     md5: true,
+                    unsupported: false,
                     why: e.to_string(),
                 },
             );
@@ -190,6 +216,7 @@ impl Bgp {
         self.bfd
             .apply(config, running.iter().copied(), &mut self.driver);
         self.report_not_started(&not_started);
+        self.report_missing_vrfs(missing_vrfs);
         self.report(&plan, me, services);
         plan
     }
@@ -208,10 +235,42 @@ impl Bgp {
                     .set(0);
                 self.events
                     .push(md5_key_failed(&self.namespace, name, &self.node, &n.why));
+            } else if n.unsupported {
+                tracing::error!(peer = %name, error = %n.why, "BGP peer not started: this speaker does not support what it asks for");
+                self.metrics
+                    .bgp_session_up
+                    .get_or_create(&peer_label(name))
+                    .set(0);
+                self.events.push(Queued {
+                    warning: true,
+                    reason: "UnnumberedNotSupported",
+                    message: format!("BGP session not started on node {}: {}", self.node, n.why),
+                    action: "StartSession",
+                    regarding: bgp_peer_ref(&self.namespace, name),
+                });
             } else {
                 tracing::warn!(peer = %name, error = %n.why, "BGP peer not started");
             }
         }
+    }
+
+    /// Warns (log and a Warning Event `VRFNotFound` on the BGPPeer) about each peer whose VRF
+    /// has no device or no address on this node, once while it lasts.
+    fn report_missing_vrfs(&mut self, now: BTreeSet<(String, String)>) {
+        for (name, vrf) in now.difference(&self.missing_vrfs) {
+            let why = format!(
+                "vrf {vrf:?} has no device or no address on this node; the session is retried until it has"
+            );
+            tracing::warn!(peer = %name, %vrf, "BGP peer's VRF not found on this node");
+            self.events.push(Queued {
+                warning: true,
+                reason: "VRFNotFound",
+                message: format!("BGP session on node {}: {why}", self.node),
+                action: "StartSession",
+                regarding: bgp_peer_ref(&self.namespace, name),
+            });
+        }
+        self.missing_vrfs = now;
     }
 
     /// Metrics and ServiceBGPStatus objects for what `plan` advertises.
@@ -383,6 +442,7 @@ mod tests {
                     (*name).to_string(),
                     NotStarted {
                         md5: *md5,
+                        unsupported: false,
                         why: (*why).to_string(),
                     },
                 )

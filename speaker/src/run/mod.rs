@@ -14,6 +14,7 @@ mod presence;
 pub mod restart;
 mod status;
 mod status_objects;
+mod vrf;
 mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -74,9 +74,6 @@ pub enum SettingsError {
     /// `passwordSecret` must be resolved by the caller first.
     #[error("passwordSecret {0} is not resolved")]
     SecretUnresolved(String),
-    /// VRFs are not supported yet.
-    #[error("vrf {0} is not supported")]
-    Vrf(String),
     /// The password is longer than a TCP MD5 key can be.
     #[error(
         "{what} is {len} bytes; a TCP MD5 key is at most {max} bytes (Linux TCP_MD5SIG_MAXKEYLEN)",
@@ -105,17 +102,7 @@ impl PeerSettings {
             PeerTarget::Address(a) => *a,
             PeerTarget::Interface(i) => return Err(SettingsError::Unnumbered(i.clone())),
         };
-        if let Some(vrf) = peer.vrf.as_ref().filter(|v| !v.is_empty()) {
-            return Err(SettingsError::Vrf(vrf.clone()));
-        }
-        let node_ipv4 = node_addresses.iter().find_map(|a| match a {
-            IpAddr::V4(v4) if !v4.is_loopback() => Some(*v4),
-            _ => None,
-        });
-        let node_ipv6 = node_addresses.iter().find_map(|a| match a {
-            IpAddr::V6(v6) if !v6.is_loopback() && !v6.is_unicast_link_local() => Some(*v6),
-            _ => None,
-        });
+        let (node_ipv4, node_ipv6) = next_hops(node_addresses);
         let bgp_id = peer
             .router_id
             .or(match peer.source_address {
@@ -169,8 +156,11 @@ impl PeerSettings {
                 initial: peer.connect_time.unwrap_or(DEFAULT_CONNECT_TIME),
                 max: MAX_BACKOFF.max(peer.connect_time.unwrap_or_default()),
             },
-            families: vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
+            families: families(address, peer.dual_stack_address_family),
             graceful_restart_time: peer.graceful_restart.then_some(GRACEFUL_RESTART_TIME),
+            // RFC 8950 is for unnumbered sessions (IPv4 routes with an IPv6 next hop), which
+            // are not run yet.
+            extended_next_hop: false,
         };
         fsm.validate()?;
         Ok(Self {
@@ -180,11 +170,47 @@ impl PeerSettings {
                 source: peer.source_address,
                 ttl,
                 password,
+                vrf: peer.vrf.clone().filter(|v| !v.is_empty()),
             },
             fsm,
             node_ipv4,
             node_ipv6,
         })
+    }
+}
+
+/// The first usable IPv4 and IPv6 address of `addresses` (not loopback, not link-local): the
+/// next hops of the family the session does not run over.
+fn next_hops(addresses: &[IpAddr]) -> (Option<Ipv4Addr>, Option<Ipv6Addr>) {
+    let v4 = addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() => Some(*v4),
+        _ => None,
+    });
+    let v6 = addresses.iter().find_map(|a| match a {
+        IpAddr::V6(v6) if !v6.is_loopback() && !v6.is_unicast_link_local() => Some(*v6),
+        _ => None,
+    });
+    (v4, v6)
+}
+
+/// The address families a session to `peer` negotiates: the family of the session's own
+/// address, and with `dualStackAddressFamily` the other one too, as MetalLB configures FRR
+/// (`address-family ... activate` for the session's family only unless that field is set).
+/// `disableMP` has no effect, as in MetalLB 0.15 where it is deprecated.
+fn families(peer: IpAddr, dual_stack: bool) -> Vec<AfiSafi> {
+    match (dual_stack, peer.to_canonical()) {
+        (true, _) => vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST],
+        (false, IpAddr::V4(_)) => vec![AfiSafi::IPV4_UNICAST],
+        (false, IpAddr::V6(_)) => vec![AfiSafi::IPV6_UNICAST],
+    }
+}
+
+impl PeerSettings {
+    /// For a peer in a VRF: the next hops of the other family come from `vrf_addresses` (the
+    /// addresses of the VRF's interfaces), not from the Node object, whose addresses are in
+    /// the default VRF and unreachable from the VRF's routers.
+    pub fn use_vrf_addresses(&mut self, vrf_addresses: &[IpAddr]) {
+        (self.node_ipv4, self.node_ipv6) = next_hops(vrf_addresses);
     }
 }
 
@@ -350,6 +376,12 @@ impl Driver {
             let mut targets = BTreeMap::new();
             for (name, (settings, tx)) in candidates {
                 let c = &settings.connect;
+                // The listeners are in the default VRF: a VRF peer's connections never reach
+                // them (unless the node sets tcp_l3mdev_accept), and its address may be one a
+                // default-VRF peer also has. Such peers are only dialled.
+                if c.vrf.is_some() {
+                    continue;
+                }
                 let address = c.peer.ip().to_canonical();
                 if targets.contains_key(&address) {
                     tracing::warn!(peer = %name, %address, "another BGPPeer has this address: its connections go to that one");
@@ -791,6 +823,51 @@ mod tests {
         assert!(
             PeerSettings::from_peer(&p, &addrs, Some(&"x".repeat(80))).is_ok(),
             "80 bytes is the longest key Linux takes"
+        );
+        // Families as MetalLB sets them in FRR: the session's own, both with
+        // dualStackAddressFamily.
+        assert_eq!(
+            PeerSettings::from_peer(&peer(), &addrs, None)
+                .unwrap()
+                .fsm
+                .families,
+            vec![AfiSafi::IPV4_UNICAST]
+        );
+        let mut v6 = peer();
+        v6.target = PeerTarget::Address("fd00:18::fe".parse().unwrap());
+        assert_eq!(
+            PeerSettings::from_peer(&v6, &addrs, None)
+                .unwrap()
+                .fsm
+                .families,
+            vec![AfiSafi::IPV6_UNICAST]
+        );
+        v6.dual_stack_address_family = true;
+        assert_eq!(
+            PeerSettings::from_peer(&v6, &addrs, None)
+                .unwrap()
+                .fsm
+                .families,
+            vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST]
+        );
+        // A VRF binds the socket; an empty name is the default VRF.
+        let mut red = peer();
+        red.vrf = Some("red".into());
+        assert_eq!(
+            PeerSettings::from_peer(&red, &addrs, None)
+                .unwrap()
+                .connect
+                .vrf
+                .as_deref(),
+            Some("red")
+        );
+        red.vrf = Some(String::new());
+        assert_eq!(
+            PeerSettings::from_peer(&red, &addrs, None)
+                .unwrap()
+                .connect
+                .vrf,
+            None
         );
         let mut p2 = peer();
         p2.password = Some(PeerPassword::Plain("é".repeat(41)));

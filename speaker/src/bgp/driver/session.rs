@@ -635,6 +635,12 @@ impl Task {
                         Some(IpAddr::V6(a)) if !a.is_unicast_link_local() => Some(a),
                         _ => self.settings.node_ipv6,
                     },
+                    // A session over link-local addresses sends ours beside the global one.
+                    next_hop_v6_link_local: match local {
+                        Some(IpAddr::V6(a)) if a.is_unicast_link_local() => Some(a),
+                        _ => None,
+                    },
+                    extended_next_hop: n.extended_next_hop,
                     codec: n.codec,
                 };
                 tracing::info!(peer = %self.settings.name, peer_as = n.peer_as, peer_id = %n.peer_bgp_id, "BGP session established");
