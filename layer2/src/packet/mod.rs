@@ -5,6 +5,8 @@
 //! `None` for any other frame; the builders in [`arp`] and [`ndp`] return complete Ethernet
 //! frames ready to send (the speaker's AF_PACKET socket, `l2/socket.rs`). [`filter`] is the
 //! classic BPF program that lets only requests reach the socket in the first place.
+//! [`router_discovery`] is apart: Router Solicitations and Advertisements as bare ICMPv6
+//! messages, for the raw ICMPv6 socket that finds BGP unnumbered peers (decision record 0020).
 //!
 //! Only untagged Ethernet II frames are handled: the speaker listens on the interface that
 //! carries the Service network, and a VLAN is its own interface on Linux (the socket filter
@@ -17,6 +19,7 @@
 pub mod arp;
 pub mod filter;
 pub mod ndp;
+pub mod router_discovery;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -25,6 +28,11 @@ pub use arp::{ArpRequest, arp_reply, gratuitous_arp_reply, gratuitous_arp_reques
 pub use ndp::{
     NeighborSolicitation, is_solicited_node_multicast, neighbor_advertisement, solicited_node_mac,
     solicited_node_multicast, unsolicited_neighbor_advertisement,
+};
+pub use router_discovery::{
+    Envelope, RouterAdvertisement, RouterDiscovery, RouterDiscoveryError, RouterSolicitation,
+    parse_router_advertisement, parse_router_discovery, parse_router_solicitation,
+    router_advertisement, router_solicitation,
 };
 
 /// Ethertype of ARP.

@@ -288,7 +288,7 @@ fn build_na(
 
 /// Whether the checksum of `icmp` as received is right: the one's-complement sum of the
 /// pseudo-header and the whole message (its checksum field included) is all ones.
-fn checksum_ok(source: &Ipv6Addr, destination: &Ipv6Addr, icmp: &[u8]) -> bool {
+pub(super) fn checksum_ok(source: &Ipv6Addr, destination: &Ipv6Addr, icmp: &[u8]) -> bool {
     fold(pseudo_header_sum(source, destination, icmp.len()) + word_sum(icmp)) == 0xffff
 }
 
