@@ -80,8 +80,9 @@ pub fn generate(topology: &Topology, settings: &Settings) -> anyhow::Result<Stri
     let mut out = String::new();
     writeln!(
         out,
-        "# The ferrolb lab as a containerlab topology ({} nodes, kube-proxy {}, {}), written by\n# `e2e/lab containerlab`; docs/containerlab.md says how to run it.",
+        "# The ferrolb lab as a containerlab topology ({} node{}, kube-proxy {}, {}), written by\n# `e2e/lab containerlab`; docs/containerlab.md says how to run it.",
         o.nodes,
+        if o.nodes == 1 { "" } else { "s" },
         o.proxy_mode.as_str(),
         family_name(o.families),
     )?;
