@@ -462,19 +462,28 @@ async fn prefixes(
 
     let created = Instant::now();
     lab.apply(&peer_config())?;
-    let mut established: Option<Instant> = None;
+    // The session came up after the last poll that saw it down: "after session up" is measured
+    // from that poll, an upper bound that holds however fast the prefixes follow (a system that
+    // sends them with its first UPDATE is seen with them in the very poll that sees it up).
+    let mut down_at = created;
+    let mut established = false;
     let deadline = created + Duration::from_secs(600);
     loop {
+        let polled = Instant::now();
         let summary = ferrolb_e2e::router::vtysh(lab, &["show bgp ipv4 unicast summary json"])?;
         let now = Instant::now();
         let json: serde_json::Value = serde_json::from_str(&summary).unwrap_or_default();
         let peer = &json["peers"]["198.18.0.11"];
-        if established.is_none() && peer["state"] == "Established" {
-            established = Some(now);
+        if !established {
+            if peer["state"] == "Established" {
+                established = true;
+            } else {
+                down_at = polled;
+            }
         }
         let count = peer["pfxRcd"].as_u64().unwrap_or(0) as usize;
         if count >= n {
-            let up = established.map(|at| now.saturating_duration_since(at));
+            let up = established.then(|| now.saturating_duration_since(down_at));
             println!(
                 "{name}: {n} prefixes at FRR {:.0} ms after the BGPPeer, {:.0?} after session up",
                 (now - created).as_secs_f64() * 1000.0,
@@ -528,7 +537,8 @@ fn print_table(results: &[(&'static str, Figures)]) {
     let mut rows = 0;
     for (i, row) in ROWS.iter().enumerate() {
         let (t, o) = (theirs[i], ours[i]);
-        let ratio = t.zip(o).map(|(t, o)| t / o.max(1e-9));
+        // A zero (nothing measurable) has no meaningful ratio.
+        let ratio = t.zip(o).filter(|(_, o)| *o > 0.0).map(|(t, o)| t / o);
         let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
             "{row:46} {:>12} {:>12} {:>8}",

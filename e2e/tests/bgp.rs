@@ -991,8 +991,39 @@ async fn dual_stack_address_family_decides_the_families(ctx: Ctx) -> anyhow::Res
     ensure!(!single.contains("dualStack"), "{single}");
     lab.apply(&single)?;
     let restored = SuitePeer(lab);
-    wait_advertised_by(lab, v6, &[]).await?;
-    wait_advertised_by(lab, v4, &NODES).await?;
+    // The peer's change restarts the sessions (both routes leave for a moment): wait for the
+    // new sessions, with IPv4 back from every node and IPv6 not.
+    let from = |ip: &str| -> Result<BTreeSet<String>, String> {
+        Ok(router_paths(lab, ip)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(node, _)| node)
+            .collect())
+    };
+    let every: BTreeSet<String> = NODES.iter().map(|n| n.to_string()).collect();
+    wait_for(
+        &format!("{v4} from every node and {v6} from none"),
+        ROUTE_TIMEOUT,
+        || async {
+            let (a, b) = (from(v4)?, from(v6)?);
+            if a == every && b.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{v4} from {a:?}, {v6} from {b:?}"))
+            }
+        },
+    )
+    .await?;
+    // And it stays so: the sessions carry IPv4 only.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (a, b) = (
+        from(v4).map_err(anyhow::Error::msg)?,
+        from(v6).map_err(anyhow::Error::msg)?,
+    );
+    ensure!(
+        a == every && b.is_empty(),
+        "{v4} from {a:?}, {v6} from {b:?} 3 s later"
+    );
     drop(restored);
     wait_advertised_by(lab, v6, &NODES).await?;
     Ok(())
