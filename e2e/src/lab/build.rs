@@ -2,6 +2,7 @@
 //! (etcd, kube-apiserver, kube-controller-manager, kube-proxies, the router, the node agent).
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -216,9 +217,17 @@ impl Lab {
                 args,
             )?;
             if daemon == "zebra" {
+                // Its socket exists before zebra takes clients; a client that comes too early
+                // retries only 10 s later (bfdd did, making the lab 8 s slower): wait until
+                // zebra answers on its vty too.
                 let api = frr_dir.join("zserv.api");
+                let vty = frr_dir.display().to_string();
                 cluster::wait_for("zebra's zserv socket", Duration::from_secs(20), || {
-                    let ready = api.exists();
+                    let ready = api.exists()
+                        && Command::new("vtysh")
+                            .args(["-d", "zebra", "--vty_socket", &vty, "-c", "show version"])
+                            .output()
+                            .is_ok_and(|o| o.status.success());
                     async move {
                         if ready {
                             Ok(Some(()))
@@ -230,6 +239,36 @@ impl Lab {
                 .await?;
             }
         }
+        // bgpd runs sessions before it has reached zebra, and a BFD session it asks for while
+        // bfdd or bgpd is not yet zebra's client is never installed (FRR 8.4 does not ask
+        // again): the router is ready once both are zebra's clients.
+        let vty = frr_dir.display().to_string();
+        cluster::wait_for(
+            "bfdd and bgpd to be zebra's clients",
+            Duration::from_secs(30),
+            || {
+                let clients = Command::new("vtysh")
+                    .args(["-d", "zebra", "--vty_socket", &vty])
+                    .args(["-c", "show zebra client summary"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .map_err(|e| e.to_string());
+                async move {
+                    let clients = clients?;
+                    let has = |name: &str| {
+                        clients
+                            .lines()
+                            .any(|l| l.split_whitespace().next() == Some(name))
+                    };
+                    if has("bfd") && has("bgp") {
+                        Ok(Some(()))
+                    } else {
+                        Err(clients)
+                    }
+                }
+            },
+        )
+        .await?;
 
         // kube-controller-manager is serving once it has created the default ServiceAccount.
         let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
