@@ -15,6 +15,7 @@
 //! socket we connect from, is not started (nor dialled, nor accepted) and [`Driver::apply`]
 //! returns it with the reason; every later `apply` tries again.
 
+pub mod discovery;
 mod listen;
 mod session;
 pub mod socket;
