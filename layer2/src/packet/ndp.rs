@@ -16,7 +16,7 @@ pub const TYPE_NEIGHBOR_ADVERTISEMENT: u8 = 136;
 pub const ND_HOP_LIMIT: u8 = 255;
 
 /// NDP option type: Source Link-Layer Address.
-const OPTION_SOURCE_LINK_ADDR: u8 = 1;
+pub(super) const OPTION_SOURCE_LINK_ADDR: u8 = 1;
 /// NDP option type: Target Link-Layer Address.
 const OPTION_TARGET_LINK_ADDR: u8 = 2;
 /// Type, code, checksum, reserved, target address.
@@ -127,28 +127,8 @@ pub(super) fn parse(
         return Err(ParseError::SourceMulticast);
     }
 
-    let mut source_link_addr = None;
-    let mut options = &icmp[NS_FIXED_LEN..];
-    while let Some(&option_type) = options.first() {
-        let Some(&units) = options.get(1) else {
-            return Err(ParseError::OptionTruncated { option_type });
-        };
-        if units == 0 {
-            return Err(ParseError::OptionZeroLength { option_type });
-        }
-        let Some((option, rest)) = options.split_at_checked(usize::from(units) * 8) else {
-            return Err(ParseError::OptionTruncated { option_type });
-        };
-        if option_type == OPTION_SOURCE_LINK_ADDR {
-            if units != 1 {
-                return Err(ParseError::LinkLayerAddressLength { len: units });
-            }
-            // Linux keeps the first of duplicated options; so do we.
-            source_link_addr.get_or_insert(MacAddr(array_at(option, 2)));
-        }
-        // Other options (a DAD nonce, say) are ignored, as RFC 4861 §4.6 asks.
-        options = rest;
-    }
+    // Other options (a DAD nonce, say) are ignored, as RFC 4861 §4.6 asks.
+    let source_link_addr = source_link_addr(&icmp[NS_FIXED_LEN..])?;
 
     if source.is_unspecified() {
         if source_link_addr.is_some() {
@@ -284,6 +264,56 @@ fn build_na(
     frame.extend_from_slice(&destination.octets());
     frame.extend_from_slice(&icmp);
     frame
+}
+
+/// Why an NDP option list is malformed (RFC 4861 §4.6); each message's parser reports it in its
+/// own error type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OptionError {
+    /// An option that runs past the end of the message.
+    Truncated { option_type: u8 },
+    /// An option with length 0.
+    ZeroLength { option_type: u8 },
+    /// A Source Link-Layer Address option that is not one Ethernet address.
+    LinkLayerAddressLength { len: u8 },
+}
+
+impl From<OptionError> for ParseError {
+    fn from(e: OptionError) -> Self {
+        match e {
+            OptionError::Truncated { option_type } => ParseError::OptionTruncated { option_type },
+            OptionError::ZeroLength { option_type } => ParseError::OptionZeroLength { option_type },
+            OptionError::LinkLayerAddressLength { len } => {
+                ParseError::LinkLayerAddressLength { len }
+            }
+        }
+    }
+}
+
+/// Walks the options of an NDP message (RFC 4861 §4.6): every one must have a non-zero length
+/// and end within the message; the first Source Link-Layer Address option is returned (Linux
+/// keeps the first of duplicated options; so do we), the others are skipped.
+pub(super) fn source_link_addr(mut options: &[u8]) -> Result<Option<MacAddr>, OptionError> {
+    let mut found = None;
+    while let Some(&option_type) = options.first() {
+        let Some(&units) = options.get(1) else {
+            return Err(OptionError::Truncated { option_type });
+        };
+        if units == 0 {
+            return Err(OptionError::ZeroLength { option_type });
+        }
+        let Some((option, rest)) = options.split_at_checked(usize::from(units) * 8) else {
+            return Err(OptionError::Truncated { option_type });
+        };
+        if option_type == OPTION_SOURCE_LINK_ADDR {
+            if units != 1 {
+                return Err(OptionError::LinkLayerAddressLength { len: units });
+            }
+            found.get_or_insert(MacAddr(array_at(option, 2)));
+        }
+        options = rest;
+    }
+    Ok(found)
 }
 
 /// Whether the checksum of `icmp` as received is right: the one's-complement sum of the

@@ -13,7 +13,10 @@
 use std::net::Ipv6Addr;
 
 use super::MacAddr;
-use super::ndp::{ND_HOP_LIMIT, checksum_ok, icmpv6_checksum};
+use super::ndp::{
+    ND_HOP_LIMIT, OPTION_SOURCE_LINK_ADDR, OptionError, checksum_ok, icmpv6_checksum,
+    source_link_addr,
+};
 
 /// ICMPv6 type of a Router Solicitation.
 pub const TYPE_ROUTER_SOLICITATION: u8 = 133;
@@ -30,8 +33,6 @@ pub const RA_FLAG_MANAGED: u8 = 0x80;
 /// The O (Other configuration) flag of an advertisement's flag octet.
 pub const RA_FLAG_OTHER_CONFIG: u8 = 0x40;
 
-/// NDP option type: Source Link-Layer Address.
-const OPTION_SOURCE_LINK_ADDR: u8 = 1;
 /// One option of 8 octets holding an Ethernet address.
 const SLLA_OPTION_LEN: usize = 8;
 
@@ -415,29 +416,20 @@ fn common_checks<'a>(
     })
 }
 
-/// Walks the options (RFC 4861 §4.6): every one must have a non-zero length and end within the
-/// message; the first Source Link-Layer Address option is returned, others are skipped.
-fn source_link_addr(mut options: &[u8]) -> Result<Option<MacAddr>, RouterDiscoveryError> {
-    let mut found = None;
-    while let Some(&option_type) = options.first() {
-        let Some(&units) = options.get(1) else {
-            return Err(RouterDiscoveryError::OptionTruncated { option_type });
-        };
-        if units == 0 {
-            return Err(RouterDiscoveryError::OptionZeroLength { option_type });
-        }
-        let Some((option, rest)) = options.split_at_checked(usize::from(units) * 8) else {
-            return Err(RouterDiscoveryError::OptionTruncated { option_type });
-        };
-        if option_type == OPTION_SOURCE_LINK_ADDR {
-            if units != 1 {
-                return Err(RouterDiscoveryError::LinkLayerAddressLength { len: units });
+impl From<OptionError> for RouterDiscoveryError {
+    fn from(e: OptionError) -> Self {
+        match e {
+            OptionError::Truncated { option_type } => {
+                RouterDiscoveryError::OptionTruncated { option_type }
             }
-            found.get_or_insert(MacAddr(super::array_at(option, 2)));
+            OptionError::ZeroLength { option_type } => {
+                RouterDiscoveryError::OptionZeroLength { option_type }
+            }
+            OptionError::LinkLayerAddressLength { len } => {
+                RouterDiscoveryError::LinkLayerAddressLength { len }
+            }
         }
-        options = rest;
     }
-    Ok(found)
 }
 
 /// Four octets at `offset`, zeros where `bytes` is too short (callers check lengths first).
