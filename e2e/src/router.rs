@@ -68,6 +68,22 @@ pub fn vtysh(lab: &crate::Lab, commands: &[&str]) -> anyhow::Result<String> {
     lab.exec("router", "vtysh", &args)
 }
 
+/// One command on zebra's vty alone (no other daemon need be up yet), for the lab's build:
+/// its output, or why there is none.
+pub fn zebra_vty(dir: &Path, command: &str) -> Result<String, String> {
+    let out = std::process::Command::new("vtysh")
+        .args(["-d", "zebra", "--vty_socket"])
+        .arg(dir)
+        .args(["-c", command])
+        .output()
+        .map_err(|e| format!("vtysh: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
 /// Arguments of an FRR daemon in the lab's path space `dir`.
 pub fn daemon_args(daemon: &str, dir: &Path) -> Vec<String> {
     let d = dir.display();

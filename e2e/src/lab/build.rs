@@ -2,7 +2,6 @@
 //! (etcd, kube-apiserver, kube-controller-manager, kube-proxies, the router, the node agent).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -221,13 +220,8 @@ impl Lab {
                 // retries only 10 s later (bfdd did, making the lab 8 s slower): wait until
                 // zebra answers on its vty too.
                 let api = frr_dir.join("zserv.api");
-                let vty = frr_dir.display().to_string();
                 cluster::wait_for("zebra's zserv socket", Duration::from_secs(20), || {
-                    let ready = api.exists()
-                        && Command::new("vtysh")
-                            .args(["-d", "zebra", "--vty_socket", &vty, "-c", "show version"])
-                            .output()
-                            .is_ok_and(|o| o.status.success());
+                    let ready = api.exists() && router::zebra_vty(&frr_dir, "show version").is_ok();
                     async move {
                         if ready {
                             Ok(Some(()))
@@ -242,17 +236,11 @@ impl Lab {
         // bgpd runs sessions before it has reached zebra, and a BFD session it asks for while
         // bfdd or bgpd is not yet zebra's client is never installed (FRR 8.4 does not ask
         // again): the router is ready once both are zebra's clients.
-        let vty = frr_dir.display().to_string();
         cluster::wait_for(
             "bfdd and bgpd to be zebra's clients",
             Duration::from_secs(30),
             || {
-                let clients = Command::new("vtysh")
-                    .args(["-d", "zebra", "--vty_socket", &vty])
-                    .args(["-c", "show zebra client summary"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .map_err(|e| e.to_string());
+                let clients = router::zebra_vty(&frr_dir, "show zebra client summary");
                 async move {
                     let clients = clients?;
                     let has = |name: &str| {
