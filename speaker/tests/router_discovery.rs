@@ -8,11 +8,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::Ipv6Addr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use ferrolb_bgp::adj_out::{AdjRibOut, RouteAttributes};
+use ferrolb_bgp::fsm::State;
+use ferrolb_config::model::{PeerAsn, PeerTarget};
 
 use ferrolb_layer2::packet::ndp::ALL_NODES;
 use ferrolb_layer2::packet::{MacAddr, RouterAdvertisement, router_advertisement};
 use ferrolb_speaker::bgp::driver::discovery::{Discovery, Found, Link};
+use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, OnLink, PeerSettings};
+use ferrolb_testkit::model;
 use ferrolb_testkit::netns::{self, Netns};
 use ferrolb_testkit::trial;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -114,28 +121,28 @@ fn an_advertisement_not_sent_with_hop_limit_255_is_refused() {
     assert_eq!(db.found().borrow().peer, None);
 }
 
-/// FRR's zebra advertising on its end (as bgpd has it do for `neighbor IF interface`): our
-/// discovery finds zebra's link-local address, and zebra learns ours from our advertisements,
-/// which is what FRR needs before it dials or accepts an unnumbered session.
-fn frr_and_discovery_find_each_other() {
-    let mut lab = netns::Lab::new("flb-t-rd", "frr");
-    let (router, ours) = lab.pair(("r", "veth-r", &[]), ("b", "veth-b", &[]));
-    let (lr, lb) = (link(&router, "veth-r"), link(&ours, "veth-b"));
+/// Starts FRR in `router`'s namespace with its sockets in the lab's directory: zebra (with
+/// `zebra_conf`) and, when given, bgpd with `bgpd_conf`. Returns the vty directory.
+fn start_frr(
+    lab: &mut netns::Lab,
+    router: &Netns,
+    zebra_conf: &str,
+    bgpd_conf: Option<&str>,
+) -> String {
     let d = lab.dir().display().to_string();
-    std::fs::write(
-        lab.dir().join("zebra.conf"),
-        "frr defaults traditional\nhostname r\n!\ninterface veth-r\n ipv6 nd ra-interval 1\n no ipv6 nd suppress-ra\n!\n",
-    )
-    .unwrap();
+    std::fs::write(lab.dir().join("zebra.conf"), zebra_conf).unwrap();
+    let mut daemons = vec!["zebra"];
+    if let Some(conf) = bgpd_conf {
+        std::fs::write(lab.dir().join("bgpd.conf"), conf).unwrap();
+        daemons.push("bgpd");
+    }
     netns::run("chown", &["-R", "frr:frr", &d]);
     let pathspace = router.name().to_string();
-    let conf = format!("{d}/zebra.conf");
-    let pid = format!("{d}/zebra.pid");
-    let api = format!("{d}/zserv.api");
-    lab.spawn(
-        &router,
-        "/usr/lib/frr/zebra",
-        &[
+    for daemon in daemons {
+        let conf = format!("{d}/{daemon}.conf");
+        let pid = format!("{d}/{daemon}.pid");
+        let api = format!("{d}/zserv.api");
+        let mut args = vec![
             "-N",
             &pathspace,
             "-f",
@@ -146,7 +153,35 @@ fn frr_and_discovery_find_each_other() {
             &api,
             "--vty_socket",
             &d,
-        ],
+        ];
+        if daemon == "bgpd" {
+            args.extend(["-p", "179"]);
+        }
+        lab.spawn(router, &format!("/usr/lib/frr/{daemon}"), &args);
+        if daemon == "zebra" {
+            // bgpd gives up on a zebra that is not there yet.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !lab.dir().join("zserv.api").exists() {
+                assert!(Instant::now() < deadline, "zebra did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    d
+}
+
+/// FRR's zebra advertising on its end (as bgpd has it do for `neighbor IF interface`): our
+/// discovery finds zebra's link-local address, and zebra learns ours from our advertisements,
+/// which is what FRR needs before it dials or accepts an unnumbered session.
+fn frr_and_discovery_find_each_other() {
+    let mut lab = netns::Lab::new("flb-t-rd", "frr");
+    let (router, ours) = lab.pair(("r", "veth-r", &[]), ("b", "veth-b", &[]));
+    let (lr, lb) = (link(&router, "veth-r"), link(&ours, "veth-b"));
+    let d = start_frr(
+        &mut lab,
+        &router,
+        "frr defaults traditional\nhostname r\n!\ninterface veth-r\n ipv6 nd ra-interval 1\n no ipv6 nd suppress-ra\n!\n",
+        None,
     );
     let (r_ll, b_ll) = (lr.link_local, lb.link_local);
     let db = ours.on_thread(move || Discovery::start(lb)).unwrap();
@@ -168,6 +203,146 @@ fn frr_and_discovery_find_each_other() {
     }
 }
 
+/// Prefixes the unnumbered session carries (lab ranges, in namespaces of this test only).
+const UNNUMBERED_V4: &str = "198.18.200.77";
+const UNNUMBERED_V6: &str = "fd00:18::c8:77";
+
+/// Issue #19 item 1 against FRR: `neighbor veth-r interface remote-as external` on a link with
+/// nothing but link-local addresses. Discovery finds FRR, the driver runs the session between
+/// the link-local addresses with our AS learnt by FRR (`remote-as external`, and our side
+/// `dynamicASN: external`), the extended next hop capability is negotiated, and FRR installs
+/// the IPv4 prefix in the kernel via our link-local address (RFC 8950) and the IPv6 one too.
+fn frr_runs_an_unnumbered_session_with_us() {
+    let mut lab = netns::Lab::new("flb-t-rd", "bgp");
+    let (router, ours) = lab.pair(("r", "veth-r", &[]), ("b", "veth-b", &[]));
+    let (lr, lb) = (link(&router, "veth-r"), link(&ours, "veth-b"));
+    let d = start_frr(
+        &mut lab,
+        &router,
+        "frr defaults traditional\nhostname r\n!\n",
+        Some(
+            "frr defaults traditional\nhostname r\n!\nrouter bgp 64500\n bgp router-id 198.18.0.254\n \
+             no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n \
+             neighbor veth-r interface remote-as external\n neighbor veth-r timers 3 9\n \
+             neighbor veth-r timers connect 1\n address-family ipv4 unicast\n  neighbor veth-r activate\n \
+             exit-address-family\n address-family ipv6 unicast\n  neighbor veth-r activate\n \
+             exit-address-family\n!\n",
+        ),
+    );
+    let (r_ll, b_ll) = (lr.link_local, lb.link_local);
+    let index = lb.index;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (up_tx, up_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let speaker = ours.thread(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let discovery = Discovery::start(lb).unwrap();
+            let mut found = discovery.found();
+            let peer_ll = tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    if let Some(p) = found.borrow_and_update().peer {
+                        return p;
+                    }
+                    found.changed().await.unwrap();
+                }
+            })
+            .await
+            .expect("FRR not heard on the link");
+            let mut peer = model::peer("link", "198.18.0.254")
+                .peer_asn(PeerAsn::External)
+                .hold_time(Duration::from_secs(9))
+                .keepalive_time(Duration::from_secs(3))
+                .connect_time(Duration::from_secs(1))
+                .router_id("198.18.0.11")
+                .build();
+            peer.target = PeerTarget::Interface("veth-b".into());
+            let settings = PeerSettings::from_peer_on_link(
+                &peer,
+                OnLink {
+                    address: peer_ll,
+                    interface_index: index,
+                },
+                &[],
+                None,
+            )
+            .unwrap();
+            let routes: AdjRibOut = [
+                (
+                    format!("{UNNUMBERED_V4}/32").parse().unwrap(),
+                    RouteAttributes::default(),
+                ),
+                (
+                    format!("{UNNUMBERED_V6}/128").parse().unwrap(),
+                    RouteAttributes::default(),
+                ),
+            ]
+            .into();
+            let mut driver = Driver::new(Arc::new(NoObserver));
+            assert!(driver.listen(&DEFAULT_LISTEN).is_empty());
+            assert!(
+                driver
+                    .apply([("link".to_string(), (settings, routes))].into())
+                    .is_empty()
+            );
+            let mut status = driver.watch_status("link").unwrap();
+            let up = tokio::time::timeout(Duration::from_secs(40), async {
+                while status.borrow_and_update().state != State::Established {
+                    status.changed().await.unwrap();
+                }
+            })
+            .await
+            .map_err(|_| format!("no session: {:?}", driver.status()));
+            up_tx.send(up).unwrap();
+            while done_rx.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            driver.shutdown(Duration::from_secs(1)).await;
+            drop(discovery);
+        });
+    });
+    let up = up_rx.recv_timeout(Duration::from_secs(90));
+    let vtysh = |cmd: &str| router.stdout("vtysh", &["--vty_socket", &d, "-c", cmd]);
+    if !matches!(up, Ok(Ok(()))) {
+        let _ = done_tx.send(());
+        let _ = speaker.join();
+        panic!("{up:?}\n{}", vtysh("show bgp neighbors veth-r"));
+    }
+    let neighbour = vtysh("show bgp neighbors veth-r json");
+    assert!(
+        neighbour.contains("\"extendedNexthop\":\"advertisedAndReceived\""),
+        "extended next hop not negotiated:\n{neighbour}"
+    );
+    assert!(
+        neighbour.contains("\"remoteAs\":64512"),
+        "FRR did not learn our AS:\n{neighbour}"
+    );
+    // The kernel routes: IPv4 via our link-local address (RFC 8950), IPv6 likewise.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let want4 = format!("via inet6 {b_ll} dev veth-r");
+    let want6 = format!("via {b_ll} dev veth-r");
+    loop {
+        let v4 = router.ip(&["route", "show", UNNUMBERED_V4]);
+        let v6 = router.ip(&["-6", "route", "show", UNNUMBERED_V6]);
+        if v4.contains(&want4) && v6.contains(&want6) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = done_tx.send(());
+            let _ = speaker.join();
+            panic!(
+                "routes not installed via {b_ll} (router {r_ll}):\n{v4}\n{v6}\n{}",
+                vtysh("show bgp ipv4 unicast")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    done_tx.send(()).unwrap();
+    speaker.join().unwrap();
+}
+
 fn main() -> std::process::ExitCode {
     trial::run(vec![
         trial::needs(
@@ -179,6 +354,16 @@ fn main() -> std::process::ExitCode {
             "an_advertisement_not_sent_with_hop_limit_255_is_refused",
             &["ip"],
             an_advertisement_not_sent_with_hop_limit_255_is_refused,
+        ),
+        trial::needs(
+            "frr_runs_an_unnumbered_session_with_us",
+            &[
+                "ip",
+                "/usr/lib/frr/zebra",
+                "/usr/lib/frr/bgpd",
+                "/usr/bin/vtysh",
+            ],
+            frr_runs_an_unnumbered_session_with_us,
         ),
         trial::needs(
             "frr_and_discovery_find_each_other",

@@ -78,6 +78,17 @@ pub enum Unsupported {
         /// The peer's VRF.
         vrf: String,
     },
+    /// An unnumbered BGPPeer (`interface`) names a BFD profile: BFD over link-local addresses
+    /// is not done.
+    #[error(
+        "BFDProfile {profile}: BFD is not supported for an unnumbered BGPPeer (interface {interface}); the BGP session runs without it"
+    )]
+    Unnumbered {
+        /// The profile asked for.
+        profile: String,
+        /// The peer's interface.
+        interface: String,
+    },
 }
 
 impl Unsupported {
@@ -86,6 +97,7 @@ impl Unsupported {
         match self {
             Unsupported::EchoMode(_) => "BFDEchoNotSupported",
             Unsupported::InVrf { .. } => "BFDNotSupportedInVRF",
+            Unsupported::Unnumbered { .. } => "BFDNotSupportedUnnumbered",
         }
     }
 }

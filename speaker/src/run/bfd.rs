@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferrolb_bfd::packet::{Diagnostic, State};
-use ferrolb_config::model::Config;
+use ferrolb_config::model::{Config, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
 use ferrolb_speaker::bfd::driver::{Bfd, Observer, Options};
 use ferrolb_speaker::bfd::table::Refused;
@@ -39,6 +39,19 @@ pub fn desired<'a>(config: &Config, peers: impl IntoIterator<Item = &'a String>)
         let Some(peer) = config.peers.get(name) else {
             continue;
         };
+        if let (PeerTarget::Interface(interface), Some(profile)) = (
+            &peer.target,
+            peer.bfd_profile.as_ref().filter(|p| !p.is_empty()),
+        ) {
+            unsupported.push((
+                name.clone(),
+                Unsupported::Unnumbered {
+                    profile: profile.clone(),
+                    interface: interface.clone(),
+                },
+            ));
+            continue;
+        }
         let Some(key) = SessionKey::of_peer(peer) else {
             continue;
         };
@@ -372,5 +385,23 @@ mod tests {
         assert!(d.sessions.is_empty() && d.follows.is_empty());
         assert_eq!(d.unsupported.len(), 1);
         assert_eq!(d.unsupported[0].1.reason(), "BFDNotSupportedInVRF");
+    }
+
+    /// An unnumbered peer gets no BFD session and is reported, naming its interface.
+    #[test]
+    fn an_unnumbered_peer_gets_no_bfd_and_is_reported() {
+        let mut config = Config::default();
+        config
+            .bfd_profiles
+            .insert("fast".into(), profile("fast", 100, false));
+        let mut link = ferrolb_testkit::model::peer("link", "198.19.253.254").build();
+        link.target = PeerTarget::Interface("eth1".into());
+        link.bfd_profile = Some("fast".into());
+        config.peers.insert("link".into(), link);
+        let d = desired(&config, &["link".to_string()]);
+        assert!(d.sessions.is_empty() && d.follows.is_empty());
+        assert_eq!(d.unsupported.len(), 1);
+        assert_eq!(d.unsupported[0].1.reason(), "BFDNotSupportedUnnumbered");
+        assert!(d.unsupported[0].1.to_string().contains("interface eth1"));
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolb_config::model::{Config, PeerPassword};
+use ferrolb_config::model::{Config, PeerPassword, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
 use ferrolb_speaker::bgp::driver::{Driver, Observer, PeerSettings, SettingsError};
 use ferrolb_speaker::bgp::plan::{self, Inputs};
@@ -17,18 +17,30 @@ use tokio::sync::watch;
 
 use super::bgp_status;
 use super::metrics::{AnnouncedLabels, Metrics, peer_label};
+use super::unnumbered::LinkState;
 
 /// Why a BGPPeer is not running on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct NotStarted {
-    /// Its TCP MD5 key cannot be used: an error and an `MD5KeyFailed` Event, since the peer
-    /// would otherwise have run without the signatures the operator asked for.
-    md5: bool,
-    /// The BGPPeer asks for what this speaker does not do (unnumbered): an error and an
-    /// `UnnumberedNotSupported` Event, so the missing routes are never a silent surprise.
-    unsupported: bool,
+    /// What kind of trouble, which decides how loudly it is reported.
+    problem: Problem,
     /// The reason, for the log and the Event.
     why: String,
+}
+
+/// The kinds of [`NotStarted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Problem {
+    /// Its TCP MD5 key cannot be used: an error and an `MD5KeyFailed` Event, since the peer
+    /// would otherwise have run without the signatures the operator asked for.
+    Md5,
+    /// An unnumbered peer's interface is missing or unusable on this node: an error and a
+    /// `BGPInterfaceNotUsable` Event, so the missing routes are never a silent surprise.
+    Interface,
+    /// An unnumbered peer not heard on its link yet: the normal first seconds, logged.
+    Searching,
+    /// Anything else (a `passwordSecret` not usable, no router ID): a warning in the log.
+    Other,
 }
 
 /// The BGP half of the speaker.
@@ -41,6 +53,8 @@ pub struct Bgp {
     reported: BTreeSet<(String, String)>,
     /// BGPPeers whose `vrf` this node lacks, with the VRF, each reported once while it lasts.
     missing_vrfs: BTreeSet<(String, String)>,
+    /// Peer discovery on the interfaces of unnumbered BGPPeers.
+    links: super::unnumbered::Links,
     /// Where the Events about BGPPeers go.
     events: EventQueue,
     /// The namespace of the BGPPeers (the speaker's).
@@ -62,7 +76,8 @@ pub struct Bgp {
 impl Bgp {
     /// No sessions yet; starts the ServiceBGPStatus writer for `node` in `namespace`, and
     /// accepts peers' connections on `listen` (an address that cannot be bound is logged and
-    /// left out: the speaker still connects out).
+    /// left out: the speaker still connects out). An unnumbered peer found on its link
+    /// notifies `changed`, so the work loop plans again.
     pub fn new(
         metrics: Metrics,
         client: kube::Client,
@@ -70,6 +85,7 @@ impl Bgp {
         node: String,
         listen: &[SocketAddr],
         events: ferrolb_runtime::events::EventQueue,
+        changed: Arc<tokio::sync::Notify>,
     ) -> Self {
         let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
         let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(
@@ -94,6 +110,7 @@ impl Bgp {
             bfd,
             reported: BTreeSet::new(),
             missing_vrfs: BTreeSet::new(),
+            links: super::unnumbered::Links::new(changed),
             events,
             namespace,
             node,
@@ -144,9 +161,35 @@ impl Bgp {
         let mut desired = BTreeMap::new();
         let mut not_started: BTreeMap<String, NotStarted> = BTreeMap::new();
         let mut missing_vrfs = BTreeSet::new();
+        let interfaces: BTreeSet<String> = plan
+            .peers
+            .keys()
+            .filter_map(|name| match &config.peers.get(name)?.target {
+                PeerTarget::Interface(i) => Some(i.clone()),
+                PeerTarget::Address(_) => None,
+            })
+            .collect();
+        let links = self.links.apply(&interfaces);
         for (name, peer_plan) in &plan.peers {
             let Some(peer) = config.peers.get(name) else {
                 continue;
+            };
+            let on_link = match &peer.target {
+                PeerTarget::Address(_) => None,
+                PeerTarget::Interface(i) => match links.get(i) {
+                    Some(LinkState::Found(on_link)) => Some(*on_link),
+                    other => {
+                        let (problem, why) = match other {
+                            Some(LinkState::Unusable(why)) => (Problem::Interface, why.clone()),
+                            _ => (
+                                Problem::Searching,
+                                SettingsError::NotFoundOnLink(i.clone()).to_string(),
+                            ),
+                        };
+                        not_started.insert(name.clone(), NotStarted { problem, why });
+                        continue;
+                    }
+                },
             };
             // A passwordSecret that is missing or unusable keeps only this peer down; the
             // Secret's watch brings the loop back here when it changes.
@@ -159,8 +202,7 @@ impl Bgp {
                         not_started.insert(
                             name.clone(),
                             NotStarted {
-                                md5: false,
-                                unsupported: false,
+                                problem: Problem::Other,
                                 why,
                             },
                         );
@@ -169,7 +211,13 @@ impl Bgp {
                 },
                 _ => None,
             };
-            match PeerSettings::from_peer(peer, &addresses, password.as_deref()) {
+            let settings = match on_link {
+                Some(on_link) => {
+                    PeerSettings::from_peer_on_link(peer, on_link, &addresses, password.as_deref())
+                }
+                None => PeerSettings::from_peer(peer, &addresses, password.as_deref()),
+            };
+            match settings {
                 Ok(mut settings) => {
                     if let Some(vrf) = &settings.connect.vrf {
                         let in_vrf = super::vrf::addresses(vrf);
@@ -183,13 +231,14 @@ impl Bgp {
                     desired.insert(name.clone(), (settings, peer_plan.routes.clone()));
                 }
                 Err(e) => {
-                    let md5 = matches!(e, SettingsError::PasswordTooLong { .. });
-                    let unsupported = matches!(e, SettingsError::Unnumbered(_));
+                    let problem = match e {
+                        SettingsError::PasswordTooLong { .. } => Problem::Md5,
+                        _ => Problem::Other,
+                    };
                     not_started.insert(
                         name.clone(),
                         NotStarted {
-                            md5,
-                            unsupported,
+                            problem,
                             why: e.to_string(),
                         },
                     );
@@ -203,8 +252,7 @@ impl Bgp {
             not_started.insert(
                 name,
                 NotStarted {
-                    md5: true,
-                    unsupported: false,
+                    problem: Problem::Md5,
                     why: e.to_string(),
                 },
             );
@@ -225,32 +273,38 @@ impl Bgp {
     /// when its MD5 key is at fault.
     fn report_not_started(&mut self, not_started: &BTreeMap<String, NotStarted>) {
         for (name, n) in newly_not_started(&mut self.reported, not_started) {
-            if n.md5 {
-                tracing::error!(peer = %name, error = %n.why, "BGP peer not started: its TCP MD5 key cannot be installed, and it is never run without it");
-                // Dashboards and alerts watch this gauge: a peer refused before it ever ran
-                // would otherwise have no series at all.
-                self.metrics
-                    .bgp_session_up
-                    .get_or_create(&peer_label(name))
-                    .set(0);
-                self.events
-                    .push(md5_key_failed(&self.namespace, name, &self.node, &n.why));
-            } else if n.unsupported {
-                tracing::error!(peer = %name, error = %n.why, "BGP peer not started: this speaker does not support what it asks for");
-                self.metrics
-                    .bgp_session_up
-                    .get_or_create(&peer_label(name))
-                    .set(0);
-                self.events.push(Queued {
-                    warning: true,
-                    reason: "UnnumberedNotSupported",
-                    message: format!("BGP session not started on node {}: {}", self.node, n.why),
-                    action: "StartSession",
-                    regarding: bgp_peer_ref(&self.namespace, name),
-                });
-            } else {
-                tracing::warn!(peer = %name, error = %n.why, "BGP peer not started");
+            match n.problem {
+                Problem::Md5 => {
+                    tracing::error!(peer = %name, error = %n.why, "BGP peer not started: its TCP MD5 key cannot be installed, and it is never run without it");
+                    self.events
+                        .push(md5_key_failed(&self.namespace, name, &self.node, &n.why));
+                }
+                Problem::Interface => {
+                    tracing::error!(peer = %name, error = %n.why, "unnumbered BGP peer not started");
+                    self.events.push(Queued {
+                        warning: true,
+                        reason: "BGPInterfaceNotUsable",
+                        message: format!(
+                            "BGP session not started on node {}: {}",
+                            self.node, n.why
+                        ),
+                        action: "StartSession",
+                        regarding: bgp_peer_ref(&self.namespace, name),
+                    });
+                }
+                Problem::Searching => {
+                    tracing::info!(peer = %name, why = %n.why, "unnumbered BGP peer: waiting to hear it on its link");
+                }
+                Problem::Other => {
+                    tracing::warn!(peer = %name, error = %n.why, "BGP peer not started")
+                }
             }
+            // Dashboards and alerts watch this gauge: a peer that never ran would otherwise
+            // have no series at all.
+            self.metrics
+                .bgp_session_up
+                .get_or_create(&peer_label(name))
+                .set(0);
         }
     }
 
@@ -441,8 +495,7 @@ mod tests {
                 (
                     (*name).to_string(),
                     NotStarted {
-                        md5: *md5,
-                        unsupported: false,
+                        problem: if *md5 { Problem::Md5 } else { Problem::Other },
                         why: (*why).to_string(),
                     },
                 )

@@ -14,6 +14,7 @@ mod presence;
 pub mod restart;
 mod status;
 mod status_objects;
+mod unnumbered;
 mod vrf;
 mod watch;
 
@@ -131,6 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.node_name.clone(),
             &args.bgp_listen,
             events.clone(),
+            changed.clone(),
         ),
         events: events.clone(),
         namespace: args.namespace.clone(),

@@ -1,5 +1,6 @@
 //! The passive side: listening sockets (port 179 by default) that hand each connection to the
-//! session of the peer it comes from, by source address, and close any other at once.
+//! session of the peer it comes from, by source address (and interface, for a link-local one),
+//! and close any other at once.
 //!
 //! TCP MD5 keys are installed on each listening socket per peer address (`TCP_MD5SIG` with the
 //! peer's address), so the kernel checks the peer's SYN before anything is accepted and the
@@ -11,6 +12,7 @@
 //! connections; instead the peer is reported back to the driver, which does not run it.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -37,7 +39,43 @@ pub(super) struct Target {
     pub tx: mpsc::Sender<TcpStream>,
 }
 
-type Targets = Arc<Mutex<BTreeMap<IpAddr, Target>>>;
+/// Who a connection comes from: the peer's address and, for a link-local address (an
+/// unnumbered peer), the interface it is on, since the same `fe80::` address may be on
+/// several links. IPv4-mapped IPv6 addresses count as IPv4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct PeerKey {
+    /// The address.
+    pub ip: IpAddr,
+    /// The interface index of a link-local address; 0 otherwise.
+    pub scope: u32,
+}
+
+impl PeerKey {
+    /// The key of a peer at `address` (its scope id names the interface of a link-local one).
+    pub(super) fn of(address: SocketAddr) -> Self {
+        match address {
+            SocketAddr::V6(v6) if v6.ip().is_unicast_link_local() => PeerKey {
+                ip: IpAddr::V6(*v6.ip()),
+                scope: v6.scope_id(),
+            },
+            other => PeerKey {
+                ip: other.ip().to_canonical(),
+                scope: 0,
+            },
+        }
+    }
+}
+
+impl fmt::Display for PeerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.scope {
+            0 => write!(f, "{}", self.ip),
+            scope => write!(f, "{}%{scope}", self.ip),
+        }
+    }
+}
+
+type Targets = Arc<Mutex<BTreeMap<PeerKey, Target>>>;
 
 /// One listening socket.
 struct Sock {
@@ -46,8 +84,8 @@ struct Sock {
     /// Who this socket hands connections to: only peers whose key, if they have one, is
     /// installed on this socket.
     targets: Targets,
-    /// MD5 keys installed on this socket, by peer address.
-    keys: BTreeMap<IpAddr, String>,
+    /// MD5 keys installed on this socket, by peer.
+    keys: BTreeMap<PeerKey, String>,
     task: JoinHandle<()>,
 }
 
@@ -107,19 +145,23 @@ impl Listener {
     /// accepts them, signed or not) until a later update installs their key.
     pub(super) fn update(
         &mut self,
-        targets: &BTreeMap<IpAddr, Target>,
-    ) -> BTreeMap<IpAddr, Refused> {
-        let mut refused: BTreeMap<IpAddr, Refused> = BTreeMap::new();
+        targets: &BTreeMap<PeerKey, Target>,
+    ) -> BTreeMap<PeerKey, Refused> {
+        let mut refused: BTreeMap<PeerKey, Refused> = BTreeMap::new();
         for sock in &mut self.sockets {
             let same_family = sock.address.is_ipv4();
-            for (peer, target) in targets.iter().filter(|(p, _)| p.is_ipv4() == same_family) {
+            for (peer, target) in targets
+                .iter()
+                .filter(|(p, _)| p.ip.is_ipv4() == same_family)
+            {
                 let Some(key) = &target.key else {
                     continue;
                 };
                 if refused.contains_key(peer) || sock.keys.get(peer) == Some(key) {
                     continue;
                 }
-                match socket::set_md5(&*sock.listener, *peer, key) {
+                // The kernel matches a key by address on any interface.
+                match socket::set_md5(&*sock.listener, peer.ip, key) {
                     Ok(()) => {
                         sock.keys.insert(*peer, key.clone());
                     }
@@ -138,7 +180,7 @@ impl Listener {
         for sock in &mut self.sockets {
             // Keys of peers that are gone, have no key any more, or were refused elsewhere
             // (so no socket keeps half of a refused peer's keys).
-            let stale: Vec<IpAddr> = sock
+            let stale: Vec<PeerKey> = sock
                 .keys
                 .keys()
                 .filter(|p| {
@@ -148,15 +190,15 @@ impl Listener {
                 .collect();
             for peer in stale {
                 // A zero-length key deletes the peer's key.
-                if let Err(e) = socket::set_md5(&*sock.listener, peer, "") {
+                if let Err(e) = socket::set_md5(&*sock.listener, peer.ip, "") {
                     tracing::debug!(address = %sock.address, %peer, error = %e, "cannot remove a TCP MD5 key from the BGP listener");
                 }
                 sock.keys.remove(&peer);
             }
-            let taken: BTreeMap<IpAddr, Target> = targets
+            let taken: BTreeMap<PeerKey, Target> = targets
                 .iter()
                 .filter(|(p, t)| {
-                    p.is_ipv4() == sock.address.is_ipv4()
+                    p.ip.is_ipv4() == sock.address.is_ipv4()
                         && !refused.contains_key(p)
                         && t.key.as_ref().is_none_or(|k| sock.keys.get(p) == Some(k))
                 })
@@ -197,7 +239,7 @@ async fn accept_loop(listener: Arc<TcpListener>, targets: Targets) {
                 continue;
             }
         };
-        let peer = from.ip().to_canonical();
+        let peer = PeerKey::of(from);
         let target = targets.lock().ok().and_then(|t| t.get(&peer).cloned());
         let Some(target) = target else {
             tracing::debug!(%from, "closing a BGP connection from an address that is no peer");
@@ -211,7 +253,7 @@ async fn accept_loop(listener: Arc<TcpListener>, targets: Targets) {
             continue;
         }
         if let Err(e) =
-            socket::set_ttl(&stream, peer, target.ttl).and_then(|()| stream.set_nodelay(true))
+            socket::set_ttl(&stream, peer.ip, target.ttl).and_then(|()| stream.set_nodelay(true))
         {
             tracing::debug!(%from, error = %e, "accepted BGP connection is gone");
             continue;
@@ -274,7 +316,7 @@ mod tests {
         let mut l = Listener::new();
         l.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let at = l.addresses()[0];
-        let peer: IpAddr = PEER.parse().unwrap();
+        let peer = PeerKey::of(SocketAddr::new(PEER.parse().unwrap(), 0));
 
         let (t, mut rx) = target(Some("k".repeat(socket::MD5_MAX_KEY_LEN + 1)));
         let refused = l.update(&[(peer, t)].into());
@@ -311,7 +353,7 @@ mod tests {
     async fn a_new_socket_takes_the_peer_only_with_its_key() {
         let mut l = Listener::new();
         l.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let peer: IpAddr = PEER.parse().unwrap();
+        let peer = PeerKey::of(SocketAddr::new(PEER.parse().unwrap(), 0));
         let (t, mut rx) = target(Some("pw".into()));
         let targets = BTreeMap::from([(peer, t)]);
         assert!(l.update(&targets).is_empty());
@@ -328,5 +370,18 @@ mod tests {
             .await
             .expect("signed SYN dropped");
         assert!(handed_on(&mut rx).await);
+    }
+
+    /// A link-local peer is known by its address and interface; others by their address, an
+    /// IPv4-mapped one as IPv4.
+    #[test]
+    fn peers_are_told_apart_by_address_and_link() {
+        let on = |s: &str| PeerKey::of(s.parse().unwrap());
+        assert_eq!(on("[fe80::1%3]:179").to_string(), "fe80::1%3");
+        assert_ne!(on("[fe80::1%3]:179"), on("[fe80::1%4]:179"));
+        assert_eq!(on("[fe80::1%3]:179"), on("[fe80::1%3]:40000"));
+        assert_eq!(on("[::ffff:192.0.2.1]:179"), on("192.0.2.1:1"));
+        assert_eq!(on("[fd00::1%3]:179").scope, 0);
+        assert_eq!(on("[fd00::1%3]:179").to_string(), "fd00::1");
     }
 }

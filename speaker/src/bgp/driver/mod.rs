@@ -22,7 +22,7 @@ pub mod socket;
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,9 +66,10 @@ pub struct PeerSettings {
 /// Why a BGPPeer cannot become a session on this node.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
-    /// `interface` (unnumbered BGP) is not supported yet.
-    #[error("BGP unnumbered (spec.interface {0}) is not supported")]
-    Unnumbered(String),
+    /// An unnumbered peer (`interface`) whose address is not known yet: it is found on the
+    /// link by [`discovery`], then given to [`PeerSettings::from_peer_on_link`].
+    #[error("no BGP peer found on interface {0} yet (no router advertisement heard)")]
+    NotFoundOnLink(String),
     /// No `routerID` and the node has no IPv4 address to use instead.
     #[error("no routerID set and the node has no IPv4 address to use as BGP identifier")]
     NoRouterId,
@@ -99,18 +100,57 @@ impl PeerSettings {
         node_addresses: &[IpAddr],
         secret: Option<&str>,
     ) -> Result<Self, SettingsError> {
-        let address = match &peer.target {
-            PeerTarget::Address(a) => *a,
-            PeerTarget::Interface(i) => return Err(SettingsError::Unnumbered(i.clone())),
-        };
-        let (node_ipv4, node_ipv6) = next_hops(node_addresses);
+        match &peer.target {
+            PeerTarget::Address(a) => Self::build(
+                peer,
+                SocketAddr::new(*a, peer.port),
+                next_hops(node_addresses),
+                node_addresses,
+                secret,
+            ),
+            PeerTarget::Interface(i) => Err(SettingsError::NotFoundOnLink(i.clone())),
+        }
+    }
+
+    /// The settings of an unnumbered `peer` (BGPPeer `interface`) found on its link at
+    /// `on_link`. The session runs between the two link-local addresses and carries both
+    /// families with only link-local next hops: IPv4 prefixes with an IPv6 next hop (RFC 8950,
+    /// the extended next hop capability), as FRR's `neighbor IF interface` does. The node's
+    /// global addresses are no next hop here: the link has none, and the peer reaches us
+    /// through it.
+    pub fn from_peer_on_link(
+        peer: &Peer,
+        on_link: OnLink,
+        node_addresses: &[IpAddr],
+        secret: Option<&str>,
+    ) -> Result<Self, SettingsError> {
+        let address = SocketAddr::V6(SocketAddrV6::new(
+            on_link.address,
+            peer.port,
+            0,
+            on_link.interface_index,
+        ));
+        Self::build(peer, address, (None, None), node_addresses, secret)
+    }
+
+    /// The settings of a session to `address`; `(node_ipv4, node_ipv6)` are the next hops of
+    /// the family the session does not run over.
+    fn build(
+        peer: &Peer,
+        address: SocketAddr,
+        (node_ipv4, node_ipv6): (Option<Ipv4Addr>, Option<Ipv6Addr>),
+        node_addresses: &[IpAddr],
+        secret: Option<&str>,
+    ) -> Result<Self, SettingsError> {
+        let unnumbered = matches!(peer.target, PeerTarget::Interface(_));
+        let (node_v4_id, _) = next_hops(node_addresses);
         let bgp_id = peer
             .router_id
             .or(match peer.source_address {
                 Some(IpAddr::V4(v4)) => Some(v4),
                 _ => None,
             })
-            .or(node_ipv4)
+            .or(node_v4_id)
             .ok_or(SettingsError::NoRouterId)?;
         let password = match &peer.password {
             None => None,
@@ -157,17 +197,19 @@ impl PeerSettings {
                 initial: peer.connect_time.unwrap_or(DEFAULT_CONNECT_TIME),
                 max: MAX_BACKOFF.max(peer.connect_time.unwrap_or_default()),
             },
-            families: families(address, peer.dual_stack_address_family),
+            // An unnumbered session is the only way to the peer: both families, as FRR
+            // activates them for `neighbor IF interface`.
+            families: families(address.ip(), peer.dual_stack_address_family || unnumbered),
             graceful_restart_time: peer.graceful_restart.then_some(GRACEFUL_RESTART_TIME),
-            // RFC 8950 is for unnumbered sessions (IPv4 routes with an IPv6 next hop), which
-            // are not run yet.
-            extended_next_hop: false,
+            // IPv4 routes with an IPv6 next hop (RFC 8950): only unnumbered sessions, whose
+            // link has no IPv4 address, need them; FRR offers it there by itself.
+            extended_next_hop: unnumbered,
         };
         fsm.validate()?;
         Ok(Self {
             name: peer.name.clone(),
             connect: ConnectOptions {
-                peer: SocketAddr::new(address, peer.port),
+                peer: address,
                 source: peer.source_address,
                 ttl,
                 password,
@@ -213,6 +255,16 @@ impl PeerSettings {
     pub fn use_vrf_addresses(&mut self, vrf_addresses: &[IpAddr]) {
         (self.node_ipv4, self.node_ipv6) = next_hops(vrf_addresses);
     }
+}
+
+/// Where an unnumbered peer was found: its link-local address on the interface with this
+/// index (the address's scope).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnLink {
+    /// The peer's IPv6 link-local address (the source of its router advertisements).
+    pub address: Ipv6Addr,
+    /// The index of the interface it is on.
+    pub interface_index: u32,
 }
 
 /// What a session reports.
@@ -383,7 +435,7 @@ impl Driver {
                 if c.vrf.is_some() {
                     continue;
                 }
-                let address = c.peer.ip().to_canonical();
+                let address = listen::PeerKey::of(c.peer);
                 if targets.contains_key(&address) {
                     tracing::warn!(peer = %name, %address, "another BGPPeer has this address: its connections go to that one");
                     continue;
@@ -416,7 +468,7 @@ impl Driver {
                 refused.insert(
                     name,
                     KeyError::Listener {
-                        peer: address,
+                        peer: address.ip,
                         listener: r.listener,
                         source: r.error,
                     },
@@ -784,6 +836,46 @@ mod tests {
         .await
         .expect("the driver did not connect");
         d.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// An unnumbered peer needs its link-local address first; found, its session dials that
+    /// address on that interface, carries both families with the extended next hop and no
+    /// global next hop, and keeps `dynamicASN`.
+    #[test]
+    fn settings_of_an_unnumbered_peer() {
+        let addrs: Vec<IpAddr> = vec![
+            "198.18.0.11".parse().unwrap(),
+            "fd00:18::b".parse().unwrap(),
+        ];
+        let mut p = peer();
+        p.target = PeerTarget::Interface("eth1".into());
+        p.peer_asn = PeerAsn::External;
+        assert_eq!(
+            PeerSettings::from_peer(&p, &addrs, None),
+            Err(SettingsError::NotFoundOnLink("eth1".into()))
+        );
+        let on_link = OnLink {
+            address: "fe80::1".parse().unwrap(),
+            interface_index: 7,
+        };
+        let s = PeerSettings::from_peer_on_link(&p, on_link, &addrs, None).unwrap();
+        assert_eq!(s.connect.peer, "[fe80::1%7]:179".parse().unwrap());
+        assert_eq!(s.connect.ttl, 1, "directly connected eBGP");
+        assert_eq!(
+            s.fsm.families,
+            vec![AfiSafi::IPV4_UNICAST, AfiSafi::IPV6_UNICAST]
+        );
+        assert!(s.fsm.extended_next_hop);
+        assert_eq!(s.fsm.peer_as, PeerAs::External);
+        assert_eq!(s.fsm.bgp_id, "198.18.0.11".parse::<Ipv4Addr>().unwrap());
+        assert_eq!((s.node_ipv4, s.node_ipv6), (None, None));
+        // A numbered peer never offers the extended next hop.
+        assert!(
+            !PeerSettings::from_peer(&peer(), &addrs, None)
+                .unwrap()
+                .fsm
+                .extended_next_hop
+        );
     }
 
     #[test]

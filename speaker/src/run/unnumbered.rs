@@ -1,0 +1,192 @@
+//! Unnumbered BGP peers in the work loop: peer discovery (router advertisements) running on
+//! every interface a BGPPeer of this node names, and what it found, for the BGP plan.
+//!
+//! Discovery starts when a BGPPeer names the interface and stops when none does. It restarts
+//! when the interface's index, MAC or link-local address changes (the interface was recreated
+//! or renumbered). Each find wakes the work loop, which plans the BGP sessions again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv6Addr;
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrolb_speaker::bgp::driver::OnLink;
+use ferrolb_speaker::bgp::driver::discovery::{Discovery, Link};
+use ferrolb_speaker::l2::interfaces::parse_mac;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// Where an interface named by an unnumbered BGPPeer stands on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// The peer was found on the link.
+    Found(OnLink),
+    /// Discovery runs and has heard no router advertisement yet.
+    Searching,
+    /// The interface cannot be used; why, naming it.
+    Unusable(String),
+}
+
+struct Running {
+    link: Link,
+    discovery: Discovery,
+    /// Wakes the work loop on each find.
+    waker: JoinHandle<()>,
+}
+
+/// Discovery on the interfaces the node's unnumbered BGPPeers name.
+pub struct Links {
+    running: BTreeMap<String, Running>,
+    /// The work loop's wake-up.
+    changed: Arc<Notify>,
+}
+
+impl Links {
+    /// No discovery yet; finds will notify `changed`.
+    pub fn new(changed: Arc<Notify>) -> Self {
+        Self {
+            running: BTreeMap::new(),
+            changed,
+        }
+    }
+
+    /// Runs discovery on exactly `interfaces` and says where each stands.
+    pub fn apply(&mut self, interfaces: &BTreeSet<String>) -> BTreeMap<String, LinkState> {
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|name| !interfaces.contains(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            tracing::info!(interface = %name, "no unnumbered BGP peer on this interface any more: discovery stopped");
+            self.stop(&name);
+        }
+        interfaces
+            .iter()
+            .map(|name| (name.clone(), self.state(name)))
+            .collect()
+    }
+
+    fn state(&mut self, name: &str) -> LinkState {
+        let link = match link(name) {
+            Ok(l) => l,
+            Err(why) => {
+                self.stop(name);
+                return LinkState::Unusable(why);
+            }
+        };
+        if self.running.get(name).is_some_and(|r| r.link != link) {
+            tracing::info!(interface = %name, "interface changed: discovery restarted");
+            self.stop(name);
+        }
+        if !self.running.contains_key(name) {
+            let discovery = match Discovery::start(link.clone()) {
+                Ok(d) => d,
+                Err(e) => {
+                    return LinkState::Unusable(format!(
+                        "cannot look for the BGP peer on interface {name}: {e}"
+                    ));
+                }
+            };
+            tracing::info!(interface = %name, link_local = %link.link_local, "looking for the unnumbered BGP peer");
+            let mut found = discovery.found();
+            let changed = self.changed.clone();
+            let waker = tokio::spawn(async move {
+                while found.changed().await.is_ok() {
+                    changed.notify_one();
+                }
+            });
+            self.running.insert(
+                name.to_string(),
+                Running {
+                    link,
+                    discovery,
+                    waker,
+                },
+            );
+        }
+        let Some(r) = self.running.get(name) else {
+            return LinkState::Searching;
+        };
+        match r.discovery.found().borrow().peer {
+            Some(address) => LinkState::Found(OnLink {
+                address,
+                interface_index: r.link.index,
+            }),
+            None => LinkState::Searching,
+        }
+    }
+
+    /// Stops discovery on `name`. Its thread takes up to a receive timeout to end: it is
+    /// joined off the work loop.
+    fn stop(&mut self, name: &str) {
+        if let Some(r) = self.running.remove(name) {
+            r.waker.abort();
+            let discovery = r.discovery;
+            tokio::task::spawn_blocking(move || drop(discovery));
+        }
+    }
+}
+
+/// What discovery needs of interface `name`: index, MAC and IPv6 link-local address. The error
+/// names the interface and what it lacks.
+fn link(name: &str) -> Result<Link, String> {
+    let dir = Path::new("/sys/class/net").join(name);
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+    let index: u32 = read("ifindex")
+        .and_then(|i| i.trim().parse().ok())
+        .ok_or_else(|| format!("interface {name} does not exist on this node"))?;
+    let mac = read("address")
+        .as_deref()
+        .and_then(parse_mac)
+        .ok_or_else(|| format!("interface {name} has no MAC address"))?;
+    let link_local = link_local(name).ok_or_else(|| {
+        format!("interface {name} has no IPv6 link-local address (is it up, with IPv6 enabled?)")
+    })?;
+    Ok(Link {
+        name: name.to_string(),
+        index,
+        mac: ferrolb_layer2::packet::MacAddr(mac),
+        link_local,
+    })
+}
+
+/// The interface's first IPv6 link-local address (in kernel order).
+fn link_local(name: &str) -> Option<Ipv6Addr> {
+    nix::ifaddrs::getifaddrs()
+        .ok()?
+        .filter(|a| a.interface_name == name)
+        .filter_map(|a| a.address?.as_sockaddr_in6().map(|v6| v6.ip()))
+        .find(Ipv6Addr::is_unicast_link_local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A missing interface is unusable, named, and starts nothing.
+    #[tokio::test]
+    async fn a_missing_interface_is_named() {
+        let mut links = Links::new(Arc::new(Notify::new()));
+        let states = links.apply(&BTreeSet::from(["flb-no-such-if".to_string()]));
+        assert_eq!(
+            states.get("flb-no-such-if"),
+            Some(&LinkState::Unusable(
+                "interface flb-no-such-if does not exist on this node".into()
+            ))
+        );
+        assert!(links.running.is_empty());
+    }
+
+    /// The loopback has no MAC: unusable, said so.
+    #[tokio::test]
+    async fn an_interface_without_a_mac_is_refused() {
+        let mut links = Links::new(Arc::new(Notify::new()));
+        let states = links.apply(&BTreeSet::from(["lo".to_string()]));
+        assert!(
+            matches!(states.get("lo"), Some(LinkState::Unusable(why)) if why.contains("lo")),
+            "{states:?}"
+        );
+    }
+}
