@@ -644,6 +644,13 @@ impl Task {
                     codec: n.codec,
                 };
                 tracing::info!(peer = %self.settings.name, peer_as = n.peer_as, peer_id = %n.peer_bgp_id, "BGP session established");
+                if ctx.next_hop_v4.is_none()
+                    && !ctx.extended_next_hop
+                    && ctx.families.contains(&AfiSafi::IPV4_UNICAST)
+                {
+                    // An unnumbered peer that did not take RFC 8950: IPv4 has no next hop here.
+                    tracing::warn!(peer = %self.settings.name, "the peer did not negotiate the extended next hop capability and this session has no IPv4 next hop: IPv4 prefixes are not sent to it");
+                }
                 self.sent.clear();
                 self.context = Some(ctx);
                 self.observer.session_up(&self.settings.name, true);
