@@ -16,6 +16,8 @@
 //! * A segment with a bridge in the lab's host namespace, or with more than two members, becomes
 //!   a `bridge` node (a Linux bridge the user creates before deploying); a segment of two
 //!   members becomes a veth link, as in the lab.
+//! * An unnumbered link (node1 – router, for BGP unnumbered) becomes a veth link too, with no
+//!   addresses; the router's FRR configuration names its end as containerlab does.
 //! * Addresses and routes are `exec` commands (containerlab brings links up unconfigured).
 //!   Containerlab owns `eth0` (its management network), so the lab's `ethN` is `eth(N+1)`.
 
@@ -26,7 +28,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
-use crate::topology::{Families, Host, Role, Topology};
+use crate::topology::{Families, Host, LinkEnd, Role, Topology};
 
 /// FRR's image for the router, pinned (the lab's router runs Debian 12's FRR 8.4.4; the
 /// configuration it gets uses nothing newer).
@@ -207,6 +209,26 @@ fn clab_interface(i: usize) -> String {
     format!("eth{}", i + 1)
 }
 
+/// containerlab's name of a lab interface named `ethN` (an unnumbered link's end): `eth(N+1)`,
+/// as for the segment interfaces.
+fn clab_interface_named(lab_name: &str) -> anyhow::Result<String> {
+    lab_name
+        .strip_prefix("eth")
+        .and_then(|n| n.parse::<usize>().ok())
+        .map(clab_interface)
+        .with_context(|| format!("{lab_name}: a link end's interface must be named ethN"))
+}
+
+/// The topology with every unnumbered link's ends named as in containerlab, for the router's
+/// FRR configuration (`neighbor eth3 interface`).
+fn with_clab_link_names(topology: &Topology) -> anyhow::Result<Topology> {
+    let mut t = topology.clone();
+    for end in t.links.iter_mut().flat_map(|l| l.ends.iter_mut()) {
+        end.interface = clab_interface_named(&end.interface)?;
+    }
+    Ok(t)
+}
+
 fn bridge_name(segment: &str) -> String {
     format!("flb-{segment}")
 }
@@ -245,7 +267,7 @@ fn nodes(topology: &Topology, settings: &Settings) -> anyhow::Result<Nodes> {
                 exec,
                 ..Node::default()
             },
-            Role::Router { .. } => router_node(topology, host, settings, exec),
+            Role::Router { .. } => router_node(topology, host, settings, exec)?,
             Role::Client | Role::ExternalClient => Node {
                 kind: "linux",
                 image: Some(settings.host_image.clone()),
@@ -346,6 +368,20 @@ fn host_exec(topology: &Topology, host: &Host) -> anyhow::Result<Vec<String>> {
             route.to, route.via
         ));
     }
+    // Unnumbered links: no addresses but the kernel's link-local one (Docker may have turned
+    // IPv6 off in the container), no default route from the peer's Router Advertisements, and
+    // no reverse path check against IPv4 routed over IPv6 next hops; as in the lab.
+    for (mine, _) in topology.links_of(&host.name) {
+        let dev = clab_interface_named(&mine.interface)?;
+        for setting in [
+            format!("net.ipv6.conf.{dev}.disable_ipv6=0"),
+            format!("net.ipv6.conf.{dev}.accept_ra=0"),
+            format!("net.ipv4.conf.{dev}.rp_filter=0"),
+        ] {
+            exec.push(format!("sysctl -w {setting}"));
+        }
+        exec.push(format!("ip link set {dev} up"));
+    }
     Ok(exec)
 }
 
@@ -358,13 +394,23 @@ fn prefix_len(prefix: &str) -> anyhow::Result<u8> {
 
 /// The FRR router: the image's own start script, after the daemons and configuration files are
 /// written from the environment (a single topology file, with nothing beside it to bind-mount).
-fn router_node(topology: &Topology, host: &Host, settings: &Settings, exec: Vec<String>) -> Node {
-    Node {
+fn router_node(
+    topology: &Topology,
+    host: &Host,
+    settings: &Settings,
+    exec: Vec<String>,
+) -> anyhow::Result<Node> {
+    let mut sysctls = host_sysctls(host);
+    // As in the lab: replies from a node may come over the lab segment while the route to their
+    // source points at an unnumbered link.
+    sysctls.insert("net.ipv4.conf.all.rp_filter", "0");
+    sysctls.insert("net.ipv4.conf.default.rp_filter", "0");
+    Ok(Node {
         kind: "linux",
         image: Some(settings.frr_image.clone()),
         env: BTreeMap::from([
             ("FRR_DAEMONS", frr_daemons()),
-            ("FRR_CONF", frr_conf(topology)),
+            ("FRR_CONF", frr_conf(topology)?),
         ]),
         // `$$` is containerlab's escape for a `$` it must not expand itself (it substitutes
         // environment variables in the whole file before reading it).
@@ -372,10 +418,10 @@ fn router_node(topology: &Topology, host: &Host, settings: &Settings, exec: Vec<
             "sh -c 'printf %s \"$$FRR_DAEMONS\" > /etc/frr/daemons && printf %s \"$$FRR_CONF\" > /etc/frr/frr.conf && exec /usr/lib/frr/docker-start'"
                 .into(),
         ),
-        sysctls: host_sysctls(host),
+        sysctls,
         exec,
         ..Node::default()
-    }
+    })
 }
 
 /// FRR's daemons file: bgpd and bfdd as in the lab's router (zebra, mgmtd and staticd always
@@ -387,13 +433,14 @@ fn frr_daemons() -> String {
 }
 
 /// FRR's integrated configuration: the lab router's bgpd and bfdd configurations under one
-/// header, so the two cannot drift apart.
-pub fn frr_conf(topology: &Topology) -> String {
-    let bgp = crate::router::frr_config(topology);
+/// header, so the two cannot drift apart; unnumbered neighbours are named by containerlab's
+/// interface names.
+pub fn frr_conf(topology: &Topology) -> anyhow::Result<String> {
+    let bgp = crate::router::frr_config(&with_clab_link_names(topology)?);
     let bfd = crate::router::bfdd_config(topology);
     let (header, bgp_body) = split_header(&bgp);
     let (_, bfd_body) = split_header(&bfd);
-    format!("{header}{bfd_body}{bgp_body}")
+    Ok(format!("{header}{bfd_body}{bgp_body}"))
 }
 
 /// A daemon configuration's header (`frr defaults`, hostname, log; up to the first `!` line) and
@@ -440,6 +487,23 @@ fn links(topology: &Topology, settings: &Settings) -> anyhow::Result<Vec<Link>> 
             });
         }
     }
+    // Unnumbered links: a veth between their two ends, like the two-member segment.
+    let link_end = |end: &LinkEnd| -> anyhow::Result<String> {
+        let host = topology
+            .host(&end.host)
+            .with_context(|| format!("a link names no host {}", end.host))?;
+        Ok(format!(
+            "{}:{}",
+            node_name(settings, host),
+            clab_interface_named(&end.interface)?
+        ))
+    };
+    for link in &topology.links {
+        let [a, b] = &link.ends;
+        links.push(Link {
+            endpoints: [link_end(a)?, link_end(b)?],
+        });
+    }
     if let Some(long) = bridges(topology).into_iter().find(|b| b.len() > IFNAME_MAX) {
         bail!("bridge name {long} is longer than {IFNAME_MAX} characters");
     }
@@ -456,5 +520,12 @@ mod tests {
         assert_eq!(header, "frr defaults traditional\nhostname x\n!\n");
         assert_eq!(body, "bfd\n!\n");
         assert_eq!(split_header("no header"), ("", "no header"));
+    }
+
+    #[test]
+    fn link_ends_are_renamed_as_containerlab_names_interfaces() {
+        assert_eq!(clab_interface_named("eth1").ok().as_deref(), Some("eth2"));
+        assert_eq!(clab_interface_named("eth2").ok().as_deref(), Some("eth3"));
+        assert!(clab_interface_named("swp1").is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The lab router: FRR (zebra, bfdd and bgpd) in its own namespace and its own path space,
 //! peering passively with every node so speakers (ferrolb, or GoBGP in the proof test) can
-//! connect, with BFD (profile `nodes`) on every such session.
+//! connect, with BFD (profile `nodes`) on every such session, and with an unnumbered neighbour
+//! on each of its point-to-point links (the topology's `links`: node1's).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -40,9 +41,25 @@ pub fn bfdd_config(topology: &Topology) -> String {
     )
 }
 
+/// The router's interfaces on unnumbered links (`eth2` towards node1 in the standard lab).
+pub fn unnumbered_interfaces(topology: &Topology) -> Vec<String> {
+    let Some(router) = topology
+        .hosts
+        .iter()
+        .find(|h| matches!(h.role, Role::Router { .. }))
+    else {
+        return Vec::new();
+    };
+    topology
+        .links_of(&router.name)
+        .map(|(mine, _)| mine.interface.clone())
+        .collect()
+}
+
 /// bgpd's configuration.
 pub fn frr_config(topology: &Topology) -> String {
     let (asn, _) = router_role(topology);
+    let unnumbered = unnumbered_interfaces(topology);
     let mut c = String::from(
         "frr defaults traditional\nhostname lab-router\nlog stdout informational\n!\n",
     );
@@ -53,8 +70,25 @@ pub fn frr_config(topology: &Topology) -> String {
     c += " neighbor nodes peer-group\n neighbor nodes remote-as external\n neighbor nodes timers 3 9\n neighbor nodes timers connect 1\n";
     c += " neighbor nodes bfd profile nodes\n";
     c += " bgp listen range 198.18.0.0/24 peer-group nodes\n bgp listen range fd00:18::/120 peer-group nodes\n";
-    c += " address-family ipv4 unicast\n  neighbor nodes activate\n  maximum-paths 16\n exit-address-family\n";
-    c += " address-family ipv6 unicast\n  neighbor nodes activate\n  maximum-paths 16\n exit-address-family\n!\n";
+    // Unnumbered neighbours (RFC 8950): found by the Router Advertisements on the link, which
+    // bgpd has zebra send there, and reached at their link-local address; FRR negotiates the
+    // extended next hop itself for interface neighbours. No BFD: the speaker refuses BFD on
+    // unnumbered sessions for now (decision record 0020).
+    for i in &unnumbered {
+        c += &format!(
+            " neighbor {i} interface remote-as external\n neighbor {i} timers 3 9\n neighbor {i} timers connect 1\n"
+        );
+    }
+    let activate: String = unnumbered
+        .iter()
+        .map(|i| format!("  neighbor {i} activate\n"))
+        .collect();
+    c += &format!(
+        " address-family ipv4 unicast\n  neighbor nodes activate\n{activate}  maximum-paths 16\n exit-address-family\n"
+    );
+    c += &format!(
+        " address-family ipv6 unicast\n  neighbor nodes activate\n{activate}  maximum-paths 16\n exit-address-family\n!\n"
+    );
     c
 }
 
@@ -249,4 +283,38 @@ pub async fn wait_installed(lab: &Lab, ip: &str, nodes: &[&str]) -> anyhow::Resu
         },
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Options;
+
+    #[test]
+    fn unnumbered_link_is_a_neighbour_in_both_families_without_bfd() {
+        let t = Topology::standard(Options::default());
+        assert_eq!(unnumbered_interfaces(&t), ["eth2"]);
+        let c = frr_config(&t);
+        for line in [
+            " neighbor eth2 interface remote-as external\n",
+            " neighbor eth2 timers 3 9\n",
+            " neighbor eth2 timers connect 1\n",
+            " address-family ipv4 unicast\n  neighbor nodes activate\n  neighbor eth2 activate\n",
+            " address-family ipv6 unicast\n  neighbor nodes activate\n  neighbor eth2 activate\n",
+        ] {
+            assert!(c.contains(line), "{line:?} missing from:\n{c}");
+        }
+        assert!(!c.contains("neighbor eth2 bfd"), "{c}");
+        // The node peer group keeps its BFD.
+        assert!(c.contains(" neighbor nodes bfd profile nodes\n"), "{c}");
+    }
+
+    #[test]
+    fn no_links_no_interface_neighbours() {
+        let mut t = Topology::standard(Options::default());
+        t.links.clear();
+        let c = frr_config(&t);
+        assert!(!c.contains(" interface "), "{c}");
+        assert_eq!(c.matches(" activate\n").count(), 2, "{c}");
+    }
 }

@@ -17,6 +17,7 @@
 //! | Service ClusterIPs | 198.19.64.0/18 | fd00:1b::/112 |
 //! | external segment behind the router | 198.19.254.0/24 | fd00:1a::/64 |
 //! | external client | 198.19.254.10 | fd00:1a::a |
+//! | unnumbered link node1 `eth1` – router `eth2` (BGP unnumbered) | none | link-local only (`fe80::/64`, the kernel's, from each end's MAC) |
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -207,6 +208,25 @@ pub struct HostBridge {
     pub ipv6: Ipv6Addr,
 }
 
+/// One end of a [`Link`]: an interface of a host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkEnd {
+    /// The host's short name (`node1`, `router`).
+    pub host: String,
+    /// The interface's name inside the host.
+    pub interface: String,
+}
+
+/// A point-to-point link with no IP addresses: a veth joining two hosts directly, reachable only
+/// through the kernel's IPv6 link-local addresses, for BGP unnumbered (RFC 8950; FRR's
+/// `neighbor IFNAME interface`). It is on no segment, and neither end takes Router
+/// Advertisements.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    /// Its two ends.
+    pub ends: [LinkEnd; 2],
+}
+
 /// The whole lab.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
@@ -220,6 +240,10 @@ pub struct Topology {
     pub service_cidrs: Vec<String>,
     /// Cluster (pod) CIDRs, primary family first.
     pub cluster_cidrs: Vec<String>,
+    /// Point-to-point unnumbered links between hosts (beside their segment interfaces). Empty
+    /// when absent, so the state of a lab made before links existed still reads.
+    #[serde(default)]
+    pub links: Vec<Link>,
 }
 
 /// Name of the lab segment.
@@ -228,6 +252,10 @@ pub const LAB_SEGMENT: &str = "lab";
 pub const EXTERNAL_SEGMENT: &str = "external";
 /// AS number of the lab router.
 pub const ROUTER_ASN: u32 = 64500;
+/// node1's end of its unnumbered link to the router.
+pub const NODE1_UNNUMBERED_INTERFACE: &str = "eth1";
+/// The router's end of its unnumbered link to node1.
+pub const ROUTER_UNNUMBERED_INTERFACE: &str = "eth2";
 
 fn v6(segments: [u16; 8]) -> Ipv6Addr {
     Ipv6Addr::from(segments)
@@ -346,6 +374,22 @@ impl Topology {
             ],
             forwarding: false,
         });
+        // node1 and the router are also joined directly, with no addresses, for BGP unnumbered.
+        let mut links = Vec::new();
+        if hosts.iter().any(|h| h.name == "node1") {
+            links.push(Link {
+                ends: [
+                    LinkEnd {
+                        host: "node1".into(),
+                        interface: NODE1_UNNUMBERED_INTERFACE.into(),
+                    },
+                    LinkEnd {
+                        host: "router".into(),
+                        interface: ROUTER_UNNUMBERED_INTERFACE.into(),
+                    },
+                ],
+            });
+        }
         let (mut service_cidrs, mut cluster_cidrs) = (Vec::new(), Vec::new());
         if options.families.v4() {
             service_cidrs.push("198.19.64.0/18".to_string());
@@ -381,7 +425,25 @@ impl Topology {
             hosts,
             service_cidrs,
             cluster_cidrs,
+            links,
         }
+    }
+
+    /// The ends of `host`'s unnumbered links: each as (its own end, the other host's end).
+    pub fn links_of<'a>(
+        &'a self,
+        host: &'a str,
+    ) -> impl Iterator<Item = (&'a LinkEnd, &'a LinkEnd)> + 'a {
+        self.links.iter().filter_map(move |l| {
+            let [a, b] = &l.ends;
+            if a.host == host {
+                Some((a, b))
+            } else if b.host == host {
+                Some((b, a))
+            } else {
+                None
+            }
+        })
     }
 
     /// A host by short name.
@@ -418,6 +480,7 @@ impl Topology {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]
@@ -468,6 +531,70 @@ mod tests {
                 "198.19.{index}.0/24 would overlap the Service range 198.19.64.0/18"
             );
         }
+    }
+
+    #[test]
+    fn standard_topology_links_node1_and_the_router_unnumbered() {
+        for nodes in [1, 3, 60] {
+            let t = Topology::standard(Options {
+                nodes,
+                ..Options::default()
+            });
+            assert_eq!(t.links.len(), 1, "{nodes} nodes");
+            let ends: Vec<(&str, &str)> = t.links[0]
+                .ends
+                .iter()
+                .map(|e| (e.host.as_str(), e.interface.as_str()))
+                .collect();
+            assert_eq!(ends, [("node1", "eth1"), ("router", "eth2")]);
+            let mine: Vec<(&str, &str)> = t
+                .links_of("router")
+                .map(|(mine, peer)| (mine.interface.as_str(), peer.host.as_str()))
+                .collect();
+            assert_eq!(mine, [("eth2", "node1")]);
+            assert_eq!(t.links_of("node2").count(), 0);
+        }
+    }
+
+    #[test]
+    fn link_ends_are_hosts_with_free_interface_names() {
+        let t = Topology::standard(Options::default());
+        for link in &t.links {
+            assert_ne!(
+                link.ends[0].host, link.ends[1].host,
+                "a link joins two hosts"
+            );
+            for end in &link.ends {
+                let host = t.host(&end.host).expect("a link end names a host");
+                assert!(end.interface.len() <= 15, "{}: too long", end.interface);
+                assert!(
+                    host.interfaces.iter().all(|i| i.name != end.interface),
+                    "{}:{} is also a segment interface",
+                    end.host,
+                    end.interface
+                );
+                assert_eq!(
+                    t.links_of(&end.host)
+                        .filter(|(mine, _)| mine.interface == end.interface)
+                        .count(),
+                    1,
+                    "{}:{} is on two links",
+                    end.host,
+                    end.interface
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_topology_without_links_still_reads() {
+        // The state file of a lab made before links existed has no `links`.
+        let mut json = serde_json::to_value(Topology::standard(Options::default())).unwrap();
+        json.as_object_mut().unwrap().remove("links");
+        let t: Topology = serde_json::from_value(json).unwrap();
+        assert!(t.links.is_empty());
+        let round = serde_json::to_value(Topology::standard(Options::default())).unwrap();
+        assert_eq!(round["links"][0]["ends"][1]["interface"], "eth2");
     }
 
     #[test]

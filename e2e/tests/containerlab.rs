@@ -2,8 +2,8 @@
 //! option sets: valid against containerlab's published JSON schema (vendored in
 //! e2e/containerlab/, its README says which version), with the lab's address plan, the lab
 //! router's configuration, a kind cluster of the right shape and links that mirror the lab's
-//! segments. Needs no root and no lab. containerlab itself is not run here (docs/containerlab.md
-//! says what that leaves untested).
+//! segments and its unnumbered link. Needs no root and no lab. containerlab itself is not run
+//! here (docs/containerlab.md says what that leaves untested).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -291,11 +291,15 @@ fn the_router_runs_the_lab_routers_configuration() {
             1,
             "one header:\n{conf}"
         );
-        // Everything after the header of the lab router's bgpd and bfdd configurations.
-        for lab_config in [
-            router::frr_config(&topology),
-            router::bfdd_config(&topology),
-        ] {
+        // Everything after the header of the lab router's bgpd and bfdd configurations, with
+        // the unnumbered link's end named as containerlab names it (eth0 is containerlab's, so
+        // the lab's eth2 is eth3; written out here rather than taken from the generator).
+        let mut renamed = topology.clone();
+        for end in renamed.links.iter_mut().flat_map(|l| l.ends.iter_mut()) {
+            let n: usize = end.interface.strip_prefix("eth").unwrap().parse().unwrap();
+            end.interface = format!("eth{}", n + 1);
+        }
+        for lab_config in [router::frr_config(&renamed), router::bfdd_config(&topology)] {
             let body = &lab_config[lab_config.find("\n!\n").unwrap() + 3..];
             assert!(
                 conf.contains(body),
@@ -303,6 +307,20 @@ fn the_router_runs_the_lab_routers_configuration() {
             );
         }
         assert!(conf.contains("router bgp 64500\n"), "AS 64500:\n{conf}");
+        // node1's unnumbered link ends at the router's eth3 in containerlab.
+        assert!(
+            conf.contains(" neighbor eth3 interface remote-as external\n"),
+            "the unnumbered neighbour:\n{conf}"
+        );
+        assert_eq!(
+            conf.matches("  neighbor eth3 activate\n").count(),
+            2,
+            "IPv4 and IPv6 unicast:\n{conf}"
+        );
+        assert!(
+            !conf.contains("neighbor eth2 "),
+            "the lab's name leaked:\n{conf}"
+        );
         assert!(conf.contains(" profile nodes\n"), "BFD profile:\n{conf}");
         // Every node can peer: its lab addresses are inside a listen range.
         let ranges: Vec<&str> = conf
@@ -416,9 +434,33 @@ fn links_mirror_the_lab_segments() {
                 }
             }
         }
+        // The unnumbered link: node1's eth1 and the router's eth2 in the lab, a veth with no
+        // addresses (`addresses_and_routes_are_the_labs` checks that no address is added there).
+        let unnumbered = ["ferrolb-worker:eth2".to_string(), "router:eth3".to_string()];
+        assert!(
+            links.contains(&unnumbered),
+            "{options:?}: no unnumbered link: {links:?}"
+        );
+        for (name, dev) in [("ferrolb-worker", "eth2"), ("router", "eth3")] {
+            let exec = exec(node(&value, name));
+            for command in [
+                format!("sysctl -w net.ipv6.conf.{dev}.accept_ra=0"),
+                format!("ip link set {dev} up"),
+            ] {
+                assert!(
+                    exec.contains(&command.as_str()),
+                    "{name}: no `{command}` in {exec:?}"
+                );
+            }
+        }
         let interfaces: usize = topology.hosts.iter().map(|h| h.interfaces.len()).sum();
-        // A bridge port per interface on a bridged segment, one veth for the two-member one.
-        assert_eq!(links.len(), interfaces - 1, "{options:?}: {links:?}");
+        // A bridge port per interface on a bridged segment, one veth for the two-member one,
+        // one per unnumbered link.
+        assert_eq!(
+            links.len(),
+            interfaces - 1 + topology.links.len(),
+            "{options:?}: {links:?}"
+        );
         assert_eq!(containerlab::bridges(&topology), ["flb-lab"]);
     }
 }

@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::router;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::suite::{self, BoxFuture, Suite};
+use ferrolb_e2e::topology::Role;
 use ferrolb_e2e::{Lab, Options, ProxyMode};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -309,6 +311,207 @@ async fn frr_learns_route_from_gobgp(lab: &Lab) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Undoes the addresses and routes a test added in lab hosts (`ip` arguments per host), also
+/// when the test fails.
+struct UndoIp<'a> {
+    lab: &'a Lab,
+    commands: Vec<(String, Vec<String>)>,
+}
+
+impl UndoIp<'_> {
+    /// Runs `ip ARGS` in `host` and records `undo` (also `ip` arguments) for the drop.
+    fn run(&mut self, host: &str, args: &[&str], undo: &[&str]) -> anyhow::Result<()> {
+        self.lab.exec(host, "ip", args)?;
+        self.commands.push((
+            host.to_string(),
+            undo.iter().map(|a| a.to_string()).collect(),
+        ));
+        Ok(())
+    }
+}
+
+impl Drop for UndoIp<'_> {
+    fn drop(&mut self) {
+        for (host, args) in self.commands.iter().rev() {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Err(e) = self.lab.exec(host, "ip", &args) {
+                eprintln!("undoing `ip {}` in {host}: {e:#}", args.join(" "));
+            }
+        }
+    }
+}
+
+/// (d) The unnumbered link between node1 and the router (for BGP unnumbered): each end has one
+/// address, its usable (not tentative) IPv6 link-local one, and takes no Router Advertisements;
+/// the ends reach each other; FRR's Router Advertisements, which it sends for its interface
+/// neighbour, give node1 no default route; bgpd has the neighbour. Then IPv4 and IPv6 routed
+/// by the router over the link to a link-local next hop, as an unnumbered session's routes are,
+/// reach node1 from the external client, and the answers, which come back over the lab segment,
+/// are not dropped by the router's reverse path check.
+async fn unnumbered_link(lab: &Lab) -> anyhow::Result<()> {
+    let t = &lab.topology;
+    let link = t
+        .links
+        .first()
+        .context("the topology has no unnumbered link")?;
+    let is_router = |host: &str| {
+        t.host(host)
+            .is_some_and(|h| matches!(h.role, Role::Router { .. }))
+    };
+    let (node, router) = match &link.ends {
+        [a, b] if is_router(&b.host) => (a, b),
+        [a, b] if is_router(&a.host) => (b, a),
+        _ => bail!("the link {link:?} does not end at the router"),
+    };
+    let mut lla = Vec::new();
+    for end in [node, router] {
+        let out = lab.exec(
+            &end.host,
+            "ip",
+            &["-j", "addr", "show", "dev", &end.interface],
+        )?;
+        let json: serde_json::Value = serde_json::from_str(&out)?;
+        let addresses = json[0]["addr_info"].as_array().cloned().unwrap_or_default();
+        let [address] = &addresses[..] else {
+            bail!(
+                "{}:{} has other than one address: {out}",
+                end.host,
+                end.interface
+            );
+        };
+        let local = address["local"].as_str().unwrap_or_default();
+        ensure!(
+            address["family"] == "inet6"
+                && address["scope"] == "link"
+                && local.starts_with("fe80:")
+                && address.get("tentative").is_none(),
+            "{}:{} has no usable link-local address: {out}",
+            end.host,
+            end.interface
+        );
+        let accept_ra = lab.exec(
+            &end.host,
+            "sysctl",
+            &["-n", &format!("net.ipv6.conf.{}.accept_ra", end.interface)],
+        )?;
+        ensure!(
+            accept_ra.trim() == "0",
+            "{}: accept_ra {accept_ra}",
+            end.host
+        );
+        lla.push(local.to_string());
+    }
+    let [node_lla, router_lla] = &lla[..] else {
+        unreachable!()
+    };
+    for (from, to) in [(node, router_lla), (router, node_lla)] {
+        lab.exec(
+            &from.host,
+            "ndisc6",
+            &["-1", "-r", "3", to, &from.interface],
+        )
+        .with_context(|| format!("{}:{} reaching {to}", from.host, from.interface))?;
+    }
+    // FRR advertises itself on the link (with a router lifetime): node1 hears it, and keeps no
+    // default route.
+    wait_for(
+        "a Router Advertisement from the router on node1's unnumbered link",
+        Duration::from_secs(20),
+        || {
+            let out = lab.exec_output(&node.host, "rdisc6", &["-1", "-w", "2000", &node.interface]);
+            async move {
+                match out {
+                    Ok(o) if o.status.success() => Ok(Some(())),
+                    Ok(o) => Err(String::from_utf8_lossy(&o.stderr).to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    let default = lab.exec(&node.host, "ip", &["-6", "route", "show", "default"])?;
+    ensure!(
+        default.trim().is_empty(),
+        "{} took a default route: {default}",
+        node.host
+    );
+    let neighbour = router::vtysh(lab, &[&format!("show bgp neighbors {}", router.interface)])?;
+    ensure!(
+        neighbour.contains(&format!("BGP neighbor on {}", router.interface)),
+        "bgpd has no neighbour {}: {neighbour}",
+        router.interface
+    );
+    // The machine's own defaults may be strict (a new namespace inherits the host's IPv4
+    // settings): the lab turns the router's filter off, so the check below proves the path.
+    let router_host = t.host(&router.host).context("the router host")?;
+    let confs = ["all", router.interface.as_str()]
+        .into_iter()
+        .chain(router_host.interfaces.iter().map(|i| i.name.as_str()));
+    for conf in confs {
+        let key = format!("net.ipv4.conf.{conf}.rp_filter");
+        let value = lab.exec(&router.host, "sysctl", &["-n", &key])?;
+        ensure!(value.trim() == "0", "router: {key} = {value}");
+    }
+
+    // Forwarding over the link, replies over the lab segment.
+    let mut scope = TestScope::new(lab, "proof-unnumbered").await?;
+    scope.spawn(
+        "echo-unnumbered",
+        &node.host,
+        &lab_exe(),
+        &["echo".into(), "--name".into(), "unnumbered".into()],
+    )?;
+    let mut undo = UndoIp {
+        lab,
+        commands: Vec::new(),
+    };
+    for (address, family) in [("198.18.240.1", "-4"), ("fd00:18::f0:1", "-6")] {
+        let (host_route, v4_via) = if family == "-4" {
+            (format!("{address}/32"), "inet6")
+        } else {
+            (format!("{address}/128"), "")
+        };
+        undo.run(
+            &node.host,
+            &["addr", "add", &host_route, "dev", "lo"],
+            &["addr", "del", &host_route, "dev", "lo"],
+        )?;
+        let mut add = vec![family, "route", "add", &host_route, "via"];
+        if !v4_via.is_empty() {
+            add.push(v4_via);
+        }
+        add.extend([node_lla.as_str(), "dev", &router.interface]);
+        undo.run(&router.host, &add, &[family, "route", "del", &host_route])?;
+        let url = format!(
+            "http://{}:8080/",
+            if family == "-6" {
+                format!("[{address}]")
+            } else {
+                address.to_string()
+            }
+        );
+        wait_for(
+            &format!("ext to reach {address} over the unnumbered link"),
+            Duration::from_secs(20),
+            || {
+                let out = lab.exec_output("ext", "curl", &["-sS", "--max-time", "2", "-g", &url]);
+                async move {
+                    match out {
+                        Ok(o) if String::from_utf8_lossy(&o.stdout).starts_with("unnumbered ") => {
+                            Ok(Some(()))
+                        }
+                        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).to_string()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+            },
+        )
+        .await?;
+    }
+    drop(undo);
+    Ok(())
+}
+
 /// Runs `ferrolb-lab ARGS` as a user runs `e2e/lab ARGS`; returns its exit code, stdout and
 /// stderr.
 fn lab_command(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
@@ -504,6 +707,10 @@ fn proof_suite(mode: ProxyMode) -> Suite<Lab> {
         .test(
             &format!("{m}::frr_installs_a_route_advertised_by_gobgp"),
             |lab| Box::pin(async move { frr_learns_route_from_gobgp(&lab).await }),
+        )
+        .test(
+            &format!("{m}::unnumbered_link_has_only_link_local_addresses_and_forwards"),
+            |lab| Box::pin(async move { unnumbered_link(&lab).await }),
         )
 }
 

@@ -297,6 +297,20 @@ fn write_status(out: &mut String) -> anyhow::Result<()> {
             .collect();
         writeln!(out, "  {:8} {:12} {}", h.name, h.netns, addrs.join("; "))?;
     }
+    if !t.links.is_empty() {
+        writeln!(
+            out,
+            "\nunnumbered links (IPv6 link-local addresses only: `ip -6 addr show dev IF`):"
+        )?;
+        for l in &t.links {
+            let [a, b] = &l.ends;
+            writeln!(
+                out,
+                "  {}:{} <-> {}:{}",
+                a.host, a.interface, b.host, b.interface
+            )?;
+        }
+    }
     writeln!(out, "\nprocesses:")?;
     for p in &state.processes {
         let running = process::running(p);

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::Api;
@@ -425,6 +425,7 @@ impl Lab {
                 }
             }
         }
+        self.build_links()?;
         for host in &t.hosts {
             for iface in &host.interfaces {
                 let seg = t.segments.iter().find(|s| s.name == iface.segment);
@@ -461,12 +462,108 @@ impl Lab {
                     &["route", "replace", &route.to, "via", &route.via.to_string()],
                 )?;
             }
-            if let Role::Node { .. } = host.role {
-                // Pods reach their node at these link-local addresses (see add_pod).
-                sysctl_in(&host.netns, "net.ipv4.conf.all.rp_filter", "0")?;
+            match host.role {
+                Role::Node { .. } => {
+                    // Pods reach their node at these link-local addresses (see add_pod).
+                    sysctl_in(&host.netns, "net.ipv4.conf.all.rp_filter", "0")?;
+                }
+                Role::Router { .. } => {
+                    // A route learnt over an unnumbered link points at that link, while the
+                    // node's replies come back over the lab segment: the router must not drop
+                    // them as spoofed. The effective value is the larger of `all` and the
+                    // interface's, and a new namespace inherits the host's IPv4 defaults.
+                    sysctl_in(&host.netns, "net.ipv4.conf.all.rp_filter", "0")?;
+                    sysctl_in(&host.netns, "net.ipv4.conf.default.rp_filter", "0")?;
+                    let links = t.links_of(&host.name).map(|(mine, _)| &mine.interface);
+                    for name in host.interfaces.iter().map(|i| &i.name).chain(links) {
+                        sysctl_in(&host.netns, &format!("net.ipv4.conf.{name}.rp_filter"), "0")?;
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())
+    }
+
+    /// The unnumbered point-to-point links: a veth made straight between the two namespaces
+    /// (nothing ever appears in the host namespace), no addresses but the kernel's IPv6
+    /// link-local ones, no Router Advertisements taken, both ends up with their link-local
+    /// address usable (not tentative) before this returns.
+    fn build_links(&self) -> anyhow::Result<()> {
+        let t = &self.topology;
+        for (n, link) in t.links.iter().enumerate() {
+            let mut ends = Vec::new();
+            for (side, end) in ["a", "b"].into_iter().zip(&link.ends) {
+                let host = t
+                    .host(&end.host)
+                    .with_context(|| format!("link {n}: no host {} in the topology", end.host))?;
+                ends.push((
+                    host.netns.as_str(),
+                    end.interface.as_str(),
+                    format!("flb-l{n}{side}"),
+                ));
+            }
+            let [(ns_a, if_a, tmp_a), (ns_b, if_b, tmp_b)] = &ends[..] else {
+                bail!("link {n} has not two ends");
+            };
+            // Temporary names, unique in both namespaces, as for the external segment's pair.
+            run(
+                "ip",
+                &[
+                    "link", "add", tmp_a, "netns", ns_a, "type", "veth", "peer", "name", tmp_b,
+                    "netns", ns_b,
+                ],
+            )?;
+            for (ns, name, tmp) in [(ns_a, if_a, tmp_a), (ns_b, if_b, tmp_b)] {
+                ip_in(ns, &["link", "set", tmp, "name", name])?;
+                // IPv6 on (the link-local address is all the link has); never a default route
+                // from the peer's Router Advertisements (the speaker and FRR send them to find
+                // each other, FRR's with a lifetime, and node1 forwards); no DAD, which would
+                // leave the address tentative for a second (the namespace's `default` already
+                // says so, this holds whatever made the namespace); no reverse path check on
+                // IPv4 routed over the link to an IPv6 next hop (its replies take the segment).
+                for (key, value) in [
+                    ("ipv6", "disable_ipv6", "0"),
+                    ("ipv6", "accept_ra", "0"),
+                    ("ipv6", "accept_dad", "0"),
+                    ("ipv4", "rp_filter", "0"),
+                ]
+                .map(|(family, key, value)| (format!("net.{family}.conf.{name}.{key}"), value))
+                {
+                    sysctl_in(ns, &key, value)?;
+                }
+            }
+            for (ns, name) in [(ns_a, if_a), (ns_b, if_b)] {
+                ip_in(ns, &["link", "set", name, "up"])?;
+            }
+            for (ns, name) in [(ns_a, if_a), (ns_b, if_b)] {
+                wait_link_local(ns, name)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until `interface` in `netns` has a usable IPv6 link-local address (present, not
+/// tentative): the kernel adds it once the veth has carrier, which both ends being up gives.
+fn wait_link_local(netns: &str, interface: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = ip_in(
+            netns,
+            &["-6", "addr", "show", "dev", interface, "scope", "link"],
+        )?;
+        let usable = out
+            .lines()
+            .map(str::trim)
+            .any(|l| l.starts_with("inet6 fe80:") && !l.contains("tentative"));
+        if usable {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{interface} in {netns} has no usable link-local address after 10 s: {out}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
