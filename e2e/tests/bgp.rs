@@ -1118,6 +1118,175 @@ spec:
     Ok(())
 }
 
+/// The router's kernel route to `ip`, as `ip route show` prints it.
+fn router_kernel_route(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    let family = if ip.contains(':') { "-6" } else { "-4" };
+    lab.exec("router", "ip", &[family, "route", "show", ip])
+}
+
+/// Issue #19 item 1: an unnumbered BGPPeer (`interface: eth1`, `dynamicASN: external`) on
+/// node1, whose eth1 is a point-to-point link to the router's eth2 with nothing but IPv6
+/// link-local addresses; the router runs FRR's `neighbor eth2 interface remote-as external`.
+/// A pool advertised only to that peer: the router learns its Service's IPv4 and IPv6 routes
+/// from that session alone and installs both via node1's link-local address on eth2 (IPv4
+/// with an IPv6 next hop, RFC 8950), and the external client reaches the pods through it. With
+/// node1's end of the link down the routes leave; up again, they come back.
+async fn unnumbered_peer_carries_the_service_over_its_link(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let ns = ferrolb::NAMESPACE;
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {{name: link, namespace: {ns}}}
+spec:
+  myASN: 64512
+  dynamicASN: external
+  interface: eth1
+  holdTime: 9s
+  keepaliveTime: 3s
+  connectTime: 1s
+  nodeSelectors:
+  - matchLabels: {{kubernetes.io/hostname: node1}}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: unnumbered, namespace: {ns}}}
+spec:
+  addresses: ['198.18.202.0/24', 'fd00:18::ca:0/112']
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {{name: unnumbered, namespace: {ns}}}
+spec:
+  ipAddressPools: [unnumbered]
+  peers: [link]
+"
+    ))?;
+    struct Delete<'a>(&'a Lab);
+    impl Drop for Delete<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.exec("node1", "ip", &["link", "set", "eth1", "up"]);
+            for object in [
+                "bgpadvertisement/unnumbered",
+                "ipaddresspool/unnumbered",
+                "bgppeer/link",
+            ] {
+                let _ = self.0.kubectl(&[
+                    "delete",
+                    "-n",
+                    ferrolb::NAMESPACE,
+                    object,
+                    "--ignore-not-found",
+                ]);
+            }
+        }
+    }
+    let _delete = Delete(lab);
+    let mut scope = TestScope::new(lab, "bgp-unnumbered").await?;
+    scope.deploy("web", &["node1", "node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    let mut svc = lb_service(
+        "web",
+        serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
+    )?;
+    svc.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("metallb.io/address-pool".into(), "unnumbered".into());
+    create(&api, svc).await?;
+    let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
+    scope.wait_ready_endpoints("web", 2).await?;
+    let node1_ll = lab.exec(
+        "node1",
+        "ip",
+        &["-6", "-o", "addr", "show", "dev", "eth1", "scope", "link"],
+    )?;
+    let node1_ll = node1_ll
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .with_context(|| format!("node1 eth1 has no link-local address: {node1_ll}"))?
+        .to_string();
+    let via_link = |ip: &str| {
+        if ip.contains(':') {
+            format!("via {node1_ll} dev eth2")
+        } else {
+            format!("via inet6 {node1_ll} dev eth2")
+        }
+    };
+    for ip in &ips {
+        let want = via_link(ip);
+        wait_for(
+            &format!("the router's kernel route to {ip} {want}"),
+            ROUTE_TIMEOUT,
+            || async {
+                let route = router_kernel_route(lab, ip).map_err(|e| e.to_string())?;
+                let paths = router_route(lab, ip).map_err(|e| e.to_string())?;
+                let from: Vec<&str> = paths["paths"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["peer"]["peerId"].as_str())
+                    .collect();
+                // Only the unnumbered session advertises this pool.
+                if route.contains(&want) && from.len() == 1 {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("kernel: {route:?}, BGP paths from {from:?}"))
+                }
+            },
+        )
+        .await?;
+        let pods = wait_http_pods(lab, ip, 1).await?;
+        ensure!(!pods.is_empty(), "no pod answered through {ip}");
+    }
+    let neighbour = vtysh(lab, &["show bgp neighbors eth2 json"])?;
+    ensure!(
+        neighbour.contains("\"extendedNexthop\":\"advertisedAndReceived\"")
+            && neighbour.contains("\"remoteAs\":64512"),
+        "the unnumbered session is not as expected:\n{neighbour}"
+    );
+    let up = ferrolb::speaker_metric(lab, "node1", r#"metallb_bgp_session_up{peer="link"}"#)?;
+    ensure!(up == 1.0, "node1 reports the session {up}");
+    // The link goes down on node1's side: the routes leave the router.
+    lab.exec("node1", "ip", &["link", "set", "eth1", "down"])?;
+    for ip in &ips {
+        wait_for(
+            &format!("{ip} withdrawn with node1's eth1 down"),
+            ROUTE_TIMEOUT,
+            || async {
+                let paths = router_route(lab, ip).map_err(|e| e.to_string())?;
+                match paths["paths"].as_array() {
+                    Some(p) if !p.is_empty() => Err(format!("{paths}")),
+                    _ => Ok(Some(())),
+                }
+            },
+        )
+        .await?;
+    }
+    // And back up: discovery finds the router again, the session and the routes return.
+    lab.exec("node1", "ip", &["link", "set", "eth1", "up"])?;
+    for ip in &ips {
+        let want = via_link(ip);
+        wait_for(
+            &format!("the router's kernel route to {ip} back {want}"),
+            ROUTE_TIMEOUT,
+            || async {
+                let route = router_kernel_route(lab, ip).map_err(|e| e.to_string())?;
+                if route.contains(&want) {
+                    Ok(Some(()))
+                } else {
+                    Err(route)
+                }
+            },
+        )
+        .await?;
+        wait_http_pods(lab, ip, 1).await?;
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     // The tests share the speakers and the router: one at a time.
@@ -1162,6 +1331,9 @@ fn main() -> std::process::ExitCode {
         })
         .test("vrf_peer_without_its_vrf_never_runs_outside_it", |c| {
             Box::pin(vrf_peer_without_its_vrf_never_runs_outside_it(c))
+        })
+        .test("unnumbered_peer_carries_the_service_over_its_link", |c| {
+            Box::pin(unnumbered_peer_carries_the_service_over_its_link(c))
         })
         .run(&args, |lab| {
             Box::pin(async move { Deployment::start(&lab, "bgp", &bgp_config()) })
