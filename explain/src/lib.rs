@@ -3,4 +3,6 @@
 //! it. No I/O and no async runtime: the CLI reads, this crate decides, so every answer is unit
 //! tested without a cluster.
 
+pub mod allocation;
+pub mod diagnosis;
 pub mod kube_proxy;
