@@ -45,6 +45,12 @@ pub enum Code {
     NotAssignedYet,
     /// Any other reason the allocator gives.
     AllocationFailed,
+    /// No L2Advertisement or BGPAdvertisement covers the Service's pool.
+    NoAdvertisement,
+    /// An advertisement covers the pool, yet no speaker announces the Service.
+    NotAnnounced,
+    /// `externalTrafficPolicy: Local` and the layer 2 owner has no ready endpoint.
+    LocalWithoutEndpoint,
 }
 
 impl fmt::Display for Code {

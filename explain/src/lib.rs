@@ -6,3 +6,4 @@
 pub mod allocation;
 pub mod diagnosis;
 pub mod kube_proxy;
+pub mod service;

@@ -1,0 +1,651 @@
+//! The whole path of one LoadBalancer Service, from a [`Snapshot`] of the cluster: the pool and
+//! rule behind its IPs, who announces them (layer 2 owner with its interfaces, BGP nodes with
+//! their peers), the advertisements covering its pool, where its ready endpoints are, and
+//! kube-proxy's chains for each port; with what is wrong and what to do.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_config::crd::{ServiceBGPStatus, ServiceL2Status};
+use ferrolb_config::model::Config;
+use ferrolb_config::selector::Labels;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::Serialize;
+
+use crate::allocation::{self, Allocation, ServiceInput};
+use crate::diagnosis::{Code, Diagnosis, ObjectRef};
+use crate::kube_proxy::{self, Protocol, ServicePort};
+
+/// The version of the JSON document `explain` prints; a change that is not an addition bumps it.
+pub const SCHEMA: &str = "explain.ferrolb.io/v1alpha1";
+
+/// What the explanation reads: the cluster's objects, as listed by the CLI.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The namespace of ferrolb's configuration objects (MetalLB's `metallb-system`).
+    pub namespace: String,
+    /// The validated configuration.
+    pub config: Config,
+    /// Every Service of the cluster.
+    pub services: Vec<Service>,
+    /// Namespace labels, by namespace.
+    pub namespaces: BTreeMap<String, Labels>,
+    /// Every EndpointSlice.
+    pub slices: Vec<EndpointSlice>,
+    /// The speakers' ServiceL2Status objects.
+    pub l2_statuses: Vec<ServiceL2Status>,
+    /// The speakers' ServiceBGPStatus objects.
+    pub bgp_statuses: Vec<ServiceBGPStatus>,
+    /// The LoadBalancer class ferrolb serves (none: Services without a class).
+    pub lb_class: Option<String>,
+}
+
+/// Who announces the Service's IPs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Announcement {
+    /// `layer2` or `bgp`.
+    pub mode: &'static str,
+    /// The announcing node.
+    pub node: String,
+    /// Layer 2: the interfaces it answers ARP/NDP on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+    /// BGP: the BGPPeers it advertises to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<String>,
+}
+
+/// Where traffic goes once it reaches a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Traffic {
+    /// `Cluster` (any node forwards) or `Local` (only nodes with a ready endpoint).
+    pub external_traffic_policy: String,
+    /// Ready endpoints by node.
+    pub ready_endpoints: BTreeMap<String, usize>,
+}
+
+/// kube-proxy's chains for one Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PortChains {
+    /// The port's name (may be empty).
+    pub name: String,
+    /// Port number.
+    pub port: u16,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// iptables mode: KUBE-SERVICES → KUBE-EXT-… → KUBE-SVC-… (or KUBE-SVL-…) → KUBE-SEP-….
+    pub iptables: IptablesChains,
+    /// nftables mode (tables `ip kube-proxy` and `ip6 kube-proxy`).
+    pub nftables: NftablesChains,
+}
+
+/// The iptables-mode chains of a port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IptablesChains {
+    /// The external chain the LoadBalancer IP's rule in KUBE-SERVICES jumps to.
+    pub external: String,
+    /// The cluster-policy chain (every endpoint).
+    pub service: String,
+    /// The local-policy chain (this node's endpoints), used with `externalTrafficPolicy: Local`.
+    pub local: String,
+    /// One chain per endpoint: the DNAT to the pod.
+    pub endpoints: Vec<EndpointChain>,
+}
+
+/// The nftables-mode chains of a port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NftablesChains {
+    /// The external chain.
+    pub external: String,
+    /// The service chain.
+    pub service: String,
+    /// The local chain.
+    pub local: String,
+}
+
+/// An endpoint of a port and its iptables chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EndpointChain {
+    /// `ip:port` of the pod.
+    pub endpoint: String,
+    /// Its node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The chain.
+    pub chain: String,
+}
+
+/// The explanation of one Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceReport {
+    /// [`SCHEMA`].
+    pub schema: &'static str,
+    /// `namespace/name`.
+    pub service: String,
+    /// The pool, the rule, sharing.
+    pub allocation: Allocation,
+    /// The advertisements covering the Service's pool (`L2Advertisement x`, `BGPAdvertisement y`).
+    pub advertisements: Vec<String>,
+    /// Who announces the IPs now.
+    pub announcements: Vec<Announcement>,
+    /// Traffic policy and endpoints.
+    pub traffic: Traffic,
+    /// kube-proxy's chains, per port.
+    pub kube_proxy: Vec<PortChains>,
+    /// Everything found wrong (allocation's included), most basic first.
+    pub diagnoses: Vec<Diagnosis>,
+    /// Things worth knowing that are not faults.
+    pub notes: Vec<String>,
+}
+
+/// The key of the Service holding `ip` in its status, if one does.
+pub fn service_of_ip(snapshot: &Snapshot, ip: IpAddr) -> Option<ServiceKey> {
+    snapshot.services.iter().find_map(|s| {
+        allocation::status_ips(s)
+            .contains(&ip)
+            .then(|| {
+                Some(ServiceKey::new(
+                    s.metadata.namespace.as_deref()?,
+                    s.metadata.name.as_deref()?,
+                ))
+            })
+            .flatten()
+    })
+}
+
+/// Explains Service `key`.
+pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
+    let no_labels = Labels::new();
+    let ours: Vec<&Service> = snapshot
+        .services
+        .iter()
+        .filter(|s| ferrolb_config::allocator::is_ours(s, snapshot.lb_class.as_deref()))
+        .collect();
+    let inputs: Vec<ServiceInput<'_>> = ours
+        .iter()
+        .map(|service| ServiceInput {
+            service,
+            namespace_labels: service
+                .metadata
+                .namespace
+                .as_ref()
+                .and_then(|ns| snapshot.namespaces.get(ns))
+                .unwrap_or(&no_labels),
+        })
+        .collect();
+    let pools: Vec<_> = snapshot.config.pools.values().cloned().collect();
+    let allocation = allocation::explain(&pools, &snapshot.namespace, &inputs, key);
+    let service = ours
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(key.namespace())
+                && s.metadata.name.as_deref() == Some(key.name())
+        })
+        .copied();
+    let mut diagnoses = allocation.diagnoses.clone();
+    let mut notes = Vec::new();
+    let advertisements = allocation
+        .pool
+        .as_deref()
+        .and_then(|p| snapshot.config.pools.get(p))
+        .map(|pool| {
+            let l2 = snapshot
+                .config
+                .l2_advertisements
+                .values()
+                .filter(|a| a.pools.covers(pool))
+                .map(|a| format!("L2Advertisement {}", a.name));
+            let bgp = snapshot
+                .config
+                .bgp_advertisements
+                .values()
+                .filter(|a| a.pools.covers(pool))
+                .map(|a| format!("BGPAdvertisement {}", a.name));
+            l2.chain(bgp).collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if let Some(pool) = &allocation.pool
+        && advertisements.is_empty()
+    {
+        diagnoses.push(Diagnosis {
+            code: Code::NoAdvertisement,
+            object: ObjectRef::namespaced("IPAddressPool", &snapshot.namespace, pool),
+            field: None,
+            problem: "no L2Advertisement or BGPAdvertisement covers this pool: its IPs are allocated but never announced".into(),
+            fix: format!("create an L2Advertisement or BGPAdvertisement in {} whose ipAddressPools (or ipAddressPoolSelectors) include {pool}", snapshot.namespace),
+        });
+    }
+    let announcements = announcements(snapshot, key);
+    if !allocation.ips.is_empty() && !advertisements.is_empty() && announcements.is_empty() {
+        diagnoses.push(Diagnosis {
+            code: Code::NotAnnounced,
+            object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+            field: None,
+            problem: "no speaker announces this Service (no ServiceL2Status or ServiceBGPStatus for it)".into(),
+            fix: "check that a speaker runs on the nodes the advertisements select (kubectl get pods -o wide), that those nodes are not excluded (node.kubernetes.io/exclude-from-external-load-balancers, NotReady), and with externalTrafficPolicy: Local that a ready endpoint is on one of them".into(),
+        });
+    }
+    let traffic = traffic(snapshot, key, service);
+    if traffic.external_traffic_policy == "Local" {
+        for a in announcements.iter().filter(|a| a.mode == "layer2") {
+            if traffic.ready_endpoints.get(&a.node).copied().unwrap_or(0) == 0 {
+                diagnoses.push(Diagnosis {
+                    code: Code::LocalWithoutEndpoint,
+                    object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+                    field: Some("spec.externalTrafficPolicy".into()),
+                    problem: format!("externalTrafficPolicy: Local, and the owner node {} has no ready endpoint: kube-proxy drops the traffic there", a.node),
+                    fix: "wait for the speaker to move the IP to a node with a ready endpoint, or use externalTrafficPolicy: Cluster".into(),
+                });
+            }
+        }
+    }
+    if !allocation.ips.is_empty() {
+        notes.push("kube-proxy forwards only the Service's ports: ping to the IP gets no answer, test with the port (e.g. curl or nc)".into());
+    }
+    let kube_proxy = service
+        .map(|s| port_chains(snapshot, key, s))
+        .unwrap_or_default();
+    ServiceReport {
+        schema: SCHEMA,
+        service: key.to_string(),
+        allocation,
+        advertisements,
+        announcements,
+        traffic,
+        kube_proxy,
+        diagnoses,
+        notes,
+    }
+}
+
+fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
+    let mut out = Vec::new();
+    for s in &snapshot.l2_statuses {
+        let Some(st) = &s.status else { continue };
+        if st.service_namespace == key.namespace() && st.service_name == key.name() {
+            out.push(Announcement {
+                mode: "layer2",
+                node: st.node.clone(),
+                interfaces: st.interfaces.iter().map(|i| i.name.clone()).collect(),
+                peers: Vec::new(),
+            });
+        }
+    }
+    for s in &snapshot.bgp_statuses {
+        let Some(st) = &s.status else { continue };
+        if st.service_namespace == key.namespace() && st.service_name == key.name() {
+            out.push(Announcement {
+                mode: "bgp",
+                node: st.node.clone(),
+                interfaces: Vec::new(),
+                peers: st.peers.clone(),
+            });
+        }
+    }
+    out.sort_by(|a, b| (a.mode, &a.node).cmp(&(b.mode, &b.node)));
+    out
+}
+
+/// The Service's EndpointSlices (label `kubernetes.io/service-name`).
+fn slices_of<'a>(
+    snapshot: &'a Snapshot,
+    key: &'a ServiceKey,
+) -> impl Iterator<Item = &'a EndpointSlice> {
+    snapshot.slices.iter().filter(move |s| {
+        s.metadata.namespace.as_deref() == Some(key.namespace())
+            && s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .map(String::as_str)
+                == Some(key.name())
+    })
+}
+
+fn ready(e: &k8s_openapi::api::discovery::v1::Endpoint) -> bool {
+    e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
+}
+
+fn traffic(snapshot: &Snapshot, key: &ServiceKey, service: Option<&Service>) -> Traffic {
+    let policy = service
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.external_traffic_policy.clone())
+        .unwrap_or_else(|| "Cluster".into());
+    let mut ready_endpoints: BTreeMap<String, usize> = BTreeMap::new();
+    for slice in slices_of(snapshot, key) {
+        for e in slice.endpoints.iter().filter(|e| ready(e)) {
+            let node = e.node_name.clone().unwrap_or_else(|| "?".into());
+            *ready_endpoints.entry(node).or_default() += e.addresses.len().min(1);
+        }
+    }
+    Traffic {
+        external_traffic_policy: policy,
+        ready_endpoints,
+    }
+}
+
+fn port_chains(snapshot: &Snapshot, key: &ServiceKey, service: &Service) -> Vec<PortChains> {
+    let mut out = Vec::new();
+    for p in service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let protocol_text = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        let Ok(protocol) = protocol_text.parse::<Protocol>() else {
+            continue;
+        };
+        let name = p.name.clone().unwrap_or_default();
+        let sp = ServicePort::new(key.namespace(), key.name(), &name, protocol);
+        // Endpoints of this port: the slices' port with the same name and protocol.
+        let mut endpoints = BTreeSet::new();
+        for slice in slices_of(snapshot, key) {
+            let port = slice.ports.iter().flatten().find(|sp| {
+                sp.name.clone().unwrap_or_default() == name
+                    && sp.protocol.clone().unwrap_or_else(|| "TCP".into()) == protocol_text
+            });
+            let Some(port) = port
+                .and_then(|p| p.port)
+                .and_then(|p| u16::try_from(p).ok())
+            else {
+                continue;
+            };
+            for e in slice.endpoints.iter().filter(|e| ready(e)) {
+                for a in &e.addresses {
+                    if let Ok(ip) = a.parse::<IpAddr>() {
+                        endpoints.insert((SocketAddr::new(ip, port), e.node_name.clone()));
+                    }
+                }
+            }
+        }
+        out.push(PortChains {
+            name: name.clone(),
+            port: u16::try_from(p.port).unwrap_or(0),
+            protocol: protocol_text.clone(),
+            iptables: IptablesChains {
+                external: kube_proxy::iptables::external_chain(&sp),
+                service: kube_proxy::iptables::service_chain(&sp),
+                local: kube_proxy::iptables::local_chain(&sp),
+                endpoints: endpoints
+                    .iter()
+                    .map(|(addr, node)| EndpointChain {
+                        endpoint: addr.to_string(),
+                        node: node.clone(),
+                        chain: kube_proxy::iptables::endpoint_chain(&sp, *addr),
+                    })
+                    .collect(),
+            },
+            nftables: NftablesChains {
+                external: kube_proxy::nftables::external_chain(&sp),
+                service: kube_proxy::nftables::service_chain(&sp),
+                local: kube_proxy::nftables::local_chain(&sp),
+            },
+        });
+    }
+    out
+}
+
+/// The report as text, step by step.
+pub fn render_text(r: &ServiceReport) -> String {
+    let mut t = String::new();
+    let a = &r.allocation;
+    let _ = writeln!(t, "Service {}", r.service);
+    let ips: Vec<String> = a.ips.iter().map(IpAddr::to_string).collect();
+    let _ = writeln!(
+        t,
+        "  IPs:            {}",
+        if ips.is_empty() {
+            "none".to_string()
+        } else {
+            ips.join(", ")
+        }
+    );
+    if let (Some(pool), Some(rule)) = (&a.pool, &a.rule) {
+        let _ = writeln!(t, "1. Pool:         {pool}, because {}", rule.describe());
+    }
+    if let Some(k) = &a.sharing_key {
+        let _ = writeln!(
+            t,
+            "   Sharing key:  {k}{}",
+            if a.shared_with.is_empty() {
+                String::new()
+            } else {
+                format!(" (shared with {})", a.shared_with.join(", "))
+            }
+        );
+    }
+    let _ = writeln!(
+        t,
+        "2. Advertised by: {}",
+        if r.advertisements.is_empty() {
+            "nothing".to_string()
+        } else {
+            r.advertisements.join(", ")
+        }
+    );
+    if r.announcements.is_empty() {
+        let _ = writeln!(t, "3. Announced:    by no node");
+    }
+    for (i, an) in r.announcements.iter().enumerate() {
+        let lead = if i == 0 {
+            "3. Announced:   "
+        } else {
+            "                "
+        };
+        match an.mode {
+            "layer2" => {
+                let _ = writeln!(
+                    t,
+                    "{lead} layer 2 by {} on {} (answers ARP/NDP)",
+                    an.node,
+                    an.interfaces.join(", ")
+                );
+            }
+            _ => {
+                let _ = writeln!(t, "{lead} BGP by {} to {}", an.node, an.peers.join(", "));
+            }
+        }
+    }
+    let eps: Vec<String> = r
+        .traffic
+        .ready_endpoints
+        .iter()
+        .map(|(n, c)| format!("{n}: {c}"))
+        .collect();
+    let _ = writeln!(
+        t,
+        "4. Traffic:      externalTrafficPolicy {}; ready endpoints {}",
+        r.traffic.external_traffic_policy,
+        if eps.is_empty() {
+            "none".to_string()
+        } else {
+            eps.join(", ")
+        }
+    );
+    for p in &r.kube_proxy {
+        let ipt = &p.iptables;
+        let next = if r.traffic.external_traffic_policy == "Local" {
+            &ipt.local
+        } else {
+            &ipt.service
+        };
+        let _ = writeln!(
+            t,
+            "5. kube-proxy:   port {}/{}{}: KUBE-SERVICES -> {} -> {}",
+            p.port,
+            p.protocol,
+            if p.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.name)
+            },
+            ipt.external,
+            next
+        );
+        for e in &ipt.endpoints {
+            let _ = writeln!(
+                t,
+                "                   -> {} -> {}{}",
+                e.chain,
+                e.endpoint,
+                e.node
+                    .as_ref()
+                    .map(|n| format!(" on {n}"))
+                    .unwrap_or_default()
+            );
+        }
+        let _ = writeln!(
+            t,
+            "                 nftables: {} -> {}",
+            p.nftables.external, p.nftables.service
+        );
+    }
+    if r.diagnoses.is_empty() {
+        let _ = writeln!(t, "No problem found.");
+    } else {
+        let _ = writeln!(t, "Problems:");
+        for d in &r.diagnoses {
+            let _ = writeln!(t, "  - {d}");
+        }
+    }
+    for n in &r.notes {
+        let _ = writeln!(t, "Note: {n}");
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use ferrolb_config::model::{L2Advertisement, PoolSelection};
+    use ferrolb_testkit::model::pool;
+
+    use super::*;
+
+    fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A cluster with pool `default` covered by L2Advertisement `l2`, Service web/web at
+    /// 198.18.200.0 with `policy`, a pod on node2, and node1 announcing it.
+    fn snapshot(policy: &str) -> Snapshot {
+        let mut config = Config::default();
+        config
+            .pools
+            .insert("default".into(), pool("default", &["198.18.200.0/24"]));
+        config.l2_advertisements.insert(
+            "l2".into(),
+            L2Advertisement {
+                name: "l2".into(),
+                pools: PoolSelection::default(),
+                ..Default::default()
+            },
+        );
+        Snapshot {
+            namespace: "metallb-system".into(),
+            config,
+            services: vec![from(serde_json::json!({
+                "metadata": {"namespace": "web", "name": "web"},
+                "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+                "status": {"loadBalancer": {"ingress": [{"ip": "198.18.200.0"}]}},
+            }))],
+            slices: vec![from(serde_json::json!({
+                "metadata": {"namespace": "web", "name": "web-x",
+                             "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["198.19.2.5"], "nodeName": "node2",
+                               "conditions": {"ready": true}}],
+            }))],
+            l2_statuses: vec![from(serde_json::json!({
+                "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
+                "metadata": {"namespace": "metallb-system", "name": "l2-x"},
+                "spec": {},
+                "status": {"node": "node1", "serviceName": "web", "serviceNamespace": "web",
+                           "interfaces": [{"name": "eth0"}]},
+            }))],
+            ..Default::default()
+        }
+    }
+
+    fn key() -> ServiceKey {
+        ServiceKey::new("web", "web")
+    }
+
+    #[test]
+    fn a_healthy_service_is_explained_step_by_step() {
+        let s = snapshot("Cluster");
+        let r = explain(&s, &key());
+        assert!(r.diagnoses.is_empty(), "{:?}", r.diagnoses);
+        assert_eq!(r.advertisements, ["L2Advertisement l2"]);
+        assert_eq!(r.announcements.len(), 1);
+        assert_eq!(r.announcements[0].node, "node1");
+        assert_eq!(r.traffic.ready_endpoints.get("node2"), Some(&1));
+        let p = &r.kube_proxy[0];
+        assert_eq!((p.port, p.protocol.as_str()), (80, "TCP"));
+        assert!(p.iptables.external.starts_with("KUBE-EXT-"));
+        assert_eq!(p.iptables.endpoints[0].endpoint, "198.19.2.5:8080");
+        assert!(p.iptables.endpoints[0].chain.starts_with("KUBE-SEP-"));
+        assert_eq!(
+            service_of_ip(&s, "198.18.200.0".parse().unwrap()),
+            Some(key())
+        );
+        let text = render_text(&r);
+        for want in [
+            "Service web/web",
+            "1. Pool:         default",
+            "layer 2 by node1 on eth0",
+            "node2: 1",
+            "KUBE-SERVICES -> KUBE-EXT-",
+            "198.19.2.5:8080 on node2",
+            "No problem found.",
+            "ping",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["schema"], SCHEMA);
+        assert_eq!(json["announcements"][0]["mode"], "layer2");
+    }
+
+    #[test]
+    fn a_pool_no_advertisement_covers_is_named() {
+        let mut s = snapshot("Cluster");
+        s.config.l2_advertisements.clear();
+        s.l2_statuses.clear();
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::NoAdvertisement]);
+        assert_eq!(
+            r.diagnoses[0].object.to_string(),
+            "IPAddressPool metallb-system/default"
+        );
+    }
+
+    #[test]
+    fn nobody_announcing_is_said() {
+        let mut s = snapshot("Cluster");
+        s.l2_statuses.clear();
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::NotAnnounced]);
+        assert!(render_text(&r).contains("by no node"));
+    }
+
+    /// Local policy and the owner (node1) has no endpoint (the pod is on node2).
+    #[test]
+    fn local_policy_without_endpoint_on_the_owner_is_said() {
+        let r = explain(&snapshot("Local"), &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::LocalWithoutEndpoint]);
+        assert!(r.diagnoses[0].problem.contains("node1"));
+        assert!(render_text(&r).contains(&r.kube_proxy[0].iptables.local));
+    }
+}
