@@ -51,6 +51,8 @@ pub enum Code {
     NotAnnounced,
     /// `externalTrafficPolicy: Local` and the layer 2 owner has no ready endpoint.
     LocalWithoutEndpoint,
+    /// A configuration object is invalid and left out (ConfigurationState says so too).
+    ConfigLeftOut,
 }
 
 impl fmt::Display for Code {

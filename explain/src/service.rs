@@ -11,6 +11,7 @@ use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::crd::{ServiceBGPStatus, ServiceL2Status};
 use ferrolb_config::model::Config;
 use ferrolb_config::selector::Labels;
+use ferrolb_config::validate::ConfigError;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
@@ -41,6 +42,8 @@ pub struct Snapshot {
     pub bgp_statuses: Vec<ServiceBGPStatus>,
     /// The LoadBalancer class ferrolb serves (none: Services without a class).
     pub lb_class: Option<String>,
+    /// Why configuration objects were left out of `config`.
+    pub config_errors: Vec<ConfigError>,
 }
 
 /// Who announces the Service's IPs.
@@ -185,7 +188,23 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
                 && s.metadata.name.as_deref() == Some(key.name())
         })
         .copied();
-    let mut diagnoses = allocation.diagnoses.clone();
+    // A left-out object may be the very pool or advertisement this Service needs: say so first.
+    let mut diagnoses: Vec<Diagnosis> = snapshot
+        .config_errors
+        .iter()
+        .map(|e| Diagnosis {
+            code: Code::ConfigLeftOut,
+            object: ObjectRef::namespaced(
+                &e.object.kind.to_string(),
+                &e.object.namespace,
+                &e.object.name,
+            ),
+            field: Some(e.field.clone()),
+            problem: format!("{}; the object is left out of the configuration", e.message),
+            fix: "correct the field (kubectl get configurationstate -A shows the same)".into(),
+        })
+        .collect();
+    diagnoses.extend(allocation.diagnoses.iter().cloned());
     let mut notes = Vec::new();
     let advertisements = allocation
         .pool
@@ -314,12 +333,23 @@ fn traffic(snapshot: &Snapshot, key: &ServiceKey, service: Option<&Service>) -> 
         .and_then(|s| s.spec.as_ref())
         .and_then(|s| s.external_traffic_policy.clone())
         .unwrap_or_else(|| "Cluster".into());
-    let mut ready_endpoints: BTreeMap<String, usize> = BTreeMap::new();
+    // A dual-stack pod is in one slice per family: count pods (their targetRef), not entries.
+    let mut pods: BTreeSet<(String, String)> = BTreeSet::new();
     for slice in slices_of(snapshot, key) {
         for e in slice.endpoints.iter().filter(|e| ready(e)) {
             let node = e.node_name.clone().unwrap_or_else(|| "?".into());
-            *ready_endpoints.entry(node).or_default() += e.addresses.len().min(1);
+            let pod = e
+                .target_ref
+                .as_ref()
+                .and_then(|t| t.name.clone())
+                .or_else(|| e.addresses.first().cloned())
+                .unwrap_or_default();
+            pods.insert((node, pod));
         }
+    }
+    let mut ready_endpoints: BTreeMap<String, usize> = BTreeMap::new();
+    for (node, _) in pods {
+        *ready_endpoints.entry(node).or_default() += 1;
     }
     Traffic {
         external_traffic_policy: policy,

@@ -1,0 +1,262 @@
+//! The `ferrolb` command (also `kubectl ferrolb`): reads the cluster with the user's kubeconfig
+//! and read access only, and lets `ferrolb_explain` decide. This crate is the I/O around it:
+//! the arguments, the listing, the printing.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_config::crd::{
+    BFDProfile, BGPAdvertisement, BGPPeer, Community, IPAddressPool, L2Advertisement,
+    ServiceBGPStatus, ServiceL2Status,
+};
+use ferrolb_config::validate::{NodeInfo, Objects, validate};
+use ferrolb_explain::service::{self, ServiceReport, Snapshot};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams};
+
+/// Exit status when the explanation found problems (0: none; 1: the command itself failed).
+pub const PROBLEMS_FOUND: u8 = 2;
+
+/// ferrolb's command line: where traffic to a LoadBalancer IP goes, and why it does not arrive.
+#[derive(Debug, Parser)]
+#[command(name = "ferrolb", version)]
+pub struct Cli {
+    /// Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the configuration objects (IPAddressPools, advertisements, peers).
+    #[arg(long, global = true, default_value = "metallb-system")]
+    pub config_namespace: String,
+    /// The LoadBalancer class the cluster's ferrolb serves, if it was given one.
+    #[arg(long, global = true)]
+    pub lb_class: Option<String>,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// For people.
+    Text,
+    /// For scripts: the schema `explain.ferrolb.io/v1alpha1` (docs/explain.md).
+    Json,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The whole path of a Service's IPs, and what is wrong with it.
+    Explain {
+        /// What to explain.
+        #[command(subcommand)]
+        what: Explain,
+    },
+}
+
+/// What `explain` explains.
+#[derive(Debug, Subcommand)]
+pub enum Explain {
+    /// A LoadBalancer Service, as NAMESPACE/NAME.
+    Service {
+        /// NAMESPACE/NAME.
+        service: String,
+    },
+    /// The Service holding this IP.
+    Ip {
+        /// The LoadBalancer IP.
+        address: IpAddr,
+    },
+}
+
+/// Runs the command line of this process.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferrolb: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferrolb: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let client = ferrolb_runtime::kube_client(cli.kubeconfig.as_deref()).await?;
+    let snapshot = read(&client, &cli.config_namespace, cli.lb_class.clone()).await?;
+    let Command::Explain { what } = &cli.command;
+    let key = match what {
+        Explain::Service { service } => parse_key(service)?,
+        Explain::Ip { address } => {
+            service::service_of_ip(&snapshot, *address).with_context(|| {
+                format!("no Service has {address} in its status.loadBalancer.ingress")
+            })?
+        }
+    };
+    let report = service::explain(&snapshot, &key);
+    print(&report, cli.output)?;
+    Ok(if report.diagnoses.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(PROBLEMS_FOUND)
+    })
+}
+
+/// `NAMESPACE/NAME` as a Service key.
+pub fn parse_key(text: &str) -> anyhow::Result<ServiceKey> {
+    match text.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(ServiceKey::new(ns, name))
+        }
+        _ => anyhow::bail!("{text:?}: give the Service as NAMESPACE/NAME"),
+    }
+}
+
+fn print(report: &ServiceReport, output: Output) -> anyhow::Result<()> {
+    let text = match output {
+        Output::Text => service::render_text(report),
+        Output::Json => serde_json::to_string_pretty(report)? + "\n",
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Lists what the explanation reads (read access only).
+async fn read(
+    client: &kube::Client,
+    namespace: &str,
+    lb_class: Option<String>,
+) -> anyhow::Result<Snapshot> {
+    let lp = ListParams::default();
+    macro_rules! list {
+        ($api:expr, $what:literal) => {
+            $api.list(&lp)
+                .await
+                .with_context(|| format!("listing {}", $what))?
+                .items
+        };
+    }
+    let services: Vec<Service> = list!(Api::<Service>::all(client.clone()), "Services");
+    let namespaces: BTreeMap<String, _> =
+        list!(Api::<Namespace>::all(client.clone()), "Namespaces")
+            .into_iter()
+            .filter_map(|n| Some((n.metadata.name?, n.metadata.labels.unwrap_or_default())))
+            .collect();
+    let slices: Vec<EndpointSlice> =
+        list!(Api::<EndpointSlice>::all(client.clone()), "EndpointSlices");
+    let nodes: Vec<NodeInfo> = list!(Api::<Node>::all(client.clone()), "Nodes")
+        .into_iter()
+        .filter_map(|n| {
+            Some(NodeInfo {
+                name: n.metadata.name?,
+                labels: n.metadata.labels.unwrap_or_default(),
+            })
+        })
+        .collect();
+    let ns = |c: &kube::Client| c.clone();
+    let objects = Objects {
+        namespace: namespace.to_string(),
+        pools: list!(
+            Api::<IPAddressPool>::namespaced(ns(client), namespace),
+            "IPAddressPools"
+        ),
+        l2_advertisements: list!(
+            Api::<L2Advertisement>::namespaced(ns(client), namespace),
+            "L2Advertisements"
+        ),
+        bgp_advertisements: list!(
+            Api::<BGPAdvertisement>::namespaced(ns(client), namespace),
+            "BGPAdvertisements"
+        ),
+        peers: list!(
+            Api::<BGPPeer>::namespaced(ns(client), namespace),
+            "BGPPeers"
+        ),
+        communities: list!(
+            Api::<Community>::namespaced(ns(client), namespace),
+            "Communities"
+        ),
+        bfd_profiles: list!(
+            Api::<BFDProfile>::namespaced(ns(client), namespace),
+            "BFDProfiles"
+        ),
+        nodes: Some(nodes),
+    };
+    let validated = validate(&objects);
+    Ok(Snapshot {
+        namespace: namespace.to_string(),
+        config: validated.config,
+        services,
+        namespaces,
+        slices,
+        l2_statuses: list!(
+            Api::<ServiceL2Status>::namespaced(ns(client), namespace),
+            "ServiceL2Statuses"
+        ),
+        bgp_statuses: list!(
+            Api::<ServiceBGPStatus>::namespaced(ns(client), namespace),
+            "ServiceBGPStatuses"
+        ),
+        lb_class,
+        config_errors: validated.errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_keys_are_namespace_slash_name() {
+        assert_eq!(
+            parse_key("web/app").ok(),
+            Some(ServiceKey::new("web", "app"))
+        );
+        for bad in ["app", "/app", "web/", "a/b/c"] {
+            let e = parse_key(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("NAMESPACE/NAME"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        let cli = Cli::try_parse_from(["ferrolb", "explain", "ip", "198.18.200.1", "-o", "json"]);
+        assert!(
+            matches!(
+                cli.as_ref().map(|c| (&c.command, c.output)),
+                Ok((
+                    Command::Explain {
+                        what: Explain::Ip { .. }
+                    },
+                    Output::Json
+                ))
+            ),
+            "{cli:?}"
+        );
+    }
+}

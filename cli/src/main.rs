@@ -1,0 +1,5 @@
+//! `ferrolb`: see the library.
+
+fn main() -> std::process::ExitCode {
+    ferrolb_cli::main()
+}
