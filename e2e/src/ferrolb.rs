@@ -16,6 +16,7 @@ pub const NAMESPACE: &str = "metallb-system";
 fn package_of(binary: &str) -> &str {
     match binary {
         "ferrolb-lab" => "ferrolb-e2e",
+        "ferrolb" | "kubectl-ferrolb" => "ferrolb-cli",
         other => other,
     }
 }

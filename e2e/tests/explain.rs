@@ -1,0 +1,396 @@
+//! `ferrolb explain` (issue #20) against the lab: ferrolb's controller and speakers in layer 2
+//! mode, the CLI run as a user would, with the lab's admin kubeconfig, in text and JSON. Each
+//! scenario checks what the CLI says against what the cluster and kube-proxy actually hold.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use ferrolb_e2e::Lab;
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::ferrolb::{self, Deployment};
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
+use ferrolb_e2e::suite::{self, Suite};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, PostParams};
+use libtest_mimic::Arguments;
+
+type Ctx = Deployment;
+
+/// What one run of the CLI gave: exit code, stdout, stderr.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_str(&self.stdout)
+            .with_context(|| format!("not JSON: {}\n{}", self.stdout, self.stderr))
+    }
+}
+
+/// Runs `binary` (`ferrolb` or `kubectl-ferrolb`) with the lab's admin kubeconfig.
+fn cli_as(lab: &Lab, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
+    let exe = ferrolb::workspace_binary(binary)?;
+    let out = std::process::Command::new(&exe)
+        .arg("--kubeconfig")
+        .arg(lab.admin_kubeconfig())
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    Ok(Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+fn cli(lab: &Lab, args: &[&str]) -> anyhow::Result<Run> {
+    cli_as(lab, "ferrolb", args)
+}
+
+/// The diagnosis codes of a JSON report.
+fn codes(report: &serde_json::Value) -> Vec<String> {
+    report["diagnoses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["code"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
+    api.create(&PostParams::default(), &svc).await?;
+    Ok(())
+}
+
+/// A LoadBalancer Service `name` selecting app `web`, with these annotations.
+fn service(name: &str, annotations: serde_json::Value) -> anyhow::Result<Service> {
+    let mut extra = serde_json::json!({"spec": {"selector": {"app": "web"}}});
+    merge(
+        &mut extra,
+        serde_json::json!({"metadata": {"annotations": annotations}}),
+    );
+    lb_service(name, extra)
+}
+
+/// Waits until `explain service` for `key` reports an announcement, and returns that report.
+async fn wait_announced(lab: &Lab, key: &str) -> anyhow::Result<serde_json::Value> {
+    wait_for(
+        &format!("explain to show {key} announced"),
+        Duration::from_secs(30),
+        || async {
+            let run =
+                cli(lab, &["explain", "service", key, "-o", "json"]).map_err(|e| e.to_string())?;
+            let report = run.json().map_err(|e| e.to_string())?;
+            match report["announcements"].as_array() {
+                Some(a) if !a.is_empty() && run.code == Some(0) => Ok(Some(report)),
+                _ => Err(format!("exit {:?}: {}", run.code, run.stdout)),
+            }
+        },
+    )
+    .await
+}
+
+/// A healthy dual-stack Service: the report names the pool and rule, the owner node and its
+/// interface (as ServiceL2Status does), the ready endpoints by node, and kube-proxy's chains,
+/// each of which exists with that name in the owner's `iptables-save`/`ip6tables-save`; the
+/// kubectl plugin binary says the same; the text output walks the same steps.
+async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "explain-ok").await?;
+    scope.deploy("web", &["node1", "node2"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    let mut spec = serde_json::json!({"spec": {"selector": {"app": "web"}}});
+    merge(
+        &mut spec,
+        serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack"}}),
+    );
+    create(&api, lb_service("web", spec)?).await?;
+    let ips: BTreeSet<String> = ingress_ips(&wait_ips(&api, "web", 2).await?)
+        .into_iter()
+        .collect();
+    scope.wait_ready_endpoints("web", 2).await?;
+    let key = format!("{}/web", scope.namespace);
+    let report = wait_announced(lab, &key).await?;
+    let allocation = &report["allocation"];
+    ensure!(allocation["pool"] == "explain", "{report:#}");
+    ensure!(allocation["rule"]["kind"] == "auto-assign", "{report:#}");
+    let reported: BTreeSet<String> = allocation["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    ensure!(reported == ips, "IPs {reported:?}, status {ips:?}");
+    let owner = report["announcements"][0]["node"]
+        .as_str()
+        .context("no owner")?
+        .to_string();
+    ensure!(
+        report["announcements"][0]["mode"] == "layer2"
+            && report["announcements"][0]["interfaces"] == serde_json::json!(["eth0"]),
+        "{report:#}"
+    );
+    let status_nodes = lab.kubectl(&[
+        "get",
+        "servicel2statuses",
+        "-n",
+        ferrolb::NAMESPACE,
+        "-o",
+        "jsonpath={range .items[?(@.status.serviceName==\"web\")]}{.status.serviceNamespace}={.status.node}{\"\\n\"}{end}",
+    ])?;
+    ensure!(
+        status_nodes.contains(&format!("{}={owner}", scope.namespace)),
+        "explain says {owner}; ServiceL2Status: {status_nodes}"
+    );
+    ensure!(
+        report["traffic"]["ready_endpoints"] == serde_json::json!({"node1": 1, "node2": 1}),
+        "{report:#}"
+    );
+    ensure!(codes(&report).is_empty(), "{report:#}");
+    // Every chain name explain computes is one kube-proxy wrote on the owner.
+    let v4 = lab.exec(&owner, "iptables-save", &["-t", "nat"])?;
+    let v6 = lab.exec(&owner, "ip6tables-save", &["-t", "nat"])?;
+    let port = &report["kube_proxy"][0];
+    for field in ["external", "service"] {
+        let chain = port["iptables"][field].as_str().context("chain")?;
+        ensure!(
+            v4.contains(&format!(":{chain} ")) && v6.contains(&format!(":{chain} ")),
+            "{field} chain {chain} is not in the owner's iptables"
+        );
+    }
+    let endpoints = port["iptables"]["endpoints"]
+        .as_array()
+        .context("endpoints")?;
+    ensure!(endpoints.len() == 4, "{port:#}");
+    for e in endpoints {
+        let chain = e["chain"].as_str().context("chain")?;
+        let endpoint = e["endpoint"].as_str().context("endpoint")?;
+        let table = if endpoint.starts_with('[') { &v6 } else { &v4 };
+        // kube-proxy's DNAT rule for exactly this endpoint, in exactly this chain.
+        let dnat = format!("--to-destination {endpoint}");
+        ensure!(
+            table
+                .lines()
+                .any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&dnat)),
+            "endpoint chain {chain} ({endpoint}) is not kube-proxy's"
+        );
+    }
+    // The plugin binary is the same program; the text walks the same steps.
+    let plugin = cli_as(
+        lab,
+        "kubectl-ferrolb",
+        &["explain", "service", &key, "-o", "json"],
+    )?;
+    ensure!(plugin.json()? == report, "kubectl-ferrolb differs");
+    let text = cli(lab, &["explain", "service", &key])?;
+    for want in [
+        format!("Service {key}"),
+        "1. Pool:         explain".to_string(),
+        format!("layer 2 by {owner} on eth0"),
+        "No problem found.".to_string(),
+    ] {
+        ensure!(
+            text.stdout.contains(&want),
+            "{want:?} not in:\n{}",
+            text.stdout
+        );
+    }
+    // By IP, the same Service.
+    let first = ips.iter().next().context("no IP")?;
+    let by_ip = cli(lab, &["explain", "ip", first, "-o", "json"])?.json()?;
+    ensure!(by_ip["service"] == key, "{by_ip:#}");
+    Ok(())
+}
+
+/// Services that cannot get an address, each diagnosed with the object and field at fault:
+/// an unknown pool, a requested IP outside every pool, an exhausted pool (the IPAddressPool is
+/// named), and a pool no advertisement covers; the exit status says problems were found.
+async fn allocation_problems_are_diagnosed(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let ns = ferrolb::NAMESPACE;
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: tiny, namespace: {ns}}}
+spec:
+  addresses: ['198.18.210.5/32']
+  autoAssign: false
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {{name: tiny, namespace: {ns}}}
+spec:
+  ipAddressPools: [tiny]
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: lonely, namespace: {ns}}}
+spec:
+  addresses: ['198.18.211.0/28']
+  autoAssign: false
+"
+    ))?;
+    struct Delete<'a>(&'a Lab);
+    impl Drop for Delete<'_> {
+        fn drop(&mut self) {
+            for object in [
+                "l2advertisement/tiny",
+                "ipaddresspool/tiny",
+                "ipaddresspool/lonely",
+            ] {
+                let _ = self.0.kubectl(&[
+                    "delete",
+                    "-n",
+                    ferrolb::NAMESPACE,
+                    object,
+                    "--ignore-not-found",
+                ]);
+            }
+        }
+    }
+    let _delete = Delete(lab);
+    let mut scope = TestScope::new(lab, "explain-bad").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(
+        &api,
+        service(
+            "holder",
+            serde_json::json!({"metallb.io/address-pool": "tiny"}),
+        )?,
+    )
+    .await?;
+    wait_ips(&api, "holder", 1).await?;
+    create(
+        &api,
+        service(
+            "lonely",
+            serde_json::json!({"metallb.io/address-pool": "lonely"}),
+        )?,
+    )
+    .await?;
+    wait_ips(&api, "lonely", 1).await?;
+    for (name, annotations) in [
+        (
+            "exhausted",
+            serde_json::json!({"metallb.io/address-pool": "tiny"}),
+        ),
+        (
+            "unknown",
+            serde_json::json!({"metallb.io/address-pool": "nope"}),
+        ),
+        (
+            "outside",
+            serde_json::json!({"metallb.io/loadBalancerIPs": "198.18.250.1"}),
+        ),
+    ] {
+        create(&api, service(name, annotations)?).await?;
+    }
+    let ns_svc = |name: &str| format!("{}/{name}", scope.namespace);
+    let cases = [
+        (
+            "exhausted",
+            "pool-exhausted",
+            "IPAddressPool",
+            "tiny",
+            Some("spec.addresses"),
+        ),
+        (
+            "unknown",
+            "unknown-pool",
+            "Service",
+            "unknown",
+            Some("metadata.annotations[metallb.io/address-pool]"),
+        ),
+        (
+            "outside",
+            "ip-outside-pools",
+            "Service",
+            "outside",
+            Some("metallb.io/loadBalancerIPs"),
+        ),
+        (
+            "lonely",
+            "no-advertisement",
+            "IPAddressPool",
+            "lonely",
+            None,
+        ),
+    ];
+    for (name, code, kind, object, field) in cases {
+        let key = ns_svc(name);
+        let run = cli(lab, &["explain", "service", &key, "-o", "json"])?;
+        let report = run.json()?;
+        ensure!(run.code == Some(2), "{key}: exit {:?}", run.code);
+        ensure!(
+            codes(&report) == [code],
+            "{key}: want [{code}], got {:?}:\n{report:#}",
+            codes(&report)
+        );
+        let d = &report["diagnoses"][0];
+        ensure!(
+            d["object"]["kind"] == kind && d["object"]["name"] == object,
+            "{key}: object {}",
+            d["object"]
+        );
+        if let Some(field) = field {
+            ensure!(d["field"] == field, "{key}: field {}", d["field"]);
+        }
+        ensure!(
+            !d["fix"].as_str().unwrap_or_default().is_empty(),
+            "{key}: no fix"
+        );
+        let text = cli(lab, &["explain", "service", &key])?;
+        ensure!(
+            text.stdout.contains("Problems:") && text.stdout.contains(code),
+            "{key}: text:\n{}",
+            text.stdout
+        );
+    }
+    Ok(())
+}
+
+/// An IP no Service holds: a clear error and exit status 1, nothing on stdout.
+async fn an_ip_nobody_holds_is_a_clear_error(ctx: Ctx) -> anyhow::Result<()> {
+    let run = cli(&ctx.lab, &["explain", "ip", "198.18.250.9"])?;
+    ensure!(run.code == Some(1), "exit {:?}", run.code);
+    ensure!(run.stdout.is_empty(), "{}", run.stdout);
+    ensure!(
+        run.stderr
+            .contains("no Service has 198.18.250.9 in its status.loadBalancer.ingress"),
+        "{}",
+        run.stderr
+    );
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let conclusion = Suite::new("explain")
+        .one_at_a_time()
+        .test("healthy_service_and_kube_proxy_chains", |c| {
+            Box::pin(healthy_service_and_kube_proxy_chains(c))
+        })
+        .test("allocation_problems_are_diagnosed", |c| {
+            Box::pin(allocation_problems_are_diagnosed(c))
+        })
+        .test("an_ip_nobody_holds_is_a_clear_error", |c| {
+            Box::pin(an_ip_nobody_holds_is_a_clear_error(c))
+        })
+        .run(&args, |lab| {
+            Box::pin(async move {
+                Deployment::start(
+                    &lab,
+                    "explain",
+                    &ferrolb::l2_pool("explain", &["198.18.200.128/26", "fd00:18::c8:8000/113"]),
+                )
+            })
+        });
+    suite::exit_code(&[conclusion])
+}
