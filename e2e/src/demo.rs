@@ -147,6 +147,38 @@ async fn serve(
     Ok((svc, ips, pool))
 }
 
+/// Runs `kubectl ferrolb explain service KEY` (the `ferrolb` binary, with the lab's admin
+/// kubeconfig) and prints what it says. A healthy demo Service must explain without a problem;
+/// the speakers' status objects may trail the traffic by a moment, so it is asked again for a
+/// few seconds before that counts as a failure.
+fn explain(lab: &Lab, key: &str) -> anyhow::Result<()> {
+    let exe = ferrolb::workspace_binary("ferrolb")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let out = std::process::Command::new(&exe)
+            .arg("--kubeconfig")
+            .arg(lab.admin_kubeconfig())
+            .args(["explain", "service", key])
+            .output()
+            .with_context(|| format!("running {}", exe.display()))?;
+        if out.status.success() || std::time::Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    println!("\nkubectl ferrolb explain service {key}:");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("  {line}");
+    }
+    anyhow::ensure!(
+        out.status.success(),
+        "ferrolb explain service {key} found problems or failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
 /// Four requests from `host` through each of `ips`, printed; the IPs no request got through.
 fn requests(lab: &Lab, host: &str, ips: &[String]) -> anyhow::Result<Vec<String>> {
     let mut unanswered = Vec::new();
@@ -262,6 +294,7 @@ async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
     {
         println!("  {line}");
     }
+    explain(lab, &format!("{DEMO_NS}/demo"))?;
     println!(
         "\nThe lab stays up: `sudo e2e/lab status`, `sudo e2e/lab kubectl get svc -A`, `sudo e2e/lab down`."
     );
@@ -412,6 +445,7 @@ async fn run_bgp(lab: &Lab) -> anyhow::Result<()> {
     }
     println!("\nRequests from the external client behind the router through the LoadBalancer IPs:");
     let unanswered = requests(lab, "ext", &ips)?;
+    explain(lab, "demo-bgp/demo")?;
     println!(
         "\nThe lab stays up: `sudo e2e/lab status`, `sudo e2e/lab exec router -- ip route`, `sudo e2e/lab down`."
     );

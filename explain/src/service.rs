@@ -451,7 +451,7 @@ pub fn render_text(r: &ServiceReport) -> String {
     }
     let _ = writeln!(
         t,
-        "2. Advertised by: {}",
+        "2. Advertised:   {}",
         if r.advertisements.is_empty() {
             "nothing".to_string()
         } else {
