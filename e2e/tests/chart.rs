@@ -270,13 +270,29 @@ fn rendered_rbac_equals_the_tested_files() -> anyhow::Result<()> {
             );
         }
     }
+    // The explain ClusterRole: the file's rules, bound to nobody.
+    let explain = rbac_file("explain")?;
+    ensure!(
+        explain.len() == 1,
+        "explain: {} RBAC objects",
+        explain.len()
+    );
+    let mut got = find(&docs, "ClusterRole", "ferrolb-explain")?.clone();
+    got["metadata"]
+        .as_object_mut()
+        .context("metadata")?
+        .remove("labels");
+    ensure!(
+        got == explain[0],
+        "ClusterRole ferrolb-explain differs from charts/ferrolb/rbac/explain.yaml:\nrendered {got:#}"
+    );
     let rendered_rbac = docs
         .iter()
         .filter(|d| RBAC_KINDS.contains(&kind_of(d)))
         .count();
     ensure!(
-        rendered_rbac == 8,
-        "{rendered_rbac} RBAC objects rendered, want 8"
+        rendered_rbac == 9,
+        "{rendered_rbac} RBAC objects rendered, want 9"
     );
 
     // Another release and namespace: the same rules, the release's names and namespace.
@@ -303,6 +319,11 @@ fn rendered_rbac_equals_the_tested_files() -> anyhow::Result<()> {
             }
         }
     }
+    let got = find(&docs, "ClusterRole", "edge-ferrolb-explain")?;
+    ensure!(
+        got["rules"] == explain[0]["rules"],
+        "edge-ferrolb-explain: rules differ"
+    );
     // rbac.create=false renders none.
     let docs = render("ferrolb", "metallb-system", &["--set", "rbac.create=false"])?;
     ensure!(

@@ -35,10 +35,15 @@ impl Run {
 
 /// Runs `binary` (`ferrolb` or `kubectl-ferrolb`) with the lab's admin kubeconfig.
 fn cli_as(lab: &Lab, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
+    cli_with(&lab.admin_kubeconfig(), binary, args)
+}
+
+/// Runs `binary` with `kubeconfig`.
+fn cli_with(kubeconfig: &std::path::Path, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
     let exe = ferrolb::workspace_binary(binary)?;
     let out = std::process::Command::new(&exe)
         .arg("--kubeconfig")
-        .arg(lab.admin_kubeconfig())
+        .arg(kubeconfig)
         .args(args)
         .output()
         .with_context(|| format!("running {}", exe.display()))?;
@@ -153,10 +158,31 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         "{report:#}"
     );
     ensure!(codes(&report).is_empty(), "{report:#}");
-    // Every chain name explain computes is one kube-proxy wrote on the owner.
-    let v4 = lab.exec(&owner, "iptables-save", &["-t", "nat"])?;
-    let v6 = lab.exec(&owner, "ip6tables-save", &["-t", "nat"])?;
+    // Every chain name explain computes is one kube-proxy wrote on the owner (kube-proxy
+    // programs the Service a moment after its endpoints are ready: wait for its last chain).
     let port = &report["kube_proxy"][0];
+    let last = port["iptables"]["endpoints"][3]["chain"]
+        .as_str()
+        .context("four endpoint chains")?
+        .to_string();
+    let (v4, v6) = wait_for(
+        &format!("kube-proxy on {owner} to write the chains explain names"),
+        Duration::from_secs(30),
+        || async {
+            let v4 = lab
+                .exec(&owner, "iptables-save", &["-t", "nat"])
+                .map_err(|e| e.to_string())?;
+            let v6 = lab
+                .exec(&owner, "ip6tables-save", &["-t", "nat"])
+                .map_err(|e| e.to_string())?;
+            if v4.contains(&format!(":{last} ")) || v6.contains(&format!(":{last} ")) {
+                Ok(Some((v4, v6)))
+            } else {
+                Err(format!("no chain {last} yet"))
+            }
+        },
+    )
+    .await?;
     for field in ["external", "service"] {
         let chain = port["iptables"][field].as_str().context("chain")?;
         ensure!(
@@ -181,6 +207,43 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
             "endpoint chain {chain} ({endpoint}) is not kube-proxy's"
         );
     }
+    // A user with nothing but the chart's read-only ClusterRole gets the same answer.
+    let rbac = ferrolb_e2e::lab::repo_root().join("charts/ferrolb/rbac/explain.yaml");
+    lab.kubectl(&["apply", "-f", &rbac.display().to_string()])?;
+    lab.kubectl(&[
+        "-n",
+        ferrolb::NAMESPACE,
+        "create",
+        "serviceaccount",
+        "explainer",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ])
+    .and_then(|yaml| lab.apply(&yaml))?;
+    lab.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "explainer",
+        "--clusterrole=ferrolb-explain",
+        &format!("--serviceaccount={}:explainer", ferrolb::NAMESPACE),
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ])
+    .and_then(|yaml| lab.apply(&yaml))?;
+    let reader = lab.service_account_kubeconfig(ferrolb::NAMESPACE, "explainer")?;
+    let as_reader = cli_with(
+        &reader,
+        "ferrolb",
+        &["explain", "service", &key, "-o", "json"],
+    )?;
+    ensure!(
+        as_reader.code == Some(0) && as_reader.json()? == report,
+        "with only ClusterRole ferrolb-explain: exit {:?}, {}",
+        as_reader.code,
+        as_reader.stderr
+    );
     // The plugin binary is the same program; the text walks the same steps.
     let plugin = cli_as(
         lab,

@@ -104,6 +104,11 @@ impl fmt::Display for Diagnosis {
         if let Some(field) = &self.field {
             write!(f, " {field}")?;
         }
-        write!(f, ": {} ({}). {}", self.problem, self.code, self.fix)
+        let mut fix = self.fix.chars();
+        let fix: String = fix
+            .next()
+            .map(|c| c.to_uppercase().chain(fix).collect())
+            .unwrap_or_default();
+        write!(f, ": {} ({}). {fix}.", self.problem, self.code)
     }
 }

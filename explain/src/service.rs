@@ -435,8 +435,13 @@ pub fn render_text(r: &ServiceReport) -> String {
             ips.join(", ")
         }
     );
-    if let (Some(pool), Some(rule)) = (&a.pool, &a.rule) {
-        let _ = writeln!(t, "1. Pool:         {pool}, because {}", rule.describe());
+    match (&a.pool, &a.rule) {
+        (Some(pool), Some(rule)) => {
+            let _ = writeln!(t, "1. Pool:         {pool}, because {}", rule.describe());
+        }
+        _ => {
+            let _ = writeln!(t, "1. Pool:         none");
+        }
     }
     if let Some(k) = &a.sharing_key {
         let _ = writeln!(
