@@ -152,29 +152,23 @@ async fn serve(
 /// the speakers' status objects may trail the traffic by a moment, so it is asked again for a
 /// few seconds before that counts as a failure.
 fn explain(lab: &Lab, key: &str) -> anyhow::Result<()> {
-    let exe = ferrolb::workspace_binary("ferrolb")?;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let out = loop {
-        let out = std::process::Command::new(&exe)
-            .arg("--kubeconfig")
-            .arg(lab.admin_kubeconfig())
-            .args(["explain", "service", key])
-            .output()
-            .with_context(|| format!("running {}", exe.display()))?;
-        if out.status.success() || std::time::Instant::now() > deadline {
+        let out = crate::explain::run(lab, &["explain", "service", key])?;
+        if out.code == Some(0) || std::time::Instant::now() > deadline {
             break out;
         }
         std::thread::sleep(Duration::from_millis(500));
     };
     println!("\nkubectl ferrolb explain service {key}:");
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.stdout.lines() {
         println!("  {line}");
     }
     anyhow::ensure!(
-        out.status.success(),
-        "ferrolb explain service {key} found problems or failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
+        out.code == Some(0),
+        "ferrolb explain service {key} found problems or failed (exit {:?}): {}",
+        out.code,
+        out.stderr.trim()
     );
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod cmd;
 pub mod containerlab;
 pub mod demo;
 pub mod echo;
+pub mod explain;
 pub mod faults;
 pub mod ferrolb;
 pub mod lab;

@@ -1118,6 +1118,52 @@ spec:
     Ok(())
 }
 
+/// `kubectl ferrolb explain` in BGP mode: a Service advertised by every node names each node
+/// with the BGPPeer it advertises to (as their ServiceBGPStatus objects say), the
+/// BGPAdvertisement covering its pool, and no problem.
+async fn explain_names_every_announcing_node_and_peer(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (scope, _api, ip) = serve_web(lab, "bgp-explain", &["node1"]).await?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+    wait_statuses(lab, &scope.namespace, "web", &NODES).await?;
+    let key = format!("{}/web", scope.namespace);
+    let run = ferrolb_e2e::explain::run(lab, &["explain", "service", &key, "-o", "json"])?;
+    let report = run.json()?;
+    ensure!(run.code == Some(0), "exit {:?}: {report:#}", run.code);
+    ensure!(
+        report["advertisements"] == serde_json::json!(["BGPAdvertisement bgp"]),
+        "{report:#}"
+    );
+    let announced: Vec<(String, serde_json::Value)> = report["announcements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            (
+                format!(
+                    "{}:{}",
+                    a["mode"].as_str().unwrap_or(""),
+                    a["node"].as_str().unwrap_or("")
+                ),
+                a["peers"].clone(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, serde_json::Value)> = NODES
+        .iter()
+        .map(|n| (format!("bgp:{n}"), serde_json::json!(["router"])))
+        .collect();
+    ensure!(announced == want, "announcements {announced:?}");
+    let by_ip = ferrolb_e2e::explain::run(lab, &["explain", "ip", &ip])?;
+    ensure!(
+        by_ip.stdout.contains("BGP by node1 to router")
+            && by_ip.stdout.contains("No problem found."),
+        "{}",
+        by_ip.stdout
+    );
+    Ok(())
+}
+
 /// The router's kernel route to `ip`, as `ip route show` prints it.
 fn router_kernel_route(lab: &Lab, ip: &str) -> anyhow::Result<String> {
     let family = if ip.contains(':') { "-6" } else { "-4" };
@@ -1331,6 +1377,9 @@ fn main() -> std::process::ExitCode {
         })
         .test("vrf_peer_without_its_vrf_never_runs_outside_it", |c| {
             Box::pin(vrf_peer_without_its_vrf_never_runs_outside_it(c))
+        })
+        .test("explain_names_every_announcing_node_and_peer", |c| {
+            Box::pin(explain_names_every_announcing_node_and_peer(c))
         })
         .test("unnumbered_peer_carries_the_service_over_its_link", |c| {
             Box::pin(unnumbered_peer_carries_the_service_over_its_link(c))

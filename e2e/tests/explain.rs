@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::explain::{self, Run};
 use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
@@ -19,53 +20,16 @@ use libtest_mimic::Arguments;
 
 type Ctx = Deployment;
 
-/// What one run of the CLI gave: exit code, stdout, stderr.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> anyhow::Result<serde_json::Value> {
-        serde_json::from_str(&self.stdout)
-            .with_context(|| format!("not JSON: {}\n{}", self.stdout, self.stderr))
-    }
-}
-
-/// Runs `binary` (`ferrolb` or `kubectl-ferrolb`) with the lab's admin kubeconfig.
-fn cli_as(lab: &Lab, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
-    cli_with(&lab.admin_kubeconfig(), binary, args)
-}
-
-/// Runs `binary` with `kubeconfig`.
-fn cli_with(kubeconfig: &std::path::Path, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
-    let exe = ferrolb::workspace_binary(binary)?;
-    let out = std::process::Command::new(&exe)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {}", exe.display()))?;
-    Ok(Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
-}
-
 fn cli(lab: &Lab, args: &[&str]) -> anyhow::Result<Run> {
-    cli_as(lab, "ferrolb", args)
+    explain::run(lab, args)
 }
 
-/// The diagnosis codes of a JSON report.
+fn cli_as(lab: &Lab, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
+    explain::run_with(&lab.admin_kubeconfig(), binary, args)
+}
+
 fn codes(report: &serde_json::Value) -> Vec<String> {
-    report["diagnoses"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|d| d["code"].as_str().map(str::to_owned))
-        .collect()
+    Run::codes(report)
 }
 
 async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
@@ -233,7 +197,7 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
     ])
     .and_then(|yaml| lab.apply(&yaml))?;
     let reader = lab.service_account_kubeconfig(ferrolb::NAMESPACE, "explainer")?;
-    let as_reader = cli_with(
+    let as_reader = explain::run_with(
         &reader,
         "ferrolb",
         &["explain", "service", &key, "-o", "json"],
@@ -297,6 +261,36 @@ metadata: {{name: lonely, namespace: {ns}}}
 spec:
   addresses: ['198.18.211.0/28']
   autoAssign: false
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: nowhere, namespace: {ns}}}
+spec:
+  addresses: ['198.18.212.0/28']
+  autoAssign: false
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {{name: nowhere, namespace: {ns}}}
+spec:
+  ipAddressPools: [nowhere]
+  nodeSelectors:
+  - matchLabels: {{kubernetes.io/hostname: no-such-node}}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: private, namespace: {ns}}}
+spec:
+  addresses: ['198.18.213.0/28']
+  autoAssign: false
+  serviceAllocation:
+    namespaces: [somewhere-else]
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {{name: private, namespace: {ns}}}
+spec:
+  ipAddressPools: [private]
 "
     ))?;
     struct Delete<'a>(&'a Lab);
@@ -306,6 +300,10 @@ spec:
                 "l2advertisement/tiny",
                 "ipaddresspool/tiny",
                 "ipaddresspool/lonely",
+                "l2advertisement/nowhere",
+                "ipaddresspool/nowhere",
+                "l2advertisement/private",
+                "ipaddresspool/private",
             ] {
                 let _ = self.0.kubectl(&[
                     "delete",
@@ -330,15 +328,14 @@ spec:
     )
     .await?;
     wait_ips(&api, "holder", 1).await?;
-    create(
-        &api,
-        service(
-            "lonely",
-            serde_json::json!({"metallb.io/address-pool": "lonely"}),
-        )?,
-    )
-    .await?;
-    wait_ips(&api, "lonely", 1).await?;
+    for pool in ["lonely", "nowhere"] {
+        create(
+            &api,
+            service(pool, serde_json::json!({"metallb.io/address-pool": pool}))?,
+        )
+        .await?;
+        wait_ips(&api, pool, 1).await?;
+    }
     for (name, annotations) in [
         (
             "exhausted",
@@ -351,6 +348,14 @@ spec:
         (
             "outside",
             serde_json::json!({"metallb.io/loadBalancerIPs": "198.18.250.1"}),
+        ),
+        (
+            "private",
+            serde_json::json!({"metallb.io/address-pool": "private"}),
+        ),
+        (
+            "intruder",
+            serde_json::json!({"metallb.io/loadBalancerIPs": "198.18.210.5", "metallb.io/allow-shared-ip": "k"}),
         ),
     ] {
         create(&api, service(name, annotations)?).await?;
@@ -384,6 +389,21 @@ spec:
             "IPAddressPool",
             "lonely",
             None,
+        ),
+        ("nowhere", "not-announced", "Service", "nowhere", None),
+        (
+            "private",
+            "pool-does-not-admit",
+            "IPAddressPool",
+            "private",
+            Some("spec.serviceAllocation"),
+        ),
+        (
+            "intruder",
+            "sharing-refused",
+            "Service",
+            "intruder",
+            Some("metadata.annotations[metallb.io/allow-shared-ip]"),
         ),
     ];
     for (name, code, kind, object, field) in cases {
@@ -419,6 +439,57 @@ spec:
     Ok(())
 }
 
+/// An IPAddressPool overlapping another is left out of the configuration (the older object
+/// wins): every explanation names it first, with the field, until it is fixed.
+async fn a_left_out_object_is_named(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let ns = ferrolb::NAMESPACE;
+    let mut scope = TestScope::new(lab, "explain-config").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    create(&api, service("web", serde_json::json!({}))?).await?;
+    wait_ips(&api, "web", 1).await?;
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: overlap, namespace: {ns}}}
+spec:
+  addresses: ['198.18.200.128/30']
+  autoAssign: false
+"
+    ))?;
+    struct Delete<'a>(&'a Lab);
+    impl Drop for Delete<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kubectl(&[
+                "delete",
+                "-n",
+                ferrolb::NAMESPACE,
+                "ipaddresspool/overlap",
+                "--ignore-not-found",
+            ]);
+        }
+    }
+    let _delete = Delete(lab);
+    let key = format!("{}/web", scope.namespace);
+    let run = cli(lab, &["explain", "service", &key, "-o", "json"])?;
+    let report = run.json()?;
+    ensure!(run.code == Some(2), "exit {:?}", run.code);
+    let d = &report["diagnoses"][0];
+    ensure!(
+        d["code"] == "config-left-out"
+            && d["object"]["kind"] == "IPAddressPool"
+            && d["object"]["name"] == "overlap"
+            && d["field"]
+                .as_str()
+                .is_some_and(|f| f.starts_with("spec.addresses")),
+        "{report:#}"
+    );
+    // The Service itself is fine: its pool and rule are still explained.
+    ensure!(report["allocation"]["pool"] == "explain", "{report:#}");
+    Ok(())
+}
+
 /// An IP no Service holds: a clear error and exit status 1, nothing on stdout.
 async fn an_ip_nobody_holds_is_a_clear_error(ctx: Ctx) -> anyhow::Result<()> {
     let run = cli(&ctx.lab, &["explain", "ip", "198.18.250.9"])?;
@@ -442,6 +513,9 @@ fn main() -> std::process::ExitCode {
         })
         .test("allocation_problems_are_diagnosed", |c| {
             Box::pin(allocation_problems_are_diagnosed(c))
+        })
+        .test("a_left_out_object_is_named", |c| {
+            Box::pin(a_left_out_object_is_named(c))
         })
         .test("an_ip_nobody_holds_is_a_clear_error", |c| {
             Box::pin(an_ip_nobody_holds_is_a_clear_error(c))

@@ -227,6 +227,7 @@ async fn loadbalancer_ip_by_hand(lab: &Lab) -> anyhow::Result<()> {
             .await?;
         }
     }
+    kube_proxy_names_are_computed_right(lab, &scope.namespace, &pods)?;
     let owner_mac = lab.mac_of("node1")?;
     let want: BTreeSet<String> = pods.iter().map(|p| p.name.clone()).collect();
     for ip in &ips {
@@ -236,6 +237,58 @@ async fn loadbalancer_ip_by_hand(lab: &Lab) -> anyhow::Result<()> {
         answered?;
     }
     drop(scope);
+    Ok(())
+}
+
+/// The chain names `ferrolb explain` computes (`ferrolb_explain::kube_proxy`) for Service
+/// `namespace/lb` port `http` are the ones this lab's kube-proxy wrote on node1: in iptables mode
+/// KUBE-EXT, KUBE-SVC and each pod's KUBE-SEP with its DNAT; in nftables mode the external and
+/// service chains (kube-proxy 1.37 has endpoint chains only with session affinity).
+fn kube_proxy_names_are_computed_right(
+    lab: &Lab,
+    namespace: &str,
+    pods: &[ferrolb_e2e::LabPod],
+) -> anyhow::Result<()> {
+    use ferrolb_explain::kube_proxy::{Protocol, ServicePort, iptables, nftables};
+    let port = ServicePort::new(namespace, "lb", "http", Protocol::Tcp);
+    let rules = node_rules(lab, "node1")?;
+    match lab.topology.options.proxy_mode {
+        ProxyMode::Iptables => {
+            for chain in [
+                iptables::external_chain(&port),
+                iptables::service_chain(&port),
+            ] {
+                ensure!(
+                    rules.contains(&format!(":{chain} ")),
+                    "no chain {chain} on node1:\n{rules}"
+                );
+            }
+            for pod in pods {
+                for ip in &pod.ips {
+                    let endpoint = std::net::SocketAddr::new(ip.parse()?, 8080);
+                    let chain = iptables::endpoint_chain(&port, endpoint);
+                    let dnat = format!("--to-destination {endpoint}");
+                    ensure!(
+                        rules
+                            .lines()
+                            .any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&dnat)),
+                        "no chain {chain} with {dnat} on node1:\n{rules}"
+                    );
+                }
+            }
+        }
+        ProxyMode::Nftables => {
+            for chain in [
+                nftables::external_chain(&port),
+                nftables::service_chain(&port),
+            ] {
+                ensure!(
+                    rules.contains(&format!("chain {chain} {{")),
+                    "no chain {chain} on node1:\n{rules}"
+                );
+            }
+        }
+    }
     Ok(())
 }
 

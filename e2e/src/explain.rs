@@ -1,0 +1,59 @@
+//! Running the `ferrolb` CLI (`kubectl ferrolb explain`) against the lab, as a user would: the
+//! workspace's binary with a kubeconfig, its exit status and output kept apart.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::Lab;
+use crate::ferrolb;
+
+/// What one run of the CLI gave.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// Exit status (none: killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Run {
+    /// Standard output as JSON (for `-o json`).
+    pub fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_str(&self.stdout)
+            .with_context(|| format!("not JSON: {}\n{}", self.stdout, self.stderr))
+    }
+
+    /// The diagnosis codes of a JSON report.
+    pub fn codes(report: &serde_json::Value) -> Vec<String> {
+        report["diagnoses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["code"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+/// Runs `binary` (`ferrolb` or `kubectl-ferrolb`) with `kubeconfig` and `args`.
+pub fn run_with(kubeconfig: &Path, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
+    let exe = ferrolb::workspace_binary(binary)?;
+    let out = std::process::Command::new(&exe)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    Ok(Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// Runs `ferrolb` with the lab's admin kubeconfig.
+pub fn run(lab: &Lab, args: &[&str]) -> anyhow::Result<Run> {
+    run_with(&lab.admin_kubeconfig(), "ferrolb", args)
+}
