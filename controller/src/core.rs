@@ -52,20 +52,7 @@ pub struct Outcome {
 }
 
 /// IPs in a Service's `status.loadBalancer.ingress`.
-pub fn current_ips(service: &Service) -> Vec<IpAddr> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| {
-            ingress
-                .iter()
-                .filter_map(|i| i.ip.as_deref()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
+pub use ferrolb_config::allocator::status_ips as current_ips;
 
 /// The pool annotation we wrote on a Service, if any.
 pub fn current_pool(service: &Service) -> Option<&str> {

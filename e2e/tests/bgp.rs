@@ -1060,19 +1060,7 @@ spec:
   connectTime: 1s
 "
     ))?;
-    struct Delete<'a>(&'a Lab);
-    impl Drop for Delete<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kubectl(&[
-                "delete",
-                "-n",
-                ferrolb::NAMESPACE,
-                "bgppeer/red",
-                "--ignore-not-found",
-            ]);
-        }
-    }
-    let _delete = Delete(lab);
+    let _delete = lab.delete_on_drop(ns, &["bgppeer/red"]);
     wait_for(
         "a VRFNotFound Event on BGPPeer red from every node",
         Duration::from_secs(30),
@@ -1208,26 +1196,22 @@ spec:
   peers: [link]
 "
     ))?;
-    struct Delete<'a>(&'a Lab);
-    impl Drop for Delete<'_> {
+    let _delete = lab.delete_on_drop(
+        ns,
+        &[
+            "bgpadvertisement/unnumbered",
+            "ipaddresspool/unnumbered",
+            "bgppeer/link",
+        ],
+    );
+    // node1's end of the link goes down below: up again whatever happens.
+    struct LinkUp<'a>(&'a Lab);
+    impl Drop for LinkUp<'_> {
         fn drop(&mut self) {
             let _ = self.0.exec("node1", "ip", &["link", "set", "eth1", "up"]);
-            for object in [
-                "bgpadvertisement/unnumbered",
-                "ipaddresspool/unnumbered",
-                "bgppeer/link",
-            ] {
-                let _ = self.0.kubectl(&[
-                    "delete",
-                    "-n",
-                    ferrolb::NAMESPACE,
-                    object,
-                    "--ignore-not-found",
-                ]);
-            }
         }
     }
-    let _delete = Delete(lab);
+    let _link_up = LinkUp(lab);
     let mut scope = TestScope::new(lab, "bgp-unnumbered").await?;
     scope.deploy("web", &["node1", "node2"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);

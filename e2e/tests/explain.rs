@@ -293,29 +293,18 @@ spec:
   ipAddressPools: [private]
 "
     ))?;
-    struct Delete<'a>(&'a Lab);
-    impl Drop for Delete<'_> {
-        fn drop(&mut self) {
-            for object in [
-                "l2advertisement/tiny",
-                "ipaddresspool/tiny",
-                "ipaddresspool/lonely",
-                "l2advertisement/nowhere",
-                "ipaddresspool/nowhere",
-                "l2advertisement/private",
-                "ipaddresspool/private",
-            ] {
-                let _ = self.0.kubectl(&[
-                    "delete",
-                    "-n",
-                    ferrolb::NAMESPACE,
-                    object,
-                    "--ignore-not-found",
-                ]);
-            }
-        }
-    }
-    let _delete = Delete(lab);
+    let _delete = lab.delete_on_drop(
+        ns,
+        &[
+            "l2advertisement/tiny",
+            "ipaddresspool/tiny",
+            "ipaddresspool/lonely",
+            "l2advertisement/nowhere",
+            "ipaddresspool/nowhere",
+            "l2advertisement/private",
+            "ipaddresspool/private",
+        ],
+    );
     let mut scope = TestScope::new(lab, "explain-bad").await?;
     scope.deploy("web", &["node1"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
@@ -458,19 +447,7 @@ spec:
   autoAssign: false
 "
     ))?;
-    struct Delete<'a>(&'a Lab);
-    impl Drop for Delete<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kubectl(&[
-                "delete",
-                "-n",
-                ferrolb::NAMESPACE,
-                "ipaddresspool/overlap",
-                "--ignore-not-found",
-            ]);
-        }
-    }
-    let _delete = Delete(lab);
+    let _delete = lab.delete_on_drop(ns, &["ipaddresspool/overlap"]);
     let key = format!("{}/web", scope.namespace);
     let run = cli(lab, &["explain", "service", &key, "-o", "json"])?;
     let report = run.json()?;

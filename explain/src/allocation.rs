@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+pub use ferrolb_config::allocator::status_ips;
 use ferrolb_config::allocator::{
     ADDRESS_POOL, ANNOTATION_PREFIX, AllocationError, Allocator, DEPRECATED_ANNOTATION_PREFIX,
     LOAD_BALANCER_IPS, ServiceKey, ServiceRequest,
@@ -84,19 +85,6 @@ pub struct Allocation {
     pub shared_with: Vec<String>,
     /// What is wrong, if anything.
     pub diagnoses: Vec<Diagnosis>,
-}
-
-/// The addresses in a Service's status.
-pub fn status_ips(service: &Service) -> Vec<IpAddr> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect()
 }
 
 /// Explains the addresses of `target` among `services` (every LoadBalancer Service of ours, the

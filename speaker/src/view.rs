@@ -50,16 +50,7 @@ impl ServiceView {
         if !is_ours(service, lb_class) {
             return None;
         }
-        let mut ips: Vec<IpAddr> = service
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|i| i.ip.as_deref())
-            .filter_map(|ip| ip.parse().ok())
-            .collect();
+        let mut ips: Vec<IpAddr> = ferrolb_config::allocator::status_ips(service);
         ips.sort();
         ips.dedup();
         if ips.is_empty() {

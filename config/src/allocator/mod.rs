@@ -55,7 +55,7 @@ pub use request::{
     ADDRESS_POOL, ALLOW_SHARED_IP, ANNOTATION_PREFIX, Backend, DEPRECATED_ANNOTATION_PREFIX,
     DEPRECATED_ANNOTATION_REASON, FamilyPolicy, IP_ALLOCATED_FROM_POOL, LOAD_BALANCER_IPS,
     ParsedService, Protocol, ProtocolPort, RequestError, RequestWarning, ServiceKey,
-    ServiceRequest, is_ours,
+    ServiceRequest, is_ours, status_ips,
 };
 pub use sharing::ShareConflict;
 

@@ -509,6 +509,20 @@ pub struct ParsedService {
     pub warnings: Vec<RequestWarning>,
 }
 
+/// The addresses in a Service's `status.loadBalancer.ingress` (entries without an IP, such as
+/// hostnames, and unparsable ones left out).
+pub fn status_ips(service: &Service) -> Vec<IpAddr> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect()
+}
+
 /// Whether the Service is ours: `spec.type: LoadBalancer` and `spec.loadBalancerClass` equal to
 /// the configured class, that is unset when none is configured (as MetalLB: with a class
 /// configured, Services without a class belong to someone else).

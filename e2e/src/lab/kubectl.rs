@@ -17,6 +17,16 @@ impl Lab {
         run(&kubectl.display().to_string(), &full)
     }
 
+    /// A guard that deletes `objects` (`kind/name`, in `namespace`) when dropped, so a test's
+    /// objects go also when it fails.
+    pub fn delete_on_drop(&self, namespace: &str, objects: &[&str]) -> DeleteOnDrop<'_> {
+        DeleteOnDrop {
+            lab: self,
+            namespace: namespace.to_string(),
+            objects: objects.iter().map(|o| (*o).to_string()).collect(),
+        }
+    }
+
     /// Applies a YAML text with kubectl (server-side, so repeated applies are idempotent).
     pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
         let file = self.dir.join(format!("apply-{}.yaml", std::process::id()));
@@ -75,5 +85,26 @@ impl Lab {
         let path = self.dir.join(format!("{namespace}-{account}.kubeconfig"));
         std::fs::write(&path, pki.token_kubeconfig(&server, account, token.trim()))?;
         Ok(path)
+    }
+}
+
+/// See [`Lab::delete_on_drop`].
+pub struct DeleteOnDrop<'a> {
+    lab: &'a Lab,
+    namespace: String,
+    objects: Vec<String>,
+}
+
+impl Drop for DeleteOnDrop<'_> {
+    fn drop(&mut self) {
+        for object in &self.objects {
+            let _ = self.lab.kubectl(&[
+                "delete",
+                "-n",
+                &self.namespace,
+                object,
+                "--ignore-not-found",
+            ]);
+        }
     }
 }
