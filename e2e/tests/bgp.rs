@@ -1280,6 +1280,7 @@ spec:
     let up = ferrolb::speaker_metric(lab, "node1", r#"metallb_bgp_session_up{peer="link"}"#)?;
     ensure!(up == 1.0, "node1 reports the session {up}");
     // The link goes down on node1's side: the routes leave the router.
+    let down_at = std::time::Instant::now();
     lab.exec("node1", "ip", &["link", "set", "eth1", "down"])?;
     for ip in &ips {
         wait_for(
@@ -1295,7 +1296,9 @@ spec:
         )
         .await?;
     }
+    let withdrawn = down_at.elapsed();
     // And back up: discovery finds the router again, the session and the routes return.
+    let up_at = std::time::Instant::now();
     lab.exec("node1", "ip", &["link", "set", "eth1", "up"])?;
     for ip in &ips {
         let want = via_link(ip);
@@ -1314,6 +1317,12 @@ spec:
         .await?;
         wait_http_pods(lab, ip, 1).await?;
     }
+    // Figures for docs/benchmarks.md (printed, not asserted: the machines are noisy).
+    eprintln!(
+        "unnumbered: routes withdrawn {:.0} ms after node1's eth1 went down; back in the router's kernel and answering {:.0} ms after it came up",
+        withdrawn.as_secs_f64() * 1e3,
+        up_at.elapsed().as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
