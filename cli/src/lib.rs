@@ -17,6 +17,8 @@ use ferrolb_config::crd::{
 };
 use ferrolb_config::validate::{NodeInfo, Objects, validate};
 use ferrolb_explain::service::{self, ServiceReport, Snapshot};
+use ferrolb_explain::status;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
@@ -63,6 +65,8 @@ pub enum Command {
         #[command(subcommand)]
         what: Explain,
     },
+    /// The cluster at a glance: pools and their usage, Services, speakers, every problem.
+    Status,
 }
 
 /// What `explain` explains.
@@ -82,7 +86,18 @@ pub enum Explain {
 
 /// Runs the command line of this process.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1 (as any failure), not clap's 2, which means "problems found" here.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -105,9 +120,37 @@ pub fn main() -> ExitCode {
 async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let client = ferrolb_runtime::kube_client(cli.kubeconfig.as_deref()).await?;
     let snapshot = read(&client, &cli.config_namespace, cli.lb_class.clone()).await?;
-    let Command::Explain { what } = &cli.command;
+    let what = match &cli.command {
+        Command::Explain { what } => what,
+        Command::Status => {
+            let speakers = speakers(&client, &cli.config_namespace).await?;
+            let report = status::status(&snapshot, speakers);
+            let text = match cli.output {
+                Output::Text => status::render_text(&report),
+                Output::Json => serde_json::to_string_pretty(&report)? + "\n",
+            };
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+            return Ok(exit_code(report.diagnoses.is_empty()));
+        }
+    };
     let key = match what {
-        Explain::Service { service } => parse_key(service)?,
+        Explain::Service { service } => {
+            let key = parse_key(service)?;
+            let known = snapshot.services.iter().any(|s| {
+                s.metadata.namespace.as_deref() == Some(key.namespace())
+                    && s.metadata.name.as_deref() == Some(key.name())
+                    && ferrolb_config::allocator::is_ours(s, cli.lb_class.as_deref())
+            });
+            anyhow::ensure!(
+                known,
+                "no LoadBalancer Service {key} served by this ferrolb (check the name, spec.type and spec.loadBalancerClass{})",
+                cli.lb_class
+                    .as_deref()
+                    .map(|c| format!(", which must be {c:?}"))
+                    .unwrap_or_default()
+            );
+            key
+        }
         Explain::Ip { address } => {
             service::service_of_ip(&snapshot, *address).with_context(|| {
                 format!("no Service has {address} in its status.loadBalancer.ingress")
@@ -116,11 +159,42 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     };
     let report = service::explain(&snapshot, &key);
     print(&report, cli.output)?;
-    Ok(if report.diagnoses.is_empty() {
+    Ok(exit_code(report.diagnoses.is_empty()))
+}
+
+fn exit_code(healthy: bool) -> ExitCode {
+    if healthy {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(PROBLEMS_FOUND)
-    })
+    }
+}
+
+/// Label on the speakers' presence Leases (`ferrolb_speaker::l2::presence::LABEL`).
+const PRESENCE_LABEL: &str = "ferrolb.io/speaker-presence";
+
+/// The speakers, from their presence Leases: live when renewed within the Lease's duration (by
+/// this machine's clock).
+async fn speakers(client: &kube::Client, namespace: &str) -> anyhow::Result<Vec<status::Speaker>> {
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(PRESENCE_LABEL))
+        .await
+        .context("listing the speakers' presence Leases")?
+        .items;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let mut out: Vec<status::Speaker> = leases
+        .into_iter()
+        .filter_map(|l| {
+            let spec = l.spec?;
+            let node = spec.holder_identity.filter(|h| !h.is_empty())?;
+            let live = spec.renew_time.is_some_and(|t| {
+                now - t.0.as_second() <= i64::from(spec.lease_duration_seconds.unwrap_or(40))
+            });
+            Some(status::Speaker { node, live })
+        })
+        .collect();
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(out)
 }
 
 /// `NAMESPACE/NAME` as a Service key.
@@ -241,6 +315,18 @@ mod tests {
                 .unwrap_or_default();
             assert!(e.contains("NAMESPACE/NAME"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn status_parses() {
+        let cli = Cli::try_parse_from(["kubectl-ferrolb", "status", "-o", "json"]);
+        assert!(
+            matches!(
+                cli.as_ref().map(|c| (&c.command, c.output)),
+                Ok((Command::Status, Output::Json))
+            ),
+            "{cli:?}"
+        );
     }
 
     #[test]

@@ -1164,7 +1164,8 @@ fn router_kernel_route(lab: &Lab, ip: &str) -> anyhow::Result<String> {
 /// A pool advertised only to that peer: the router learns its Service's IPv4 and IPv6 routes
 /// from that session alone and installs both via node1's link-local address on eth2 (IPv4
 /// with an IPv6 next hop, RFC 8950), and the external client reaches the pods through it. With
-/// node1's end of the link down the routes leave; up again, they come back.
+/// node1's end of the link down the routes leave (FRR sees its carrier go); up again, the
+/// speaker finds the router anew and the routes come back.
 async fn unnumbered_peer_carries_the_service_over_its_link(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
     let ns = ferrolb::NAMESPACE;

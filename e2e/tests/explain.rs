@@ -196,6 +196,14 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         "yaml",
     ])
     .and_then(|yaml| lab.apply(&yaml))?;
+    let _rbac = lab.delete_on_drop(
+        ferrolb::NAMESPACE,
+        &[
+            "clusterrolebinding/explainer",
+            "serviceaccount/explainer",
+            "clusterrole/ferrolb-explain",
+        ],
+    );
     let reader = lab.service_account_kubeconfig(ferrolb::NAMESPACE, "explainer")?;
     let as_reader = explain::run_with(
         &reader,
@@ -207,6 +215,42 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         "with only ClusterRole ferrolb-explain: exit {:?}, {}",
         as_reader.code,
         as_reader.stderr
+    );
+    // `status` (with the same read-only role): the pool's usage, the three live speakers.
+    let st = explain::run_with(&reader, "ferrolb", &["status", "-o", "json"])?;
+    let st_json = st.json()?;
+    ensure!(
+        st.code == Some(0),
+        "status: exit {:?}: {st_json:#}",
+        st.code
+    );
+    let pool = st_json["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "explain")
+        .context("no pool explain in status")?;
+    ensure!(
+        pool["ipv4"][0] == 1
+            && pool["ipv6"][0] == 1
+            && pool["advertised_by"] == serde_json::json!(["L2Advertisement explain"]),
+        "{pool:#}"
+    );
+    ensure!(
+        st_json["speakers"]
+            == serde_json::json!([
+                {"node": "node1", "live": true},
+                {"node": "node2", "live": true},
+                {"node": "node3", "live": true},
+            ]),
+        "{st_json:#}"
+    );
+    let st_text = explain::run(lab, &["status"])?;
+    ensure!(
+        st_text.stdout.contains("Speakers: node1, node2, node3")
+            && st_text.stdout.contains("No problem found."),
+        "{}",
+        st_text.stdout
     );
     // The plugin binary is the same program; the text walks the same steps.
     let plugin = cli_as(
@@ -370,7 +414,7 @@ spec:
             "ip-outside-pools",
             "Service",
             "outside",
-            Some("metallb.io/loadBalancerIPs"),
+            Some("metadata.annotations[metallb.io/loadBalancerIPs]"),
         ),
         (
             "lonely",
@@ -429,7 +473,8 @@ spec:
 }
 
 /// An IPAddressPool overlapping another is left out of the configuration (the older object
-/// wins): every explanation names it first, with the field, until it is fixed.
+/// wins): `status` names it as a problem with its field; `explain` of a served Service notes it,
+/// of a Service without an address names it as its first problem.
 async fn a_left_out_object_is_named(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
     let ns = ferrolb::NAMESPACE;
@@ -449,10 +494,21 @@ spec:
     ))?;
     let _delete = lab.delete_on_drop(ns, &["ipaddresspool/overlap"]);
     let key = format!("{}/web", scope.namespace);
+    // A Service that is served: the left-out object is a note, not its problem.
     let run = cli(lab, &["explain", "service", &key, "-o", "json"])?;
     let report = run.json()?;
-    ensure!(run.code == Some(2), "exit {:?}", run.code);
-    let d = &report["diagnoses"][0];
+    ensure!(run.code == Some(0), "exit {:?}: {report:#}", run.code);
+    ensure!(
+        report["notes"].as_array().into_iter().flatten().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("IPAddressPool metallb-system/overlap"))),
+        "{report:#}"
+    );
+    // `status` names it as a problem, once, with its field.
+    let run = cli(lab, &["status", "-o", "json"])?;
+    let status = run.json()?;
+    ensure!(run.code == Some(2), "status exit {:?}", run.code);
+    let d = &status["diagnoses"][0];
     ensure!(
         d["code"] == "config-left-out"
             && d["object"]["kind"] == "IPAddressPool"
@@ -460,15 +516,54 @@ spec:
             && d["field"]
                 .as_str()
                 .is_some_and(|f| f.starts_with("spec.addresses")),
-        "{report:#}"
+        "{status:#}"
+    );
+    // A Service without an address gets it as a problem, first: it may be why.
+    create(
+        &api,
+        service(
+            "stuck",
+            serde_json::json!({"metallb.io/address-pool": "overlap"}),
+        )?,
+    )
+    .await?;
+    let stuck = cli(
+        lab,
+        &[
+            "explain",
+            "service",
+            &format!("{}/stuck", scope.namespace),
+            "-o",
+            "json",
+        ],
+    )?
+    .json()?;
+    ensure!(
+        stuck["diagnoses"][0]["code"] == "config-left-out",
+        "{stuck:#}"
     );
     // The Service itself is fine: its pool and rule are still explained.
     ensure!(report["allocation"]["pool"] == "explain", "{report:#}");
     Ok(())
 }
 
-/// An IP no Service holds: a clear error and exit status 1, nothing on stdout.
+/// An IP no Service holds, a Service that does not exist, a usage mistake: a clear error and
+/// exit status 1 (2 means problems found), nothing on stdout.
 async fn an_ip_nobody_holds_is_a_clear_error(ctx: Ctx) -> anyhow::Result<()> {
+    let missing = cli(&ctx.lab, &["explain", "service", "nowhere/nothing"])?;
+    ensure!(
+        missing.code == Some(1)
+            && missing.stdout.is_empty()
+            && missing
+                .stderr
+                .contains("no LoadBalancer Service nowhere/nothing"),
+        "exit {:?}: {}{}",
+        missing.code,
+        missing.stdout,
+        missing.stderr
+    );
+    let usage = cli(&ctx.lab, &["explain", "nonsense"])?;
+    ensure!(usage.code == Some(1), "usage error: exit {:?}", usage.code);
     let run = cli(&ctx.lab, &["explain", "ip", "198.18.250.9"])?;
     ensure!(run.code == Some(1), "exit {:?}", run.code);
     ensure!(run.stdout.is_empty(), "{}", run.stdout);

@@ -169,7 +169,13 @@ pub fn explain(
         .collect();
     shared_with.sort();
     shared_with.dedup();
-    let outcome = allocator.allocate(&request);
+    // A Service holding addresses: they are claimed as the controller re-claims them (their pool
+    // is where they are); one without: allocated as the controller would.
+    let outcome = if ips.is_empty() {
+        allocator.allocate(&request)
+    } else {
+        allocator.assign(&request, &ips)
+    };
     let mut allocation = Allocation {
         ips: ips.clone(),
         pool: None,
@@ -204,6 +210,15 @@ pub fn explain(
         }
     }
     allocation
+}
+
+/// A Service field as `explain` names it: annotations as `metadata.annotations[...]`.
+fn annotation_field(name: &str) -> String {
+    if name.starts_with("spec.") {
+        name.to_string()
+    } else {
+        format!("metadata.annotations[{name}]")
+    }
 }
 
 fn key_of(service: &Service) -> Option<ServiceKey> {
@@ -320,11 +335,17 @@ fn diagnose(
             Some("spec.serviceAllocation".to_string()),
             "admit the Service's namespace or labels in the pool's serviceAllocation, or name another pool".to_string(),
         ),
-        AllocationError::IpNotInAnyPool { .. } | AllocationError::IpNotInAnnotatedPool { .. } => (
+        AllocationError::IpNotInAnyPool { .. } => (
             Code::IpOutsidePools,
             service_ref.clone(),
-            Some(requested_field()),
+            Some(annotation_field(&requested_field())),
             "request an IP inside a pool (kubectl get ipaddresspools -A), or add a pool holding it".to_string(),
+        ),
+        AllocationError::IpNotInAnnotatedPool { pool, .. } => (
+            Code::IpOutsidePools,
+            service_ref.clone(),
+            Some(annotation_field(&requested_field())),
+            format!("request an IP from pool {pool:?}, or change {} to the pool that holds it", pool_annotation()),
         ),
         AllocationError::IpInUse { holder, .. } => (
             Code::SharingRefused,
@@ -399,6 +420,21 @@ mod tests {
         assert_eq!(a.pool.as_deref(), Some("default"));
         assert_eq!(a.rule, Some(Rule::AutoAssign));
         assert!(a.diagnoses.is_empty(), "{:?}", a.diagnoses);
+    }
+
+    /// The pool is where the Service's address is, not where a new one would come from.
+    #[test]
+    fn a_held_address_names_the_pool_that_holds_it() {
+        let pools = [
+            pool("aaa", &["198.18.199.0/24"]),
+            pool("default", &["198.18.200.0/24"]),
+        ];
+        let a = run(&pools, &[service("a", &[], &["198.18.200.5"])], "a");
+        assert_eq!(a.pool.as_deref(), Some("default"));
+        assert!(a.diagnoses.is_empty(), "{:?}", a.diagnoses);
+        // An address no pool holds any more is a problem, as the controller would clear it.
+        let gone = run(&pools, &[service("a", &[], &["198.18.250.5"])], "a");
+        assert_eq!(codes(&gone), [Code::IpOutsidePools]);
     }
 
     #[test]
@@ -482,7 +518,7 @@ mod tests {
         assert_eq!(codes(&a), [Code::IpOutsidePools]);
         assert_eq!(
             a.diagnoses[0].field.as_deref(),
-            Some("metallb.io/loadBalancerIPs")
+            Some("metadata.annotations[metallb.io/loadBalancerIPs]")
         );
         assert!(a.diagnoses[0].problem.contains("198.18.250.1"));
     }

@@ -53,6 +53,8 @@ pub enum Code {
     LocalWithoutEndpoint,
     /// A configuration object is invalid and left out (ConfigurationState says so too).
     ConfigLeftOut,
+    /// No speaker is alive: nothing is announced.
+    NoSpeaker,
 }
 
 impl fmt::Display for Code {

@@ -7,3 +7,4 @@ pub mod allocation;
 pub mod diagnosis;
 pub mod kube_proxy;
 pub mod service;
+pub mod status;

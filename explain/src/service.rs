@@ -146,17 +146,21 @@ pub struct ServiceReport {
 
 /// The key of the Service holding `ip` in its status, if one does.
 pub fn service_of_ip(snapshot: &Snapshot, ip: IpAddr) -> Option<ServiceKey> {
-    snapshot.services.iter().find_map(|s| {
-        allocation::status_ips(s)
-            .contains(&ip)
-            .then(|| {
-                Some(ServiceKey::new(
-                    s.metadata.namespace.as_deref()?,
-                    s.metadata.name.as_deref()?,
-                ))
-            })
-            .flatten()
-    })
+    snapshot
+        .services
+        .iter()
+        .filter(|s| ferrolb_config::allocator::is_ours(s, snapshot.lb_class.as_deref()))
+        .find_map(|s| {
+            allocation::status_ips(s)
+                .contains(&ip)
+                .then(|| {
+                    Some(ServiceKey::new(
+                        s.metadata.namespace.as_deref()?,
+                        s.metadata.name.as_deref()?,
+                    ))
+                })
+                .flatten()
+        })
 }
 
 /// Explains Service `key`.
@@ -188,24 +192,20 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
                 && s.metadata.name.as_deref() == Some(key.name())
         })
         .copied();
-    // A left-out object may be the very pool or advertisement this Service needs: say so first.
-    let mut diagnoses: Vec<Diagnosis> = snapshot
-        .config_errors
-        .iter()
-        .map(|e| Diagnosis {
-            code: Code::ConfigLeftOut,
-            object: ObjectRef::namespaced(
-                &e.object.kind.to_string(),
-                &e.object.namespace,
-                &e.object.name,
-            ),
-            field: Some(e.field.clone()),
-            problem: format!("{}; the object is left out of the configuration", e.message),
-            fix: "correct the field (kubectl get configurationstate -A shows the same)".into(),
-        })
-        .collect();
-    diagnoses.extend(allocation.diagnoses.iter().cloned());
+    // A left-out object may be the very pool or advertisement a Service without an address
+    // needs: then it is a problem, said first. For a Service that is served it is a note.
     let mut notes = Vec::new();
+    let mut diagnoses = Vec::new();
+    if allocation.ips.is_empty() || !allocation.diagnoses.is_empty() {
+        diagnoses.extend(config_diagnoses(snapshot));
+    } else {
+        notes.extend(
+            config_diagnoses(snapshot)
+                .iter()
+                .map(|d| format!("configuration: {d}")),
+        );
+    }
+    diagnoses.extend(allocation.diagnoses.iter().cloned());
     let advertisements = allocation
         .pool
         .as_deref()
@@ -278,6 +278,25 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
         diagnoses,
         notes,
     }
+}
+
+/// The configuration objects left out, as diagnoses.
+pub fn config_diagnoses(snapshot: &Snapshot) -> Vec<Diagnosis> {
+    snapshot
+        .config_errors
+        .iter()
+        .map(|e| Diagnosis {
+            code: Code::ConfigLeftOut,
+            object: ObjectRef::namespaced(
+                &e.object.kind.to_string(),
+                &e.object.namespace,
+                &e.object.name,
+            ),
+            field: Some(e.field.clone()),
+            problem: format!("{}; the object is left out of the configuration", e.message),
+            fix: "correct the field (kubectl get configurationstate -A shows the same)".into(),
+        })
+        .collect()
 }
 
 fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
@@ -534,10 +553,15 @@ pub fn render_text(r: &ServiceReport) -> String {
                     .unwrap_or_default()
             );
         }
+        let nft_next = if r.traffic.external_traffic_policy == "Local" {
+            &p.nftables.local
+        } else {
+            &p.nftables.service
+        };
         let _ = writeln!(
             t,
-            "                 nftables: {} -> {}",
-            p.nftables.external, p.nftables.service
+            "                 nftables: {} -> {nft_next}",
+            p.nftables.external
         );
     }
     if r.diagnoses.is_empty() {

@@ -219,8 +219,9 @@ impl Bgp {
             };
             match settings {
                 Ok(mut settings) => {
-                    if let Some(vrf) = &settings.connect.vrf {
-                        let in_vrf = super::vrf::addresses(vrf);
+                    // An unnumbered session's next hops are link-local whatever its VRF.
+                    if let Some(vrf) = settings.connect.vrf.clone().filter(|_| on_link.is_none()) {
+                        let in_vrf = super::vrf::addresses(&vrf);
                         if in_vrf.is_empty() {
                             // The session still starts: it retries (and says why) until the
                             // VRF appears.

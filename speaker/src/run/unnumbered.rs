@@ -3,12 +3,16 @@
 //!
 //! Discovery starts when a BGPPeer names the interface and stops when none does. It restarts
 //! when the interface's index, MAC or link-local address changes (the interface was recreated
-//! or renumbered). Each find wakes the work loop, which plans the BGP sessions again.
+//! or renumbered). A new peer address wakes the work loop, which plans the BGP sessions again;
+//! so does a change of the interfaces themselves, checked every second (an address removed or
+//! added does not show in the layer 2 interface poll), which also retries an interface that was
+//! not usable.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ferrolb_speaker::bgp::driver::OnLink;
 use ferrolb_speaker::bgp::driver::discovery::{Discovery, Link};
@@ -34,11 +38,21 @@ struct Running {
     waker: JoinHandle<()>,
 }
 
+/// How often the named interfaces are read again.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// What each named interface looked like when last planned (`Err`: why it was not usable).
+type Seen = Arc<Mutex<BTreeMap<String, Result<Link, String>>>>;
+
 /// Discovery on the interfaces the node's unnumbered BGPPeers name.
 pub struct Links {
     running: BTreeMap<String, Running>,
     /// The work loop's wake-up.
     changed: Arc<Notify>,
+    /// The interfaces as planned, for the recheck.
+    seen: Seen,
+    /// Reads the interfaces every [`RECHECK`] and wakes the loop when one changed.
+    recheck: Option<JoinHandle<()>>,
 }
 
 impl Links {
@@ -47,6 +61,8 @@ impl Links {
         Self {
             running: BTreeMap::new(),
             changed,
+            seen: Seen::default(),
+            recheck: None,
         }
     }
 
@@ -62,14 +78,35 @@ impl Links {
             tracing::info!(interface = %name, "no unnumbered BGP peer on this interface any more: discovery stopped");
             self.stop(&name);
         }
-        interfaces
+        let mut seen = BTreeMap::new();
+        let states = interfaces
             .iter()
-            .map(|name| (name.clone(), self.state(name)))
-            .collect()
+            .map(|name| {
+                let read = link(name);
+                seen.insert(name.clone(), read.clone());
+                (name.clone(), self.state(name, read))
+            })
+            .collect();
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = seen;
+        match (&self.recheck, interfaces.is_empty()) {
+            (None, false) => {
+                self.recheck = Some(tokio::spawn(recheck(
+                    self.seen.clone(),
+                    self.changed.clone(),
+                )));
+            }
+            (Some(_), true) => {
+                if let Some(task) = self.recheck.take() {
+                    task.abort();
+                }
+            }
+            _ => {}
+        }
+        states
     }
 
-    fn state(&mut self, name: &str) -> LinkState {
-        let link = match link(name) {
+    fn state(&mut self, name: &str, read: Result<Link, String>) -> LinkState {
+        let link = match read {
             Ok(l) => l,
             Err(why) => {
                 self.stop(name);
@@ -92,9 +129,15 @@ impl Links {
             tracing::info!(interface = %name, link_local = %link.link_local, "looking for the unnumbered BGP peer");
             let mut found = discovery.found();
             let changed = self.changed.clone();
+            // Only a new peer matters to the plan, not the counters of refused messages.
             let waker = tokio::spawn(async move {
+                let mut peer = found.borrow_and_update().peer;
                 while found.changed().await.is_ok() {
-                    changed.notify_one();
+                    let now = found.borrow_and_update().peer;
+                    if now != peer {
+                        peer = now;
+                        changed.notify_one();
+                    }
                 }
             });
             self.running.insert(
@@ -125,6 +168,27 @@ impl Links {
             r.waker.abort();
             let discovery = r.discovery;
             tokio::task::spawn_blocking(move || drop(discovery));
+        }
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        if let Some(task) = self.recheck.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Reads the planned interfaces every [`RECHECK`]; wakes the loop when one is not as planned.
+async fn recheck(seen: Seen, changed: Arc<Notify>) {
+    let mut tick = tokio::time::interval(RECHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let planned = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if planned.iter().any(|(name, was)| link(name) != *was) {
+            changed.notify_one();
         }
     }
 }

@@ -210,7 +210,9 @@ impl PeerSettings {
             name: peer.name.clone(),
             connect: ConnectOptions {
                 peer: address,
-                source: peer.source_address,
+                // An unnumbered session runs from the interface's link-local address, which the
+                // peer learnt from our advertisements: `sourceAddress` does not apply.
+                source: peer.source_address.filter(|_| !unnumbered),
                 ttl,
                 password,
                 vrf: peer.vrf.clone().filter(|v| !v.is_empty()),
@@ -869,6 +871,10 @@ mod tests {
         assert_eq!(s.fsm.peer_as, PeerAs::External);
         assert_eq!(s.fsm.bgp_id, "198.18.0.11".parse::<Ipv4Addr>().unwrap());
         assert_eq!((s.node_ipv4, s.node_ipv6), (None, None));
+        // sourceAddress does not apply: the session runs from the link-local address.
+        p.source_address = Some("198.18.0.11".parse().unwrap());
+        let s = PeerSettings::from_peer_on_link(&p, on_link, &addrs, None).unwrap();
+        assert_eq!(s.connect.source, None);
         // A numbered peer never offers the extended next hop.
         assert!(
             !PeerSettings::from_peer(&peer(), &addrs, None)

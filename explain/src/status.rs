@@ -1,0 +1,331 @@
+//! `ferrolb status`: the cluster at a glance. The pools with their usage and the advertisements
+//! covering them, how many LoadBalancer Services hold addresses, the speakers that are alive,
+//! and every problem [`crate::service::explain`] finds, configuration first.
+
+use std::fmt::Write as _;
+
+use ferrolb_config::allocator::{Allocator, ServiceKey, ServiceRequest, is_ours, status_ips};
+use ferrolb_config::selector::Labels;
+use serde::Serialize;
+
+use crate::diagnosis::{Code, Diagnosis, ObjectRef};
+use crate::service::{self, Snapshot};
+
+/// A speaker, as its presence Lease shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Speaker {
+    /// Its node.
+    pub node: String,
+    /// Whether the Lease was renewed within its duration.
+    pub live: bool,
+}
+
+/// One pool's usage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PoolUsage {
+    /// IPAddressPool name.
+    pub name: String,
+    /// Whether Services get addresses from it without asking.
+    pub auto_assign: bool,
+    /// IPv4 addresses held / that it can hand out.
+    pub ipv4: (i64, i64),
+    /// IPv6 addresses held / that it can hand out.
+    pub ipv6: (i64, i64),
+    /// The advertisements covering it.
+    pub advertised_by: Vec<String>,
+}
+
+/// The cluster at a glance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StatusReport {
+    /// [`service::SCHEMA`].
+    pub schema: &'static str,
+    /// The pools, by name.
+    pub pools: Vec<PoolUsage>,
+    /// LoadBalancer Services of ours.
+    pub services: usize,
+    /// Those holding at least one address.
+    pub services_with_ips: usize,
+    /// The speakers' presence.
+    pub speakers: Vec<Speaker>,
+    /// Every problem found: the configuration's once, then each Service's own.
+    pub diagnoses: Vec<Diagnosis>,
+}
+
+/// The status of the cluster in `snapshot`, whose speakers are `speakers`.
+pub fn status(snapshot: &Snapshot, speakers: Vec<Speaker>) -> StatusReport {
+    let no_labels = Labels::new();
+    let ours: Vec<_> = snapshot
+        .services
+        .iter()
+        .filter(|s| is_ours(s, snapshot.lb_class.as_deref()))
+        .collect();
+    // Usage as the controller counts it: every Service's addresses claimed again.
+    let mut allocator = Allocator::new(snapshot.config.pools.values().cloned().collect());
+    let mut keys = Vec::new();
+    for s in &ours {
+        let labels = s
+            .metadata
+            .namespace
+            .as_ref()
+            .and_then(|ns| snapshot.namespaces.get(ns))
+            .unwrap_or(&no_labels);
+        if let Ok(parsed) = ServiceRequest::from_service(s, labels) {
+            let ips = status_ips(s);
+            if !ips.is_empty() {
+                let _ = allocator.assign(&parsed.request, &ips);
+            }
+        }
+        if let (Some(ns), Some(name)) = (&s.metadata.namespace, &s.metadata.name) {
+            keys.push(ServiceKey::new(ns.as_str(), name.as_str()));
+        }
+    }
+    let pools = snapshot
+        .config
+        .pools
+        .values()
+        .map(|pool| {
+            let stats = allocator.pool_stats(&pool.name).unwrap_or_default();
+            let l2 = snapshot
+                .config
+                .l2_advertisements
+                .values()
+                .filter(|a| a.pools.covers(pool))
+                .map(|a| format!("L2Advertisement {}", a.name));
+            let bgp = snapshot
+                .config
+                .bgp_advertisements
+                .values()
+                .filter(|a| a.pools.covers(pool))
+                .map(|a| format!("BGPAdvertisement {}", a.name));
+            PoolUsage {
+                name: pool.name.clone(),
+                auto_assign: pool.auto_assign,
+                ipv4: (stats.assigned_ipv4, stats.total_ipv4),
+                ipv6: (stats.assigned_ipv6, stats.total_ipv6),
+                advertised_by: l2.chain(bgp).collect(),
+            }
+        })
+        .collect();
+    // The configuration's problems once, then each Service's own.
+    let mut diagnoses = service::config_diagnoses(snapshot);
+    for key in &keys {
+        let report = service::explain(snapshot, key);
+        diagnoses.extend(
+            report
+                .diagnoses
+                .into_iter()
+                .filter(|d| d.code != Code::ConfigLeftOut),
+        );
+    }
+    if !ours.is_empty() && !speakers.iter().any(|s| s.live) {
+        diagnoses.push(Diagnosis {
+            code: Code::NoSpeaker,
+            object: ObjectRef::namespaced("DaemonSet", &snapshot.namespace, "speaker"),
+            field: None,
+            problem: "no speaker is alive (no fresh presence Lease): nothing is announced".into(),
+            fix: "check the speaker DaemonSet's pods and their logs".into(),
+        });
+    }
+    StatusReport {
+        schema: service::SCHEMA,
+        pools,
+        services: ours.len(),
+        services_with_ips: ours.iter().filter(|s| !status_ips(s).is_empty()).count(),
+        speakers,
+        diagnoses,
+    }
+}
+
+/// The status as text.
+pub fn render_text(r: &StatusReport) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "Pools:");
+    if r.pools.is_empty() {
+        let _ = writeln!(t, "  none");
+    }
+    for p in &r.pools {
+        let mut used = Vec::new();
+        if p.ipv4.1 > 0 {
+            used.push(format!("IPv4 {}/{}", p.ipv4.0, p.ipv4.1));
+        }
+        if p.ipv6.1 > 0 {
+            used.push(format!("IPv6 {}/{}", p.ipv6.0, p.ipv6.1));
+        }
+        let _ = writeln!(
+            t,
+            "  {:<16} used {}{}; advertised by {}",
+            p.name,
+            used.join(", "),
+            if p.auto_assign {
+                ""
+            } else {
+                " (autoAssign: false)"
+            },
+            if p.advertised_by.is_empty() {
+                "nothing".to_string()
+            } else {
+                p.advertised_by.join(", ")
+            }
+        );
+    }
+    let _ = writeln!(
+        t,
+        "Services: {} LoadBalancer, {} with addresses",
+        r.services, r.services_with_ips
+    );
+    let speakers: Vec<String> = r
+        .speakers
+        .iter()
+        .map(|s| {
+            if s.live {
+                s.node.clone()
+            } else {
+                format!("{} (Lease expired)", s.node)
+            }
+        })
+        .collect();
+    let _ = writeln!(
+        t,
+        "Speakers: {}",
+        if speakers.is_empty() {
+            "none".to_string()
+        } else {
+            speakers.join(", ")
+        }
+    );
+    if r.diagnoses.is_empty() {
+        let _ = writeln!(t, "No problem found.");
+    } else {
+        let _ = writeln!(t, "Problems:");
+        for d in &r.diagnoses {
+            let _ = writeln!(t, "  - {d}");
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use ferrolb_config::model::{Config, L2Advertisement};
+    use ferrolb_testkit::model::pool;
+
+    use super::*;
+
+    fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn snapshot() -> Snapshot {
+        let mut config = Config::default();
+        config.pools.insert(
+            "a".into(),
+            pool("a", &["198.18.200.0/30", "fd00:18::c8:0/126"]),
+        );
+        config.l2_advertisements.insert(
+            "l2".into(),
+            L2Advertisement {
+                name: "l2".into(),
+                ..Default::default()
+            },
+        );
+        let svc = |name: &str,
+                   ann: serde_json::Value,
+                   ips: &[&str]|
+         -> k8s_openapi::api::core::v1::Service {
+            let ingress: Vec<serde_json::Value> =
+                ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
+            from(serde_json::json!({
+                "metadata": {"namespace": "web", "name": name, "annotations": ann},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+                "status": {"loadBalancer": {"ingress": ingress}},
+            }))
+        };
+        Snapshot {
+            namespace: "metallb-system".into(),
+            config,
+            services: vec![
+                svc("ok", serde_json::json!({}), &["198.18.200.0"]),
+                svc(
+                    "bad",
+                    serde_json::json!({"metallb.io/address-pool": "nope"}),
+                    &[],
+                ),
+            ],
+            l2_statuses: vec![from(serde_json::json!({
+                "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
+                "metadata": {"namespace": "metallb-system", "name": "x"}, "spec": {},
+                "status": {"node": "node1", "serviceName": "ok", "serviceNamespace": "web"},
+            }))],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn usage_speakers_and_each_services_problems() {
+        let r = status(
+            &snapshot(),
+            vec![Speaker {
+                node: "node1".into(),
+                live: true,
+            }],
+        );
+        assert_eq!(r.pools.len(), 1);
+        assert_eq!(r.pools[0].ipv4, (1, 4));
+        assert_eq!(r.pools[0].ipv6, (0, 4));
+        assert_eq!(r.pools[0].advertised_by, ["L2Advertisement l2"]);
+        assert_eq!((r.services, r.services_with_ips), (2, 1));
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::UnknownPool]);
+        let text = render_text(&r);
+        for want in [
+            "a                used IPv4 1/4, IPv6 0/4",
+            "Services: 2 LoadBalancer, 1 with addresses",
+            "Speakers: node1",
+            "unknown-pool",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn no_live_speaker_is_a_problem() {
+        let r = status(
+            &snapshot(),
+            vec![Speaker {
+                node: "node1".into(),
+                live: false,
+            }],
+        );
+        assert!(r.diagnoses.iter().any(|d| d.code == Code::NoSpeaker));
+        assert!(render_text(&r).contains("node1 (Lease expired)"));
+    }
+
+    /// A left-out object is listed once, not once per Service.
+    #[test]
+    fn configuration_problems_are_listed_once() {
+        let mut s = snapshot();
+        s.services.remove(1);
+        let mut more = s.services[0].clone();
+        more.metadata.name = Some("ok2".into());
+        s.services.push(more);
+        s.config_errors.push(ferrolb_config::validate::ConfigError {
+            object: ferrolb_config::validate::ObjectRef {
+                kind: ferrolb_config::validate::Kind::IPAddressPool,
+                namespace: "metallb-system".into(),
+                name: "overlap".into(),
+            },
+            field: "spec.addresses[0]".into(),
+            message: "overlaps pool a".into(),
+        });
+        let r = status(&s, vec![]);
+        let left_out = r
+            .diagnoses
+            .iter()
+            .filter(|d| d.code == Code::ConfigLeftOut)
+            .count();
+        assert_eq!(left_out, 1, "{:?}", r.diagnoses);
+    }
+}
