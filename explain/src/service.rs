@@ -210,21 +210,7 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
         .pool
         .as_deref()
         .and_then(|p| snapshot.config.pools.get(p))
-        .map(|pool| {
-            let l2 = snapshot
-                .config
-                .l2_advertisements
-                .values()
-                .filter(|a| a.pools.covers(pool))
-                .map(|a| format!("L2Advertisement {}", a.name));
-            let bgp = snapshot
-                .config
-                .bgp_advertisements
-                .values()
-                .filter(|a| a.pools.covers(pool))
-                .map(|a| format!("BGPAdvertisement {}", a.name));
-            l2.chain(bgp).collect::<Vec<_>>()
-        })
+        .map(|pool| covering(&snapshot.config, pool))
         .unwrap_or_default();
     if let Some(pool) = &allocation.pool
         && advertisements.is_empty()
@@ -277,6 +263,33 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
         kube_proxy,
         diagnoses,
         notes,
+    }
+}
+
+/// The advertisements covering `pool`: `L2Advertisement name`, then `BGPAdvertisement name`.
+pub fn covering(config: &Config, pool: &ferrolb_config::model::Pool) -> Vec<String> {
+    let l2 = config
+        .l2_advertisements
+        .values()
+        .filter(|a| a.pools.covers(pool))
+        .map(|a| format!("L2Advertisement {}", a.name));
+    let bgp = config
+        .bgp_advertisements
+        .values()
+        .filter(|a| a.pools.covers(pool))
+        .map(|a| format!("BGPAdvertisement {}", a.name));
+    l2.chain(bgp).collect()
+}
+
+/// The closing lines of a report: "No problem found." or each problem.
+pub fn render_problems(t: &mut String, diagnoses: &[Diagnosis]) {
+    if diagnoses.is_empty() {
+        let _ = writeln!(t, "No problem found.");
+    } else {
+        let _ = writeln!(t, "Problems:");
+        for d in diagnoses {
+            let _ = writeln!(t, "  - {d}");
+        }
     }
 }
 
@@ -564,14 +577,7 @@ pub fn render_text(r: &ServiceReport) -> String {
             p.nftables.external
         );
     }
-    if r.diagnoses.is_empty() {
-        let _ = writeln!(t, "No problem found.");
-    } else {
-        let _ = writeln!(t, "Problems:");
-        for d in &r.diagnoses {
-            let _ = writeln!(t, "  - {d}");
-        }
-    }
+    render_problems(&mut t, &r.diagnoses);
     for n in &r.notes {
         let _ = writeln!(t, "Note: {n}");
     }

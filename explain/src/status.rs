@@ -86,24 +86,12 @@ pub fn status(snapshot: &Snapshot, speakers: Vec<Speaker>) -> StatusReport {
         .values()
         .map(|pool| {
             let stats = allocator.pool_stats(&pool.name).unwrap_or_default();
-            let l2 = snapshot
-                .config
-                .l2_advertisements
-                .values()
-                .filter(|a| a.pools.covers(pool))
-                .map(|a| format!("L2Advertisement {}", a.name));
-            let bgp = snapshot
-                .config
-                .bgp_advertisements
-                .values()
-                .filter(|a| a.pools.covers(pool))
-                .map(|a| format!("BGPAdvertisement {}", a.name));
             PoolUsage {
                 name: pool.name.clone(),
                 auto_assign: pool.auto_assign,
                 ipv4: (stats.assigned_ipv4, stats.total_ipv4),
                 ipv6: (stats.assigned_ipv6, stats.total_ipv6),
-                advertised_by: l2.chain(bgp).collect(),
+                advertised_by: service::covering(&snapshot.config, pool),
             }
         })
         .collect();
@@ -194,14 +182,7 @@ pub fn render_text(r: &StatusReport) -> String {
             speakers.join(", ")
         }
     );
-    if r.diagnoses.is_empty() {
-        let _ = writeln!(t, "No problem found.");
-    } else {
-        let _ = writeln!(t, "Problems:");
-        for d in &r.diagnoses {
-            let _ = writeln!(t, "  - {d}");
-        }
-    }
+    service::render_problems(&mut t, &r.diagnoses);
     t
 }
 
