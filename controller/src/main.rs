@@ -143,6 +143,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "caches not synced",
         pulse.clone(),
         args.metrics_tls.files()?,
+        Vec::new(),
     ));
     if let Some(name) = args.gossip_secret_name.clone() {
         tokio::spawn(gossip_secret::ensure(

@@ -7,4 +7,5 @@ pub mod allocation;
 pub mod diagnosis;
 pub mod kube_proxy;
 pub mod service;
+pub mod speaker_report;
 pub mod status;

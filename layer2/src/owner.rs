@@ -31,6 +31,19 @@ pub fn choose<'a>(key: &str, candidates: impl IntoIterator<Item = &'a str>) -> O
         .map(|(_, node)| node)
 }
 
+/// `candidates` in the order they would own `key`: the owner first, then the node that takes
+/// over if it goes, and so on (the same rule as [`choose`], applied to what is left). What
+/// `kubectl ferrolb explain` shows as the takeover order.
+pub fn rank<'a>(key: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut scored: Vec<(u64, &str)> = candidates
+        .into_iter()
+        .map(|node| (score(node, key), node))
+        .collect();
+    scored.sort_unstable_by(|a, b| b.cmp(a));
+    scored.dedup();
+    scored.into_iter().map(|(_, node)| node).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -82,6 +95,20 @@ mod tests {
             list.reverse();
             let b = choose(&key, list.iter().map(String::as_str)).map(str::to_owned);
             prop_assert_eq!(a, b);
+        }
+
+        /// The ranking's head is the owner, and without it the next one owns: the order
+        /// `explain` shows is the order takeovers happen in.
+        #[test]
+        fn rank_is_the_order_of_takeovers(key in "[0-9a-f:.]{1,40}", n in 1usize..8) {
+            let all = nodes(n);
+            let mut left: Vec<&str> = all.iter().map(String::as_str).collect();
+            let ranked = rank(&key, left.iter().copied());
+            prop_assert_eq!(ranked.len(), n);
+            for expected in ranked {
+                prop_assert_eq!(choose(&key, left.iter().copied()), Some(expected));
+                left.retain(|m| *m != expected);
+            }
         }
 
         #[test]

@@ -139,9 +139,14 @@ async fn readyz(State((_, ready, why_not, pulse)): State<Shared>) -> impl IntoRe
     }
 }
 
+/// Read-only JSON documents served next to `/metrics`: each path with the function that
+/// renders its body when asked (the speaker's live report for `kubectl ferrolb explain`).
+pub type JsonPages = Vec<(&'static str, Arc<dyn Fn() -> String + Send + Sync>)>;
+
 /// Serves `/metrics` (OpenMetrics text of `registry`), `/healthz` (503 when the work loop's
-/// `pulse` has stopped) and `/readyz` (503 with `not_ready_reason` until `ready` is set, and
-/// while the pulse is stopped) until the task is dropped; over TLS when `tls` is given.
+/// `pulse` has stopped), `/readyz` (503 with `not_ready_reason` until `ready` is set, and
+/// while the pulse is stopped) and the `pages` until the task is dropped; over TLS when `tls`
+/// is given.
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
@@ -149,11 +154,12 @@ pub async fn serve(
     not_ready_reason: &'static str,
     pulse: health::Pulse,
     tls: Option<tls::TlsFiles>,
+    pages: JsonPages,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    serve_on(listener, registry, ready, not_ready_reason, pulse, tls).await
+    serve_on(listener, registry, ready, not_ready_reason, pulse, tls, pages).await
 }
 
 /// [`serve`] on a listener already bound.
@@ -164,8 +170,19 @@ pub async fn serve_on(
     not_ready_reason: &'static str,
     pulse: health::Pulse,
     tls: Option<tls::TlsFiles>,
+    pages: JsonPages,
 ) -> anyhow::Result<()> {
-    let app = Router::new()
+    let mut app = Router::new();
+    for (path, render) in pages {
+        app = app.route(
+            path,
+            get(move || {
+                let body = render();
+                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            }),
+        );
+    }
+    let app = app
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -46,6 +46,7 @@ async fn start(tls: Option<TlsFiles>) -> std::net::SocketAddr {
         "not ready",
         health::Pulse::new(Duration::from_secs(60)),
         tls,
+        Vec::new(),
     ));
     addr
 }

@@ -34,6 +34,7 @@ async fn readyz_says_why_not_as_the_loop_last_said() {
         "caches not synced",
         health::Pulse::new(Duration::from_secs(60)),
         None,
+        Vec::new(),
     ));
     let first = readyz(addr).await;
     assert!(first.starts_with("HTTP/1.1 503"), "{first}");

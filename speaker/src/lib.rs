@@ -12,4 +12,5 @@
 pub mod bfd;
 pub mod bgp;
 pub mod l2;
+pub mod report;
 pub mod view;

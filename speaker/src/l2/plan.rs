@@ -49,6 +49,9 @@ pub struct Plan {
     pub announce: BTreeMap<IpAddr, Announcement>,
     /// Every Service in layer 2 mode (covered by an L2Advertisement) and its outcome.
     pub services: BTreeMap<ServiceKey, ServiceOutcome>,
+    /// For each announced Service, the nodes that may own its IPs in the order they would:
+    /// the owner first, then who takes over if it goes (`ferrolb_layer2::owner::rank`).
+    pub takeover: BTreeMap<ServiceKey, Vec<String>>,
 }
 
 /// Everything planning reads.
@@ -126,7 +129,8 @@ pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a Servi
             .min()
             .map(IpAddr::to_string)
             .unwrap_or_default();
-        let Some(owner) = owner::choose(&key, common.iter().copied()) else {
+        let ranked = owner::rank(&key, common.iter().copied());
+        let Some(owner) = ranked.first().copied() else {
             for c in &serving {
                 plan.services.insert(
                     c.service.key.clone(),
@@ -135,11 +139,13 @@ pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a Servi
             }
             continue;
         };
+        let ranked: Vec<String> = ranked.iter().map(|n| n.to_string()).collect();
         for c in &serving {
             plan.services.insert(
                 c.service.key.clone(),
                 ServiceOutcome::Owner(owner.to_string()),
             );
+            plan.takeover.insert(c.service.key.clone(), ranked.clone());
         }
         if owner != inputs.me {
             continue;
@@ -421,6 +427,8 @@ mod tests {
             s.serving_nodes = ["node3".to_string()].into();
             let (p, _) = plan_all(&c, &n, &m, &[s]);
             assert_eq!(owner_of(&p, &format!("s{i}")).as_deref(), Some("node3"));
+            // Only node3 may take it: nobody else is in line.
+            assert_eq!(p.takeover[&ServiceKey::new("ns", format!("s{i}").as_str())], ["node3"]);
         }
         let mut s = svc("x", &["198.18.200.99"]);
         s.local_traffic = true;
@@ -528,6 +536,9 @@ mod tests {
                 assert_eq!(outcome, &after.services[key]);
             } else {
                 assert_ne!(after.services[key], ServiceOutcome::Owner("node2".into()));
+                // The IP goes to the second in line the plan showed before node2 died.
+                let second = &before.takeover[key][1];
+                assert_eq!(after.services[key], ServiceOutcome::Owner(second.clone()));
             }
         }
     }

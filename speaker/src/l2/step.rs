@@ -224,6 +224,7 @@ mod tests {
                 })
                 .collect(),
             services: BTreeMap::new(),
+            takeover: BTreeMap::new(),
         }
     }
 

@@ -71,6 +71,8 @@ pub struct Bgp {
     /// the sweeper).
     sweeper: watch::Sender<Option<BTreeSet<String>>>,
     sweeper_task: tokio::task::JoinHandle<()>,
+    /// The live report `kubectl ferrolb explain` reads.
+    live: super::live::Live,
 }
 
 impl Bgp {
@@ -86,6 +88,7 @@ impl Bgp {
         listen: &[SocketAddr],
         events: ferrolb_runtime::events::EventQueue,
         changed: Arc<tokio::sync::Notify>,
+        live: super::live::Live,
     ) -> Self {
         let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
         let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(
@@ -120,6 +123,7 @@ impl Bgp {
             status_task,
             sweeper,
             sweeper_task,
+            live,
         }
     }
 
@@ -264,10 +268,41 @@ impl Bgp {
             .collect();
         self.bfd
             .apply(config, running.iter().copied(), &mut self.driver);
+        self.report_live(config, &plan, &not_started, &links, &running, services);
         self.report_not_started(&not_started);
         self.report_missing_vrfs(missing_vrfs);
         self.report(&plan, me, services);
         plan
+    }
+
+    /// Hands the live report what goes to each peer, why a peer is not started, and the
+    /// status channels of the sessions that run.
+    fn report_live(
+        &self,
+        config: &Config,
+        plan: &plan::Plan,
+        not_started: &BTreeMap<String, NotStarted>,
+        links: &BTreeMap<String, LinkState>,
+        running: &[&String],
+        services: &[ServiceView],
+    ) {
+        let why: BTreeMap<String, String> = not_started
+            .iter()
+            .map(|(name, n)| (name.clone(), n.why.clone()))
+            .collect();
+        let mut peers = ferrolb_speaker::report::bgp_peers(config, plan, &why, services);
+        for p in &mut peers {
+            if let Some(PeerTarget::Interface(i)) = config.peers.get(&p.name).map(|p| &p.target)
+                && let Some(LinkState::Found(on_link)) = links.get(i)
+            {
+                p.address = format!("interface {i} ({})", on_link.address);
+            }
+        }
+        let sessions = running
+            .iter()
+            .filter_map(|name| Some(((*name).clone(), self.driver.watch_status(name)?)))
+            .collect();
+        self.live.set_bgp(peers, sessions);
     }
 
     /// Logs each peer that is not running, and records an `MD5KeyFailed` Event on the BGPPeer

@@ -8,6 +8,7 @@ mod bgp_status;
 mod gossip;
 mod interfaces;
 mod keys;
+mod live;
 mod loop_io;
 mod metrics;
 mod presence;
@@ -30,6 +31,7 @@ use ferrolb_speaker::l2::interfaces::Interface;
 use ferrolb_speaker::l2::plan::{self, Inputs, ServiceOutcome};
 use ferrolb_speaker::l2::presence::known as known_speakers;
 use ferrolb_speaker::l2::{gate, readiness, step};
+use ferrolb_speaker::report;
 use ferrolb_speaker::view::NodeView;
 use loop_io::LoopIo;
 use tokio::sync::Notify;
@@ -62,6 +64,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listen = args.listen_ip.map_or(args.listen, |ip| {
         std::net::SocketAddr::new(ip, args.listen.port())
     });
+    // What `kubectl ferrolb explain` reads through the API server's proxy to this Pod.
+    let live = live::Live::new(&args.node_name);
     let server = tokio::spawn(ferrolb_runtime::serve(
         listen,
         Arc::new(registry),
@@ -69,6 +73,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "caches not synced",
         pulse.clone(),
         args.metrics_tls.files()?,
+        live.page(),
     ));
     let changed = Arc::new(Notify::new());
     let stores = watch::start(
@@ -133,11 +138,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &args.bgp_listen,
             events.clone(),
             changed.clone(),
+            live.clone(),
         ),
         events: events.clone(),
         namespace: args.namespace.clone(),
     };
-    let mut speaker = Speaker::new(args, world, metrics);
+    let mut speaker = Speaker::new(args, world, metrics, live);
     let shutdown = ferrolb_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     let mut server = server;
@@ -253,6 +259,8 @@ struct Membership {
     /// Until when this node may answer for what it owns: the mandate after this check, cut
     /// short by the tenure (`ferrolb_layer2::tenure`); `None`: not at all now.
     answer_until: Option<Instant>,
+    /// What the check found, for the live report.
+    standing: report::Standing,
 }
 
 /// The work loop's state; `io` is what it reads and does outside itself ([`loop_io::LoopIo`]).
@@ -278,11 +286,13 @@ struct Speaker<Io> {
     /// Announcement failures already reported with an Event.
     failures: step::FailureLog,
     metrics: Metrics,
+    /// The live report `kubectl ferrolb explain` reads.
+    live: live::Live,
 }
 
 impl<Io> Speaker<Io> {
     /// The loop's state for a speaker that has just started.
-    fn new(args: Args, io: Io, metrics: Metrics) -> Self {
+    fn new(args: Args, io: Io, metrics: Metrics, live: live::Live) -> Self {
         Speaker {
             gate: gate::Gate::new(gate::Timing {
                 heartbeat_interval: args.heartbeat_interval,
@@ -300,6 +310,7 @@ impl<Io> Speaker<Io> {
             announced: BTreeSet::new(),
             failures: step::FailureLog::default(),
             metrics,
+            live,
             args,
         }
     }
@@ -422,6 +433,13 @@ impl<Io: LoopIo> Speaker<Io> {
         self.announces = self.config.as_ref().is_none_or(|config| {
             readiness::announces_here(config, nodes.get(&self.args.node_name))
         });
+        let standing = report::Standing {
+            may_own: o.acts,
+            quorum: o.verdict.quorum,
+            known: known.len(),
+            heard: reports.len(),
+            held_back: o.held_until.is_some(),
+        };
         let (members, claims, answer_until) = (o.members, o.claims, o.answer_until);
         Membership {
             usable,
@@ -429,6 +447,7 @@ impl<Io: LoopIo> Speaker<Io> {
             members,
             claims,
             answer_until,
+            standing,
         }
     }
 
@@ -482,6 +501,7 @@ impl<Io: LoopIo> Speaker<Io> {
             members,
             claims,
             answer_until,
+            standing,
         } = self.membership(links, now).await;
         let step::Views {
             services: views,
@@ -525,6 +545,17 @@ impl<Io: LoopIo> Speaker<Io> {
                 report.message,
             );
         }
+
+        self.live.set_layer2(
+            report::node_state(nodes.get(&self.args.node_name)),
+            report::layer2(
+                &plan,
+                &standing,
+                members.keys().cloned(),
+                usable.keys().cloned(),
+                &views,
+            ),
+        );
 
         // Metrics and status: what this node announces, by Service.
         let desired = step::reported(&plan, &uids);
@@ -837,7 +868,7 @@ metadata: {name: l2, namespace: metallb-system}
             "unread-in-tests",
         ])
         .unwrap();
-        Speaker::new(args, io, Metrics::new().0)
+        Speaker::new(args, io, Metrics::new().0, live::Live::new("node1"))
     }
 
     /// Steps every 100 ms for `steps` steps from `t0`; returns the last step's report.

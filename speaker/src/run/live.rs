@@ -1,0 +1,120 @@
+//! The live report `kubectl ferrolb explain` reads (`ferrolb_explain::speaker_report`): the
+//! work loop stores what each step decided, the BGP half the routes per peer with the
+//! sessions' status channels, and the metrics server renders it on request, with each session's
+//! state read at that moment (sessions change between steps).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ferrolb_explain::speaker_report::{
+    BgpReport, Layer2Report, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport,
+};
+use ferrolb_speaker::bgp::driver::PeerStatus;
+use tokio::sync::watch;
+
+/// The shared report; cheap to clone.
+#[derive(Clone)]
+pub struct Live(Arc<Mutex<Inner>>);
+
+struct Inner {
+    report: SpeakerReport,
+    /// The running sessions' status, by BGPPeer name.
+    sessions: BTreeMap<String, watch::Receiver<PeerStatus>>,
+}
+
+impl Live {
+    /// An empty report for `node` (not planned yet).
+    pub fn new(node: &str) -> Self {
+        Self(Arc::new(Mutex::new(Inner {
+            report: SpeakerReport {
+                schema: SCHEMA.into(),
+                node: node.into(),
+                ..SpeakerReport::default()
+            },
+            sessions: BTreeMap::new(),
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What a layer 2 step decided.
+    pub fn set_layer2(&self, node: NodeState, layer2: Layer2Report) {
+        let mut inner = self.lock();
+        inner.report.planned = true;
+        inner.report.node_state = node;
+        inner.report.layer2 = layer2;
+    }
+
+    /// What the BGP half planned, with the status channels of the sessions it runs.
+    pub fn set_bgp(
+        &self,
+        peers: Vec<PeerReport>,
+        sessions: BTreeMap<String, watch::Receiver<PeerStatus>>,
+    ) {
+        let mut inner = self.lock();
+        inner.report.bgp = BgpReport { peers };
+        inner.sessions = sessions;
+    }
+
+    /// The report now.
+    pub fn report(&self) -> SpeakerReport {
+        let inner = self.lock();
+        let mut report = inner.report.clone();
+        for peer in &mut report.bgp.peers {
+            if let Some(status) = inner.sessions.get(&peer.name) {
+                let status = status.borrow();
+                peer.state = format!("{:?}", status.state);
+                peer.last_error = status.last_error.clone();
+                peer.announced = status.announced;
+                peer.updates_sent = status.updates_sent;
+            }
+        }
+        report
+    }
+
+    /// The page the metrics server serves.
+    pub fn page(&self) -> ferrolb_runtime::JsonPages {
+        let live = self.clone();
+        vec![(
+            PATH,
+            Arc::new(move || serde_json::to_string(&live.report()).unwrap_or_default()),
+        )]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use ferrolb_bgp::fsm::State;
+
+    /// A session's state is read when the report is asked for, not when the loop last planned.
+    #[test]
+    fn session_state_is_read_when_asked() {
+        let live = Live::new("node1");
+        assert!(!live.report().planned);
+        let (tx, rx) = watch::channel(PeerStatus::default());
+        live.set_bgp(
+            vec![PeerReport {
+                name: "router".into(),
+                state: "Idle".into(),
+                ..Default::default()
+            }],
+            BTreeMap::from([("router".to_string(), rx)]),
+        );
+        assert_eq!(live.report().bgp.peers[0].state, "Idle");
+        tx.send_modify(|s| {
+            s.state = State::Established;
+            s.announced = 2;
+        });
+        let r = live.report();
+        assert_eq!(r.bgp.peers[0].state, "Established");
+        assert_eq!(r.bgp.peers[0].announced, 2);
+        assert_eq!(r.schema, SCHEMA);
+        let page = (live.page()[0].1)();
+        assert!(page.contains("\"Established\""), "{page}");
+    }
+}
