@@ -2,6 +2,8 @@
 //! and read access only, and lets `ferrolb_explain` decide. This crate is the I/O around it:
 //! the arguments, the listing, the printing.
 
+pub mod live;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -16,9 +18,9 @@ use ferrolb_config::crd::{
     ServiceBGPStatus, ServiceL2Status,
 };
 use ferrolb_config::validate::{NodeInfo, Objects, validate};
+use ferrolb_explain::live::NodeFacts;
 use ferrolb_explain::service::{self, ServiceReport, Snapshot};
 use ferrolb_explain::status;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
@@ -39,6 +41,10 @@ pub struct Cli {
     /// The LoadBalancer class the cluster's ferrolb serves, if it was given one.
     #[arg(long, global = true)]
     pub lb_class: Option<String>,
+    /// The labels of the speaker Pods, whose live reports are read through the API server's
+    /// proxy (in the configuration namespace).
+    #[arg(long, global = true, default_value = live::SPEAKER_POD_LABELS)]
+    pub speaker_selector: String,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -119,12 +125,17 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let client = ferrolb_runtime::kube_client(cli.kubeconfig.as_deref()).await?;
-    let snapshot = read(&client, &cli.config_namespace, cli.lb_class.clone()).await?;
+    let snapshot = read(
+        &client,
+        &cli.config_namespace,
+        cli.lb_class.clone(),
+        &cli.speaker_selector,
+    )
+    .await?;
     let what = match &cli.command {
         Command::Explain { what } => what,
         Command::Status => {
-            let speakers = speakers(&client, &cli.config_namespace).await?;
-            let report = status::status(&snapshot, speakers);
+            let report = status::status(&snapshot);
             let text = match cli.output {
                 Output::Text => status::render_text(&report),
                 Output::Json => serde_json::to_string_pretty(&report)? + "\n",
@@ -170,33 +181,6 @@ fn exit_code(healthy: bool) -> ExitCode {
     }
 }
 
-/// Label on the speakers' presence Leases (`ferrolb_speaker::l2::presence::LABEL`).
-const PRESENCE_LABEL: &str = "ferrolb.io/speaker-presence";
-
-/// The speakers, from their presence Leases: live when renewed within the Lease's duration (by
-/// this machine's clock).
-async fn speakers(client: &kube::Client, namespace: &str) -> anyhow::Result<Vec<status::Speaker>> {
-    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(PRESENCE_LABEL))
-        .await
-        .context("listing the speakers' presence Leases")?
-        .items;
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let mut out: Vec<status::Speaker> = leases
-        .into_iter()
-        .filter_map(|l| {
-            let spec = l.spec?;
-            let node = spec.holder_identity.filter(|h| !h.is_empty())?;
-            let live = spec.renew_time.is_some_and(|t| {
-                now - t.0.as_second() <= i64::from(spec.lease_duration_seconds.unwrap_or(40))
-            });
-            Some(status::Speaker { node, live })
-        })
-        .collect();
-    out.sort_by(|a, b| a.node.cmp(&b.node));
-    Ok(out)
-}
-
 /// `NAMESPACE/NAME` as a Service key.
 pub fn parse_key(text: &str) -> anyhow::Result<ServiceKey> {
     match text.split_once('/') {
@@ -222,6 +206,7 @@ async fn read(
     client: &kube::Client,
     namespace: &str,
     lb_class: Option<String>,
+    speaker_selector: &str,
 ) -> anyhow::Result<Snapshot> {
     let lp = ListParams::default();
     macro_rules! list {
@@ -240,15 +225,17 @@ async fn read(
             .collect();
     let slices: Vec<EndpointSlice> =
         list!(Api::<EndpointSlice>::all(client.clone()), "EndpointSlices");
-    let nodes: Vec<NodeInfo> = list!(Api::<Node>::all(client.clone()), "Nodes")
-        .into_iter()
+    let node_objects: Vec<Node> = list!(Api::<Node>::all(client.clone()), "Nodes");
+    let nodes: Vec<NodeInfo> = node_objects
+        .iter()
         .filter_map(|n| {
             Some(NodeInfo {
-                name: n.metadata.name?,
-                labels: n.metadata.labels.unwrap_or_default(),
+                name: n.metadata.name.clone()?,
+                labels: n.metadata.labels.clone().unwrap_or_default(),
             })
         })
         .collect();
+    let speakers = live::read(client, namespace, speaker_selector).await?;
     let ns = |c: &kube::Client| c.clone();
     let objects = Objects {
         namespace: namespace.to_string(),
@@ -295,6 +282,12 @@ async fn read(
         ),
         lb_class,
         config_errors: validated.errors,
+        nodes: node_objects
+            .iter()
+            .filter_map(NodeFacts::from_node)
+            .collect(),
+        speakers: speakers.speakers,
+        live_unavailable: speakers.unavailable,
     })
 }
 

@@ -311,6 +311,7 @@ pub fn start_speaker(
     .map(|s| s.to_string())
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
+    speaker_pod(lab, node, &host.interfaces[0].ipv4.to_string())?;
     let exe = workspace_binary("ferrolb-speaker")?;
     let p = process::spawn_kind(
         &lab.lab_exe,
@@ -324,6 +325,75 @@ pub fn start_speaker(
     // Also in the lab's state, so `lab down` stops it should the caller die before it does.
     lab.track_process(p.clone())?;
     Ok(p)
+}
+
+/// The name of the Pod object standing for the lab speaker of `node`.
+pub fn speaker_pod_name(node: &str) -> String {
+    format!("ferrolb-speaker-{node}")
+}
+
+/// Writes the Pod object a kubelet would show for the speaker of `node` (Running, host
+/// network, the node's `address`, the metrics port named `monitoring`), once: with no kubelet
+/// in the lab, `kubectl ferrolb explain` reaches the speaker through the API server's proxy to
+/// this Pod, as it does in a cluster. The Pod stays across the speaker's restarts, as a
+/// DaemonSet's Pod does across container restarts.
+fn speaker_pod(lab: &Lab, node: &str, address: &str) -> anyhow::Result<()> {
+    let name = speaker_pod_name(node);
+    let ip = lab
+        .kubectl(&[
+            "get",
+            "pod",
+            &name,
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.status.podIP}",
+        ])
+        .unwrap_or_default();
+    if ip.trim() == address {
+        return Ok(());
+    }
+    lab.apply(&format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {NAMESPACE}
+  labels: {{app.kubernetes.io/name: ferrolb, app.kubernetes.io/component: speaker}}
+spec:
+  nodeName: {node}
+  hostNetwork: true
+  serviceAccountName: ferrolb-speaker
+  automountServiceAccountToken: false
+  containers:
+  - name: speaker
+    image: ghcr.io/ferrolb/ferrolb-speaker:lab
+    ports: [{{name: monitoring, containerPort: 7472}}]
+"
+    ))?;
+    let now = "2026-01-01T00:00:00Z";
+    let conditions: Vec<serde_json::Value> =
+        ["PodScheduled", "Initialized", "ContainersReady", "Ready"]
+            .iter()
+            .map(|t| serde_json::json!({"type": t, "status": "True", "lastTransitionTime": now}))
+            .collect();
+    let status = serde_json::json!({"status": {
+        "phase": "Running", "hostIP": address, "podIP": address,
+        "podIPs": [{"ip": address}], "startTime": now, "conditions": conditions,
+    }});
+    lab.kubectl(&[
+        "patch",
+        "pod",
+        &name,
+        "-n",
+        NAMESPACE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ])?;
+    Ok(())
 }
 
 /// Resident memory of a process, in bytes.

@@ -96,58 +96,90 @@ pub fn explain(
     services: &[ServiceInput<'_>],
     target: &ServiceKey,
 ) -> Allocation {
-    let mut allocator = Allocator::new(pools.to_vec());
-    let mut target_input = None;
-    let mut holders: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
-    for input in services {
-        let Ok(parsed) = ServiceRequest::from_service(input.service, input.namespace_labels) else {
-            if key_of(input.service).as_ref() == Some(target) {
-                target_input = Some(input);
+    Replay::new(pools, services).explain(pools, pool_namespace, services, target)
+}
+
+/// Every Service's addresses claimed as the controller re-claims them on start. Built once, it
+/// explains any number of Services (`status` explains them all): each explanation takes its
+/// Service out, decides, and puts it back, so the cost per Service does not grow with their
+/// number.
+pub struct Replay {
+    allocator: Allocator,
+    /// Who holds each address (`namespace/name`).
+    holders: BTreeMap<IpAddr, Vec<String>>,
+    /// The Services whose addresses were claimed, with them.
+    claimed: BTreeMap<ServiceKey, Vec<IpAddr>>,
+}
+
+impl Replay {
+    /// Claims the addresses of `services` (every LoadBalancer Service of ours) in `pools`.
+    pub fn new(pools: &[Pool], services: &[ServiceInput<'_>]) -> Self {
+        let mut allocator = Allocator::new(pools.to_vec());
+        let mut holders: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+        let mut claimed = BTreeMap::new();
+        for input in services {
+            let Ok(parsed) = ServiceRequest::from_service(input.service, input.namespace_labels)
+            else {
+                continue;
+            };
+            let ips = status_ips(input.service);
+            for ip in &ips {
+                holders
+                    .entry(*ip)
+                    .or_default()
+                    .push(parsed.request.key.to_string());
             }
-            continue;
-        };
-        let ips = status_ips(input.service);
-        if parsed.request.key == *target {
-            target_input = Some(input);
-            continue;
+            // Services holding addresses keep them; one whose addresses are no longer valid is
+            // left out, as the controller would clear it.
+            if !ips.is_empty() && allocator.assign(&parsed.request, &ips).is_ok() {
+                claimed.insert(parsed.request.key.clone(), ips);
+            }
         }
-        for ip in &ips {
-            holders
-                .entry(*ip)
-                .or_default()
-                .push(parsed.request.key.to_string());
-        }
-        // Services holding addresses keep them, as the controller re-claims them on start; one
-        // whose addresses are no longer valid is left out, as the controller would clear it.
-        if !ips.is_empty() {
-            let _ = allocator.assign(&parsed.request, &ips);
+        Self {
+            allocator,
+            holders,
+            claimed,
         }
     }
-    let service_ref = ObjectRef::namespaced("Service", target.namespace(), target.name());
-    let Some(input) = target_input else {
-        return Allocation {
-            ips: Vec::new(),
-            pool: None,
-            rule: None,
-            sharing_key: None,
-            shared_with: Vec::new(),
-            diagnoses: vec![Diagnosis {
-                code: Code::BadRequest,
-                object: service_ref,
-                field: None,
-                problem: "no such LoadBalancer Service of ours".into(),
-                fix: "check the name, spec.type: LoadBalancer and spec.loadBalancerClass".into(),
-            }],
-        };
-    };
-    let ips = status_ips(input.service);
-    let request = match ServiceRequest::from_service(input.service, input.namespace_labels) {
-        Ok(p) => p.request,
-        Err(e) => {
-            let text = e.to_string();
-            let field = text.split(':').next().map(str::to_owned);
+
+    /// Explains the addresses of `target`, one of the `services` this replay was built from.
+    pub fn explain(
+        &mut self,
+        pools: &[Pool],
+        pool_namespace: &str,
+        services: &[ServiceInput<'_>],
+        target: &ServiceKey,
+    ) -> Allocation {
+        let target_input = services
+            .iter()
+            .find(|input| key_of(input.service).as_ref() == Some(target));
+        // Decided as if the target came last, after every other Service's claim.
+        self.allocator.release(target);
+        let allocation = self.decide(pools, pool_namespace, target_input, target);
+        // Back as it was, for the next Service.
+        self.allocator.release(target);
+        if let (Some(ips), Some(input)) = (self.claimed.get(target), target_input)
+            && let Ok(parsed) = ServiceRequest::from_service(input.service, input.namespace_labels)
+        {
+            let _ = self.allocator.assign(&parsed.request, ips);
+        }
+        allocation
+    }
+
+    fn decide(
+        &mut self,
+        pools: &[Pool],
+        pool_namespace: &str,
+        target_input: Option<&ServiceInput<'_>>,
+        target: &ServiceKey,
+    ) -> Allocation {
+        let allocator = &mut self.allocator;
+        let holders = &self.holders;
+        let target_name = target.to_string();
+        let service_ref = ObjectRef::namespaced("Service", target.namespace(), target.name());
+        let Some(input) = target_input else {
             return Allocation {
-                ips,
+                ips: Vec::new(),
                 pool: None,
                 rule: None,
                 sharing_key: None,
@@ -155,43 +187,66 @@ pub fn explain(
                 diagnoses: vec![Diagnosis {
                     code: Code::BadRequest,
                     object: service_ref,
-                    field,
-                    problem: text,
-                    fix: "correct the Service's annotation or field named".into(),
+                    field: None,
+                    problem: "no such LoadBalancer Service of ours".into(),
+                    fix: "check the name, spec.type: LoadBalancer and spec.loadBalancerClass"
+                        .into(),
                 }],
             };
-        }
-    };
-    let sharing_key = request.sharing_key.as_deref().map(str::to_owned);
-    let mut shared_with: Vec<String> = ips
-        .iter()
-        .flat_map(|ip| holders.get(ip).into_iter().flatten().cloned())
-        .collect();
-    shared_with.sort();
-    shared_with.dedup();
-    // A Service holding addresses: they are claimed as the controller re-claims them (their pool
-    // is where they are); one without: allocated as the controller would.
-    let outcome = if ips.is_empty() {
-        allocator.allocate(&request)
-    } else {
-        allocator.assign(&request, &ips)
-    };
-    let mut allocation = Allocation {
-        ips: ips.clone(),
-        pool: None,
-        rule: None,
-        sharing_key,
-        shared_with,
-        diagnoses: Vec::new(),
-    };
-    match outcome {
-        Ok(assignment) if !ips.is_empty() => {
-            allocation.pool = Some(assignment.pool.to_string());
-            allocation.rule = Some(rule(input.service, &request, pools, &assignment.pool));
-        }
-        Ok(assignment) => {
-            let would: Vec<String> = assignment.ips.iter().map(IpAddr::to_string).collect();
-            allocation.diagnoses.push(Diagnosis {
+        };
+        let ips = status_ips(input.service);
+        let request = match ServiceRequest::from_service(input.service, input.namespace_labels) {
+            Ok(p) => p.request,
+            Err(e) => {
+                let text = e.to_string();
+                let field = text.split(':').next().map(str::to_owned);
+                return Allocation {
+                    ips,
+                    pool: None,
+                    rule: None,
+                    sharing_key: None,
+                    shared_with: Vec::new(),
+                    diagnoses: vec![Diagnosis {
+                        code: Code::BadRequest,
+                        object: service_ref,
+                        field,
+                        problem: text,
+                        fix: "correct the Service's annotation or field named".into(),
+                    }],
+                };
+            }
+        };
+        let sharing_key = request.sharing_key.as_deref().map(str::to_owned);
+        let mut shared_with: Vec<String> = ips
+            .iter()
+            .flat_map(|ip| holders.get(ip).into_iter().flatten().cloned())
+            .filter(|holder| *holder != target_name)
+            .collect();
+        shared_with.sort();
+        shared_with.dedup();
+        // A Service holding addresses: they are claimed as the controller re-claims them (their pool
+        // is where they are); one without: allocated as the controller would.
+        let outcome = if ips.is_empty() {
+            allocator.allocate(&request)
+        } else {
+            allocator.assign(&request, &ips)
+        };
+        let mut allocation = Allocation {
+            ips: ips.clone(),
+            pool: None,
+            rule: None,
+            sharing_key,
+            shared_with,
+            diagnoses: Vec::new(),
+        };
+        match outcome {
+            Ok(assignment) if !ips.is_empty() => {
+                allocation.pool = Some(assignment.pool.to_string());
+                allocation.rule = Some(rule(input.service, &request, pools, &assignment.pool));
+            }
+            Ok(assignment) => {
+                let would: Vec<String> = assignment.ips.iter().map(IpAddr::to_string).collect();
+                allocation.diagnoses.push(Diagnosis {
                 code: Code::NotAssignedYet,
                 object: service_ref,
                 field: Some("status.loadBalancer.ingress".into()),
@@ -202,14 +257,18 @@ pub fn explain(
                 ),
                 fix: "check that a ferrolb controller runs and holds its leader Lease (kubectl -n <namespace> get lease), and its logs".into(),
             });
+            }
+            Err(e) => {
+                allocation.diagnoses.push(diagnose(
+                    &e,
+                    input.service,
+                    &service_ref,
+                    pool_namespace,
+                ));
+            }
         }
-        Err(e) => {
-            allocation
-                .diagnoses
-                .push(diagnose(&e, input.service, &service_ref, pool_namespace));
-        }
+        allocation
     }
-    allocation
 }
 
 /// A Service field as `explain` names it: annotations as `metadata.annotations[...]`.

@@ -53,8 +53,16 @@ pub enum Code {
     LocalWithoutEndpoint,
     /// A configuration object is invalid and left out (ConfigurationState says so too).
     ConfigLeftOut,
-    /// No speaker is alive: nothing is announced.
+    /// No speaker is alive (on the nodes that matter): nothing is announced from them.
     NoSpeaker,
+    /// The nodes the advertisements select are excluded (label or NetworkUnavailable).
+    NodeExcluded,
+    /// A speaker does not hear a quorum of the others: it owns no layer 2 IP.
+    SpeakerCutOff,
+    /// A BGP session that should carry the Service is not Established.
+    PeerNotEstablished,
+    /// A live speaker's report could not be read.
+    SpeakerUnreachable,
 }
 
 impl fmt::Display for Code {

@@ -6,6 +6,7 @@
 pub mod allocation;
 pub mod diagnosis;
 pub mod kube_proxy;
+pub mod live;
 pub mod service;
 pub mod speaker_report;
 pub mod status;

@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::allocation::{self, Allocation, ServiceInput};
 use crate::diagnosis::{Code, Diagnosis, ObjectRef};
 use crate::kube_proxy::{self, Protocol, ServicePort};
+use crate::live::{self, LiveSpeaker, NodeFacts, Session};
 
 /// The version of the JSON document `explain` prints; a change that is not an addition bumps it.
 pub const SCHEMA: &str = "explain.ferrolb.io/v1alpha1";
@@ -44,6 +45,12 @@ pub struct Snapshot {
     pub lb_class: Option<String>,
     /// Why configuration objects were left out of `config`.
     pub config_errors: Vec<ConfigError>,
+    /// The Nodes.
+    pub nodes: Vec<NodeFacts>,
+    /// The speakers (from their presence Leases) with their live reports.
+    pub speakers: Vec<LiveSpeaker>,
+    /// Why no speaker's live report was read at all (e.g. RBAC), if so.
+    pub live_unavailable: Option<String>,
 }
 
 /// Who announces the Service's IPs.
@@ -59,6 +66,18 @@ pub struct Announcement {
     /// BGP: the BGPPeers it advertises to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<String>,
+    /// Layer 2, from the speakers: the MAC of each interface it answers on (what clients
+    /// learn for the IP).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub macs: BTreeMap<String, String>,
+    /// Layer 2, from the speakers: the nodes that may own the IPs in the order they would,
+    /// the owner first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub takeover: Vec<String>,
+    /// BGP, from the node's speaker: each session carrying the Service, with its state and
+    /// the routes and attributes sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<Session>,
 }
 
 /// Where traffic goes once it reaches a node.
@@ -165,26 +184,69 @@ pub fn service_of_ip(snapshot: &Snapshot, ip: IpAddr) -> Option<ServiceKey> {
 
 /// Explains Service `key`.
 pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
-    let no_labels = Labels::new();
-    let ours: Vec<&Service> = snapshot
-        .services
-        .iter()
-        .filter(|s| ferrolb_config::allocator::is_ours(s, snapshot.lb_class.as_deref()))
-        .collect();
-    let inputs: Vec<ServiceInput<'_>> = ours
-        .iter()
-        .map(|service| ServiceInput {
-            service,
-            namespace_labels: service
-                .metadata
-                .namespace
-                .as_ref()
-                .and_then(|ns| snapshot.namespaces.get(ns))
-                .unwrap_or(&no_labels),
-        })
-        .collect();
-    let pools: Vec<_> = snapshot.config.pools.values().cloned().collect();
-    let allocation = allocation::explain(&pools, &snapshot.namespace, &inputs, key);
+    Explainer::new(snapshot).explain(key)
+}
+
+/// Namespace labels of a namespace that is not listed.
+static NO_LABELS: Labels = Labels::new();
+
+/// Explains any number of Services of one snapshot, replaying the allocator once for all of
+/// them (`status` explains every Service).
+pub struct Explainer<'a> {
+    snapshot: &'a Snapshot,
+    ours: Vec<&'a Service>,
+    inputs: Vec<ServiceInput<'a>>,
+    pools: Vec<ferrolb_config::model::Pool>,
+    replay: allocation::Replay,
+}
+
+impl<'a> Explainer<'a> {
+    /// Replays the allocator over the snapshot's Services.
+    pub fn new(snapshot: &'a Snapshot) -> Self {
+        let ours: Vec<&Service> = snapshot
+            .services
+            .iter()
+            .filter(|s| ferrolb_config::allocator::is_ours(s, snapshot.lb_class.as_deref()))
+            .collect();
+        let inputs: Vec<ServiceInput<'a>> = ours
+            .iter()
+            .map(|service| ServiceInput {
+                service,
+                namespace_labels: service
+                    .metadata
+                    .namespace
+                    .as_ref()
+                    .and_then(|ns| snapshot.namespaces.get(ns))
+                    .unwrap_or(&NO_LABELS),
+            })
+            .collect();
+        let pools: Vec<_> = snapshot.config.pools.values().cloned().collect();
+        let replay = allocation::Replay::new(&pools, &inputs);
+        Self {
+            snapshot,
+            ours,
+            inputs,
+            pools,
+            replay,
+        }
+    }
+
+    /// Explains Service `key`.
+    pub fn explain(&mut self, key: &ServiceKey) -> ServiceReport {
+        let allocation =
+            self.replay
+                .explain(&self.pools, &self.snapshot.namespace, &self.inputs, key);
+        explain_allocated(self.snapshot, key, &self.ours, allocation)
+    }
+}
+
+/// The rest of the explanation, once the allocation is known.
+fn explain_allocated(
+    snapshot: &Snapshot,
+    key: &ServiceKey,
+    ours: &[&Service],
+    allocation: Allocation,
+) -> ServiceReport {
     let service = ours
         .iter()
         .find(|s| {
@@ -223,8 +285,53 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
             fix: format!("create an L2Advertisement or BGPAdvertisement in {} whose ipAddressPools (or ipAddressPoolSelectors) include {pool}", snapshot.namespace),
         });
     }
-    let announcements = announcements(snapshot, key);
-    if !allocation.ips.is_empty() && !advertisements.is_empty() && announcements.is_empty() {
+    let mut announcements = announcements(snapshot, key);
+    live_details(snapshot, key, &mut announcements);
+    let traffic = traffic(snapshot, key, service);
+    let local_endpoints: Option<BTreeSet<String>> = (traffic.external_traffic_policy == "Local")
+        .then(|| {
+            traffic
+                .ready_endpoints
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(node, _)| node.clone())
+                .collect()
+        });
+    let announced_by: BTreeSet<String> = announcements.iter().map(|a| a.node.clone()).collect();
+    let mut specific = false;
+    if let Some(pool) = allocation
+        .pool
+        .as_deref()
+        .and_then(|p| snapshot.config.pools.get(p))
+        .filter(|_| !allocation.ips.is_empty())
+    {
+        let (problems, live_notes) = live::diagnoses(
+            &snapshot.config,
+            &snapshot.namespace,
+            pool,
+            &snapshot.nodes,
+            &snapshot.speakers,
+            key,
+            &announced_by,
+            local_endpoints.as_ref(),
+        );
+        specific = problems.iter().any(|d| {
+            matches!(
+                d.code,
+                Code::NodeExcluded | Code::NoSpeaker | Code::LocalWithoutEndpoint
+            )
+        });
+        diagnoses.extend(problems);
+        notes.extend(live_notes);
+    }
+    if let Some(why) = &snapshot.live_unavailable {
+        notes.push(format!("the speakers' live reports were not read: {why}"));
+    }
+    if !allocation.ips.is_empty()
+        && !advertisements.is_empty()
+        && announcements.is_empty()
+        && !specific
+    {
         diagnoses.push(Diagnosis {
             code: Code::NotAnnounced,
             object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
@@ -233,7 +340,6 @@ pub fn explain(snapshot: &Snapshot, key: &ServiceKey) -> ServiceReport {
             fix: "check that a speaker runs on the nodes the advertisements select (kubectl get pods -o wide), that those nodes are not excluded (node.kubernetes.io/exclude-from-external-load-balancers, NotReady), and with externalTrafficPolicy: Local that a ready endpoint is on one of them".into(),
         });
     }
-    let traffic = traffic(snapshot, key, service);
     if traffic.external_traffic_policy == "Local" {
         for a in announcements.iter().filter(|a| a.mode == "layer2") {
             if traffic.ready_endpoints.get(&a.node).copied().unwrap_or(0) == 0 {
@@ -322,6 +428,9 @@ fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
                 node: st.node.clone(),
                 interfaces: st.interfaces.iter().map(|i| i.name.clone()).collect(),
                 peers: Vec::new(),
+                macs: BTreeMap::new(),
+                takeover: Vec::new(),
+                sessions: Vec::new(),
             });
         }
     }
@@ -333,11 +442,33 @@ fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
                 node: st.node.clone(),
                 interfaces: Vec::new(),
                 peers: st.peers.clone(),
+                macs: BTreeMap::new(),
+                takeover: Vec::new(),
+                sessions: Vec::new(),
             });
         }
     }
     out.sort_by(|a, b| (a.mode, &a.node).cmp(&(b.mode, &b.node)));
     out
+}
+
+/// Adds what the speakers report to the announcements the status objects show: the layer 2
+/// owner's MACs and the takeover order, each BGP node's sessions.
+fn live_details(snapshot: &Snapshot, key: &ServiceKey, announcements: &mut [Announcement]) {
+    let owner = live::layer2_owner(&snapshot.speakers, key);
+    for a in announcements.iter_mut() {
+        match a.mode {
+            "layer2" => {
+                if let Some(o) = &owner
+                    && o.owner.as_ref() == Some(&a.node)
+                {
+                    a.takeover = o.takeover.clone();
+                    a.macs = o.macs.clone();
+                }
+            }
+            _ => a.sessions = live::sessions(&snapshot.speakers, &a.node, key),
+        }
+    }
 }
 
 /// The Service's EndpointSlices (label `kubernetes.io/service-name`).
@@ -506,15 +637,40 @@ pub fn render_text(r: &ServiceReport) -> String {
         };
         match an.mode {
             "layer2" => {
+                let interfaces: Vec<String> = an
+                    .interfaces
+                    .iter()
+                    .map(|i| match an.macs.get(i) {
+                        Some(mac) => format!("{i} (MAC {mac})"),
+                        None => i.clone(),
+                    })
+                    .collect();
                 let _ = writeln!(
                     t,
                     "{lead} layer 2 by {} on {} (answers ARP/NDP)",
                     an.node,
-                    an.interfaces.join(", ")
+                    interfaces.join(", ")
                 );
+                if an.takeover.len() > 1 {
+                    let _ = writeln!(
+                        t,
+                        "                   takeover order: {}",
+                        an.takeover[1..].join(", ")
+                    );
+                }
             }
             _ => {
                 let _ = writeln!(t, "{lead} BGP by {} to {}", an.node, an.peers.join(", "));
+                for s in &an.sessions {
+                    let _ = writeln!(
+                        t,
+                        "                   {} {} {}: {}",
+                        s.peer,
+                        s.address,
+                        s.state,
+                        s.routes.join("; ")
+                    );
+                }
             }
         }
     }
@@ -712,5 +868,270 @@ mod tests {
         assert_eq!(codes, [Code::LocalWithoutEndpoint]);
         assert!(r.diagnoses[0].problem.contains("node1"));
         assert!(render_text(&r).contains(&r.kube_proxy[0].iptables.local));
+    }
+
+    fn live_speaker(
+        node: &str,
+        report: Option<crate::speaker_report::SpeakerReport>,
+    ) -> LiveSpeaker {
+        LiveSpeaker {
+            node: node.into(),
+            live: true,
+            report,
+            error: None,
+        }
+    }
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            excluded: labels.iter().any(|(k, _)| *k == live::EXCLUDE_LABEL),
+            ..Default::default()
+        }
+    }
+
+    /// node1 owns web/web (on eth0) with node3 next in line, and hears a quorum.
+    fn owner_report() -> crate::speaker_report::SpeakerReport {
+        use crate::speaker_report::*;
+        SpeakerReport {
+            schema: SCHEMA.into(),
+            node: "node1".into(),
+            planned: true,
+            layer2: Layer2Report {
+                may_own: true,
+                quorum: true,
+                speakers_known: 3,
+                speakers_heard: 2,
+                macs: [("eth0".to_string(), "02:00:00:00:00:01".to_string())].into(),
+                services: vec![Layer2Service {
+                    service: "web/web".into(),
+                    owner: Some("node1".into()),
+                    takeover: vec!["node1".into(), "node3".into(), "node2".into()],
+                    interfaces: vec!["eth0".into()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_speakers_add_the_mac_and_the_takeover_order() {
+        let mut s = snapshot("Cluster");
+        s.nodes = vec![node("node1", &[]), node("node2", &[]), node("node3", &[])];
+        s.speakers = vec![
+            live_speaker("node1", Some(owner_report())),
+            live_speaker("node2", None),
+        ];
+        let r = explain(&s, &key());
+        assert!(r.diagnoses.is_empty(), "{:?}", r.diagnoses);
+        let a = &r.announcements[0];
+        assert_eq!(a.takeover, ["node1", "node3", "node2"]);
+        assert_eq!(a.macs["eth0"], "02:00:00:00:00:01");
+        let text = render_text(&r);
+        assert!(text.contains("eth0 (MAC 02:00:00:00:00:01)"), "{text}");
+        assert!(text.contains("takeover order: node3, node2"), "{text}");
+    }
+
+    #[test]
+    fn a_speaker_without_quorum_is_cut_off() {
+        let mut s = snapshot("Cluster");
+        s.nodes = vec![node("node1", &[]), node("node2", &[])];
+        let mut cut = owner_report();
+        cut.node = "node2".into();
+        cut.layer2.quorum = false;
+        cut.layer2.speakers_heard = 0;
+        s.speakers = vec![
+            live_speaker("node1", Some(owner_report())),
+            live_speaker("node2", Some(cut)),
+        ];
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::SpeakerCutOff]);
+        assert_eq!(r.diagnoses[0].object.to_string(), "Node node2");
+        assert!(r.diagnoses[0].problem.contains("hears 0 of 3"));
+    }
+
+    /// The only node the advertisement selects is excluded: that is the cause, not a vague
+    /// "not announced"; with another node announcing, it is only a note.
+    #[test]
+    fn an_excluded_node_is_named() {
+        let mut s = snapshot("Cluster");
+        s.l2_statuses.clear();
+        s.config
+            .l2_advertisements
+            .get_mut("l2")
+            .unwrap()
+            .node_selectors = vec![ferrolb_config::selector::Selector::from_labels([(
+            "pick", "me",
+        )])];
+        s.nodes = vec![
+            node("node1", &[("pick", "me"), (live::EXCLUDE_LABEL, "")]),
+            node("node2", &[]),
+        ];
+        s.speakers = vec![live_speaker("node1", None), live_speaker("node2", None)];
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::NodeExcluded]);
+        assert_eq!(r.diagnoses[0].object.to_string(), "Node node1");
+        assert!(r.diagnoses[0].fix.contains("kubectl label node node1"));
+    }
+
+    #[test]
+    fn no_speaker_on_the_selected_nodes_is_said() {
+        let mut s = snapshot("Cluster");
+        s.l2_statuses.clear();
+        s.nodes = vec![node("node1", &[]), node("node2", &[])];
+        s.speakers = vec![LiveSpeaker {
+            node: "node1".into(),
+            live: false,
+            ..Default::default()
+        }];
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::NoSpeaker]);
+        assert!(r.diagnoses[0].problem.contains("node1, node2"));
+    }
+
+    /// Local policy, and the only selected node has no endpoint (the pod is on node2).
+    #[test]
+    fn local_policy_with_no_endpoint_on_any_selected_node_is_said() {
+        let mut s = snapshot("Local");
+        s.l2_statuses.clear();
+        s.config
+            .l2_advertisements
+            .get_mut("l2")
+            .unwrap()
+            .node_selectors = vec![ferrolb_config::selector::Selector::from_labels([(
+            "pick", "me",
+        )])];
+        s.nodes = vec![node("node1", &[("pick", "me")]), node("node2", &[])];
+        s.speakers = vec![live_speaker("node1", None), live_speaker("node2", None)];
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::LocalWithoutEndpoint]);
+        assert!(r.diagnoses[0].problem.contains("(node1)"));
+    }
+
+    #[test]
+    fn a_bgp_session_down_and_a_silent_speaker_are_problems() {
+        use crate::speaker_report::*;
+        let mut s = snapshot("Cluster");
+        s.l2_statuses.clear();
+        s.config.l2_advertisements.clear();
+        s.config.bgp_advertisements.insert(
+            "bgp".into(),
+            ferrolb_config::model::BgpAdvertisement {
+                name: "bgp".into(),
+                aggregation_length: 32,
+                aggregation_length_v6: 128,
+                local_pref: None,
+                communities: BTreeSet::new(),
+                pools: PoolSelection::default(),
+                node_selectors: Vec::new(),
+                peers: BTreeSet::new(),
+                service_selectors: Vec::new(),
+            },
+        );
+        s.bgp_statuses = vec![from(serde_json::json!({
+            "apiVersion": "metallb.io/v1beta1", "kind": "ServiceBGPStatus",
+            "metadata": {"namespace": "metallb-system", "name": "bgp-x"},
+            "spec": {},
+            "status": {"node": "node1", "serviceName": "web", "serviceNamespace": "web",
+                       "peers": ["router", "backup"]},
+        }))];
+        let route = |services: &[&str]| RouteReport {
+            prefix: "198.18.200.0/32".into(),
+            local_pref: None,
+            communities: vec!["64500:1".into()],
+            large_communities: Vec::new(),
+            services: services.iter().map(|s| s.to_string()).collect(),
+        };
+        let report = SpeakerReport {
+            schema: SCHEMA.into(),
+            node: "node1".into(),
+            planned: true,
+            bgp: BgpReport {
+                peers: vec![
+                    PeerReport {
+                        name: "backup".into(),
+                        address: "198.18.0.250".into(),
+                        state: "Active".into(),
+                        last_error: Some("connection refused".into()),
+                        routes: vec![route(&["web/web"])],
+                        ..Default::default()
+                    },
+                    PeerReport {
+                        name: "router".into(),
+                        address: "198.18.0.254".into(),
+                        state: "Established".into(),
+                        routes: vec![route(&["web/web"])],
+                        ..Default::default()
+                    },
+                ],
+            },
+            ..Default::default()
+        };
+        s.nodes = vec![node("node1", &[]), node("node2", &[])];
+        s.speakers = vec![
+            live_speaker("node1", Some(report)),
+            LiveSpeaker {
+                node: "node2".into(),
+                live: true,
+                report: None,
+                error: Some("no answer within 5s".into()),
+            },
+        ];
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::PeerNotEstablished, Code::SpeakerUnreachable]);
+        assert_eq!(
+            r.diagnoses[0].object.to_string(),
+            "BGPPeer metallb-system/backup"
+        );
+        assert!(
+            r.diagnoses[0]
+                .problem
+                .contains("Active (connection refused)")
+        );
+        let sessions = &r.announcements[0].sessions;
+        assert_eq!(sessions.len(), 2);
+        assert_eq!(sessions[1].routes, ["198.18.200.0/32 communities 64500:1"]);
+        let text = render_text(&r);
+        assert!(
+            text.contains("router 198.18.0.254 Established: 198.18.200.0/32 communities 64500:1"),
+            "{text}"
+        );
+    }
+
+    /// One replay for many Services explains each as a fresh replay does.
+    #[test]
+    fn one_replay_explains_every_service_as_a_fresh_one_does() {
+        let mut s = snapshot("Cluster");
+        for i in 1..6 {
+            let mut more = s.services[0].clone();
+            more.metadata.name = Some(format!("web{i}"));
+            more.status = None;
+            if i % 2 == 0 {
+                more.status = Some(from(serde_json::json!(
+                    {"loadBalancer": {"ingress": [{"ip": format!("198.18.200.{i}")}]}}
+                )));
+            }
+            s.services.push(more);
+        }
+        let keys: Vec<ServiceKey> = s
+            .services
+            .iter()
+            .map(|x| ServiceKey::new("web", x.metadata.name.as_deref().unwrap()))
+            .collect();
+        let mut shared = Explainer::new(&s);
+        for k in keys.iter().rev().chain(keys.iter()) {
+            assert_eq!(shared.explain(k), explain(&s, k), "{k}");
+        }
     }
 }

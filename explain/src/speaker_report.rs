@@ -68,6 +68,9 @@ pub struct Layer2Report {
     pub members: Vec<String>,
     /// This node's interfaces usable for ARP/NDP.
     pub interfaces: Vec<String>,
+    /// Their MAC addresses (the one clients learn for an IP this node owns), by interface.
+    #[serde(default)]
+    pub macs: std::collections::BTreeMap<String, String>,
     /// Every Service in layer 2 mode.
     pub services: Vec<Layer2Service>,
 }

@@ -9,15 +9,67 @@ use ferrolb_config::selector::Labels;
 use serde::Serialize;
 
 use crate::diagnosis::{Code, Diagnosis, ObjectRef};
+use crate::live::LiveSpeaker;
 use crate::service::{self, Snapshot};
 
-/// A speaker, as its presence Lease shows it.
+/// A speaker, as its presence Lease and its live report show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Speaker {
     /// Its node.
     pub node: String,
     /// Whether the Lease was renewed within its duration.
     pub live: bool,
+    /// Layer 2: whether it hears a quorum of the speakers (it may own IPs only then); absent
+    /// when its report was not read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<bool>,
+    /// Its BGP sessions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<SessionState>,
+    /// Why its report could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One BGP session of a speaker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SessionState {
+    /// BGPPeer name.
+    pub peer: String,
+    /// Its address (or interface).
+    pub address: String,
+    /// FSM state, or `NotStarted`.
+    pub state: String,
+    /// Prefixes advertised on it.
+    pub prefixes: usize,
+}
+
+impl Speaker {
+    /// From what the snapshot holds of it.
+    fn from_live(s: &LiveSpeaker) -> Self {
+        Self {
+            node: s.node.clone(),
+            live: s.live,
+            quorum: s
+                .report
+                .as_ref()
+                .filter(|r| r.planned)
+                .map(|r| r.layer2.quorum),
+            sessions: s
+                .report
+                .iter()
+                .flat_map(|r| &r.bgp.peers)
+                .map(|p| SessionState {
+                    peer: p.name.clone(),
+                    address: p.address.clone(),
+                    state: p.state.clone(),
+                    prefixes: p.routes.len(),
+                })
+                .collect(),
+            error: s.error.clone(),
+        }
+    }
 }
 
 /// One pool's usage.
@@ -52,8 +104,9 @@ pub struct StatusReport {
     pub diagnoses: Vec<Diagnosis>,
 }
 
-/// The status of the cluster in `snapshot`, whose speakers are `speakers`.
-pub fn status(snapshot: &Snapshot, speakers: Vec<Speaker>) -> StatusReport {
+/// The status of the cluster in `snapshot`.
+pub fn status(snapshot: &Snapshot) -> StatusReport {
+    let speakers: Vec<Speaker> = snapshot.speakers.iter().map(Speaker::from_live).collect();
     let no_labels = Labels::new();
     let ours: Vec<_> = snapshot
         .services
@@ -96,15 +149,16 @@ pub fn status(snapshot: &Snapshot, speakers: Vec<Speaker>) -> StatusReport {
         })
         .collect();
     // The configuration's problems once, then each Service's own.
+    // Problems of the cluster (a speaker cut off, a peer down) show up under every Service
+    // they touch: each is listed once.
     let mut diagnoses = service::config_diagnoses(snapshot);
+    let mut explainer = service::Explainer::new(snapshot);
     for key in &keys {
-        let report = service::explain(snapshot, key);
-        diagnoses.extend(
-            report
-                .diagnoses
-                .into_iter()
-                .filter(|d| d.code != Code::ConfigLeftOut),
-        );
+        for d in explainer.explain(key).diagnoses {
+            if d.code != Code::ConfigLeftOut && !diagnoses.contains(&d) {
+                diagnoses.push(d);
+            }
+        }
     }
     if !ours.is_empty() && !speakers.iter().any(|s| s.live) {
         diagnoses.push(Diagnosis {
@@ -162,26 +216,33 @@ pub fn render_text(r: &StatusReport) -> String {
         "Services: {} LoadBalancer, {} with addresses",
         r.services, r.services_with_ips
     );
-    let speakers: Vec<String> = r
-        .speakers
-        .iter()
-        .map(|s| {
-            if s.live {
-                s.node.clone()
-            } else {
-                format!("{} (Lease expired)", s.node)
-            }
-        })
-        .collect();
-    let _ = writeln!(
-        t,
-        "Speakers: {}",
-        if speakers.is_empty() {
-            "none".to_string()
-        } else {
-            speakers.join(", ")
+    if r.speakers.is_empty() {
+        let _ = writeln!(t, "Speakers: none");
+    } else {
+        let _ = writeln!(t, "Speakers:");
+    }
+    for s in &r.speakers {
+        let mut what = Vec::new();
+        if !s.live {
+            what.push("Lease expired".to_string());
         }
-    );
+        match s.quorum {
+            Some(true) => what.push("layer 2 quorum".to_string()),
+            Some(false) => what.push("NO layer 2 quorum (cut off)".to_string()),
+            None => {}
+        }
+        if let Some(e) = &s.error {
+            what.push(format!("report not read: {e}"));
+        }
+        let _ = writeln!(t, "  {:<16} {}", s.node, what.join("; "));
+        for p in &s.sessions {
+            let _ = writeln!(
+                t,
+                "    BGP {} {} {}, {} prefixes",
+                p.peer, p.address, p.state, p.prefixes
+            );
+        }
+    }
     service::render_problems(&mut t, &r.diagnoses);
     t
 }
@@ -246,13 +307,13 @@ mod tests {
 
     #[test]
     fn usage_speakers_and_each_services_problems() {
-        let r = status(
-            &snapshot(),
-            vec![Speaker {
-                node: "node1".into(),
-                live: true,
-            }],
-        );
+        let mut s = snapshot();
+        s.speakers = vec![LiveSpeaker {
+            node: "node1".into(),
+            live: true,
+            ..Default::default()
+        }];
+        let r = status(&s);
         assert_eq!(r.pools.len(), 1);
         assert_eq!(r.pools[0].ipv4, (1, 4));
         assert_eq!(r.pools[0].ipv6, (0, 4));
@@ -264,7 +325,7 @@ mod tests {
         for want in [
             "a                used IPv4 1/4, IPv6 0/4",
             "Services: 2 LoadBalancer, 1 with addresses",
-            "Speakers: node1",
+            "Speakers:\n  node1",
             "unknown-pool",
         ] {
             assert!(text.contains(want), "{want:?} not in:\n{text}");
@@ -273,15 +334,15 @@ mod tests {
 
     #[test]
     fn no_live_speaker_is_a_problem() {
-        let r = status(
-            &snapshot(),
-            vec![Speaker {
-                node: "node1".into(),
-                live: false,
-            }],
-        );
+        let mut s = snapshot();
+        s.speakers = vec![LiveSpeaker {
+            node: "node1".into(),
+            live: false,
+            ..Default::default()
+        }];
+        let r = status(&s);
         assert!(r.diagnoses.iter().any(|d| d.code == Code::NoSpeaker));
-        assert!(render_text(&r).contains("node1 (Lease expired)"));
+        assert!(render_text(&r).contains("Lease expired"));
     }
 
     /// A left-out object is listed once, not once per Service.
@@ -301,7 +362,7 @@ mod tests {
             field: "spec.addresses[0]".into(),
             message: "overlaps pool a".into(),
         });
-        let r = status(&s, vec![]);
+        let r = status(&s);
         let left_out = r
             .diagnoses
             .iter()

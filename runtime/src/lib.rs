@@ -159,7 +159,16 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    serve_on(listener, registry, ready, not_ready_reason, pulse, tls, pages).await
+    serve_on(
+        listener,
+        registry,
+        ready,
+        not_ready_reason,
+        pulse,
+        tls,
+        pages,
+    )
+    .await
 }
 
 /// [`serve`] on a listener already bound.

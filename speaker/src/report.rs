@@ -12,6 +12,7 @@ use ferrolb_explain::speaker_report::{
 };
 
 use crate::bgp::plan::Plan as BgpPlan;
+use crate::l2::interfaces::Interface;
 use crate::l2::plan::{Plan as Layer2Plan, ServiceOutcome, Unannounced};
 use crate::view::{NodeView, ServiceView};
 
@@ -45,7 +46,7 @@ pub fn layer2(
     plan: &Layer2Plan,
     standing: &Standing,
     members: impl IntoIterator<Item = String>,
-    interfaces: impl IntoIterator<Item = String>,
+    interfaces: &BTreeMap<String, Interface>,
     services: &[ServiceView],
 ) -> Layer2Report {
     let ips: BTreeMap<&ServiceKey, &ServiceView> = services.iter().map(|s| (&s.key, s)).collect();
@@ -90,9 +91,21 @@ pub fn layer2(
         speakers_heard: standing.heard,
         held_back: standing.held_back,
         members: members.into_iter().collect(),
-        interfaces: interfaces.into_iter().collect(),
+        interfaces: interfaces.keys().cloned().collect(),
+        macs: interfaces
+            .iter()
+            .filter_map(|(name, i)| Some((name.clone(), mac_text(i.mac?))))
+            .collect(),
         services,
     }
+}
+
+/// A MAC address as `ip link` shows it.
+fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The BGP part, before the sessions' live state is filled in: every peer of the plan with
@@ -106,8 +119,7 @@ pub fn bgp_peers(
 ) -> Vec<PeerReport> {
     // (peer, prefix) -> the Services whose IPs it covers.
     let mut behind: BTreeMap<(&str, ipnet::IpNet), BTreeSet<String>> = BTreeMap::new();
-    let views: BTreeMap<&ServiceKey, &ServiceView> =
-        services.iter().map(|s| (&s.key, s)).collect();
+    let views: BTreeMap<&ServiceKey, &ServiceView> = services.iter().map(|s| (&s.key, s)).collect();
     for (key, peers) in &plan.services {
         let Some(view) = views.get(key) else { continue };
         for peer in peers {
@@ -217,10 +229,21 @@ mod tests {
             &plan,
             &standing,
             ["node1".to_string(), "node3".to_string()],
-            ["eth0".to_string()],
+            &BTreeMap::from([(
+                "eth0".to_string(),
+                Interface {
+                    name: "eth0".into(),
+                    index: 2,
+                    mac: Some([2, 0, 0, 0, 0, 0xa1]),
+                    flags: 1,
+                    oper_up: true,
+                    enslaved: false,
+                },
+            )]),
             &[view("a", "198.18.200.1"), view("b", "198.18.200.2")],
         );
         assert_eq!((r.speakers_known, r.speakers_heard), (3, 2));
+        assert_eq!(r.macs["eth0"], "02:00:00:00:00:a1");
         let a = &r.services[0];
         assert_eq!(a.owner.as_deref(), Some("node1"));
         assert_eq!(a.takeover, ["node1", "node3"]);

@@ -428,7 +428,10 @@ mod tests {
             let (p, _) = plan_all(&c, &n, &m, &[s]);
             assert_eq!(owner_of(&p, &format!("s{i}")).as_deref(), Some("node3"));
             // Only node3 may take it: nobody else is in line.
-            assert_eq!(p.takeover[&ServiceKey::new("ns", format!("s{i}").as_str())], ["node3"]);
+            assert_eq!(
+                p.takeover[&ServiceKey::new("ns", format!("s{i}").as_str())],
+                ["node3"]
+            );
         }
         let mut s = svc("x", &["198.18.200.99"]);
         s.local_traffic = true;

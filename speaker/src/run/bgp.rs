@@ -88,7 +88,6 @@ impl Bgp {
         listen: &[SocketAddr],
         events: ferrolb_runtime::events::EventQueue,
         changed: Arc<tokio::sync::Notify>,
-        live: super::live::Live,
     ) -> Self {
         let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
         let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(
@@ -123,8 +122,14 @@ impl Bgp {
             status_task,
             sweeper,
             sweeper_task,
-            live,
+            live: super::live::Live::new(""),
         }
+    }
+
+    /// Reports what it plans and the sessions' states to `live` (the speaker's live report).
+    pub fn reporting_to(mut self, live: super::live::Live) -> Self {
+        self.live = live;
+        self
     }
 
     /// Sweeps the ServiceBGPStatus objects of nodes that no longer exist, when this speaker is

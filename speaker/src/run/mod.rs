@@ -138,8 +138,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &args.bgp_listen,
             events.clone(),
             changed.clone(),
-            live.clone(),
-        ),
+        )
+        .reporting_to(live.clone()),
         events: events.clone(),
         namespace: args.namespace.clone(),
     };
@@ -548,13 +548,7 @@ impl<Io: LoopIo> Speaker<Io> {
 
         self.live.set_layer2(
             report::node_state(nodes.get(&self.args.node_name)),
-            report::layer2(
-                &plan,
-                &standing,
-                members.keys().cloned(),
-                usable.keys().cloned(),
-                &views,
-            ),
+            report::layer2(&plan, &standing, members.keys().cloned(), &usable, &views),
         );
 
         // Metrics and status: what this node announces, by Service.

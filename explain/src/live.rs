@@ -1,0 +1,411 @@
+//! What the speakers and Nodes say about one Service, beyond the objects: which nodes the
+//! advertisements select and which of them may attract traffic, the layer 2 owner with its MAC
+//! and the takeover order, each BGP session carrying the Service with its state and the
+//! attributes sent, and the diagnoses only this shows (node excluded, no speaker on a selected
+//! node, a speaker cut off from the others, a peer not Established, a speaker that does not
+//! answer).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_config::model::{Config, Pool};
+use ferrolb_config::selector::{Labels, any_matches};
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+use crate::diagnosis::{Code, Diagnosis, ObjectRef};
+use crate::speaker_report::SpeakerReport;
+
+/// The label that keeps a node out of every announcement (a Kubernetes well-known label).
+pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// What explain reads of a Node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Name.
+    pub name: String,
+    /// Labels (advertisements select nodes by them).
+    pub labels: Labels,
+    /// Carries [`EXCLUDE_LABEL`]: no speaker announces from it.
+    pub excluded: bool,
+    /// Condition `NetworkUnavailable=True`: no speaker announces from it.
+    pub network_unavailable: bool,
+    /// Cordoned (`spec.unschedulable`): still announces, as with MetalLB.
+    pub unschedulable: bool,
+    /// Condition `Ready` is not `True`.
+    pub not_ready: bool,
+}
+
+impl NodeFacts {
+    /// Reads a Node; `None` without a name.
+    pub fn from_node(node: &Node) -> Option<Self> {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .cloned()
+            .unwrap_or_default();
+        let is = |t: &str, v: &str| conditions.iter().any(|c| c.type_ == t && c.status == v);
+        Some(Self {
+            name: node.metadata.name.clone()?,
+            excluded: labels.contains_key(EXCLUDE_LABEL),
+            network_unavailable: is("NetworkUnavailable", "True"),
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            not_ready: !is("Ready", "True"),
+            labels,
+        })
+    }
+
+    /// A speaker may announce from it.
+    pub fn may_announce(&self) -> bool {
+        !self.excluded && !self.network_unavailable
+    }
+}
+
+/// One speaker: its presence, and its live report when it could be read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveSpeaker {
+    /// Its node.
+    pub node: String,
+    /// Its presence Lease was renewed within its duration.
+    pub live: bool,
+    /// Its report, read through the API server's proxy.
+    pub report: Option<SpeakerReport>,
+    /// Why the report could not be read (and it was asked for).
+    pub error: Option<String>,
+}
+
+/// One BGP session that carries (or should carry) the Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    /// BGPPeer name.
+    pub peer: String,
+    /// Its address (or interface).
+    pub address: String,
+    /// FSM state, or `NotStarted`.
+    pub state: String,
+    /// The prefixes carrying the Service's IPs, with their attributes.
+    pub routes: Vec<String>,
+    /// The last error, when not Established.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// Nodes selected by the advertisements covering `pool` (layer 2 and BGP), by mode.
+pub fn selected_nodes<'a>(
+    config: &Config,
+    pool: &Pool,
+    nodes: &'a [NodeFacts],
+) -> BTreeMap<&'static str, Vec<&'a NodeFacts>> {
+    let mut out: BTreeMap<&'static str, Vec<&NodeFacts>> = BTreeMap::new();
+    let l2: Vec<_> = config
+        .l2_advertisements
+        .values()
+        .filter(|a| a.pools.covers(pool))
+        .map(|a| &a.node_selectors)
+        .collect();
+    let bgp: Vec<_> = config
+        .bgp_advertisements
+        .values()
+        .filter(|a| a.pools.covers(pool))
+        .map(|a| &a.node_selectors)
+        .collect();
+    for (mode, selectors) in [("layer2", l2), ("bgp", bgp)] {
+        if selectors.is_empty() {
+            continue;
+        }
+        let chosen: Vec<&NodeFacts> = nodes
+            .iter()
+            .filter(|n| selectors.iter().any(|s| any_matches(s, &n.labels)))
+            .collect();
+        out.insert(mode, chosen);
+    }
+    out
+}
+
+/// A layer 2 Service as the speakers see it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layer2Owner {
+    /// The owner, when announced.
+    pub owner: Option<String>,
+    /// The nodes that may own it, in the order they would (the owner first).
+    pub takeover: Vec<String>,
+    /// The owner's MAC on each interface it answers on.
+    pub macs: BTreeMap<String, String>,
+}
+
+/// The layer 2 view of a Service from the speakers' reports: the owner, the takeover order and
+/// the owner's MACs on its interfaces. The owner's own report wins; any report will do.
+pub fn layer2_owner(speakers: &[LiveSpeaker], key: &ServiceKey) -> Option<Layer2Owner> {
+    let name = key.to_string();
+    let views: Vec<(&SpeakerReport, &crate::speaker_report::Layer2Service)> = speakers
+        .iter()
+        .filter_map(|s| s.report.as_ref())
+        .filter_map(|r| {
+            r.layer2
+                .services
+                .iter()
+                .find(|s| s.service == name)
+                .map(|s| (r, s))
+        })
+        .collect();
+    let (_, first) = views.first()?;
+    let owner = first.owner.clone();
+    let (_, chosen) = views
+        .iter()
+        .find(|(r, _)| Some(&r.node) == owner.as_ref())
+        .unwrap_or(&views[0]);
+    let macs = speakers
+        .iter()
+        .filter_map(|s| s.report.as_ref())
+        .find(|r| Some(&r.node) == chosen.owner.as_ref())
+        .map(|r| {
+            chosen
+                .interfaces
+                .iter()
+                .filter_map(|i| Some((i.clone(), r.layer2.macs.get(i)?.clone())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Layer2Owner {
+        owner: chosen.owner.clone(),
+        takeover: chosen.takeover.clone(),
+        macs,
+    })
+}
+
+/// The BGP sessions of `node` that carry the Service, from its speaker's report.
+pub fn sessions(speakers: &[LiveSpeaker], node: &str, key: &ServiceKey) -> Vec<Session> {
+    let name = key.to_string();
+    let Some(report) = speakers
+        .iter()
+        .find(|s| s.node == node)
+        .and_then(|s| s.report.as_ref())
+    else {
+        return Vec::new();
+    };
+    report
+        .bgp
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let routes: Vec<String> = p
+                .routes
+                .iter()
+                .filter(|r| r.services.contains(&name))
+                .map(|r| {
+                    let mut text = r.prefix.clone();
+                    if let Some(lp) = r.local_pref {
+                        text.push_str(&format!(" local-pref {lp}"));
+                    }
+                    if !r.communities.is_empty() {
+                        text.push_str(&format!(" communities {}", r.communities.join(" ")));
+                    }
+                    if !r.large_communities.is_empty() {
+                        text.push_str(&format!(
+                            " large-communities {}",
+                            r.large_communities.join(" ")
+                        ));
+                    }
+                    text
+                })
+                .collect();
+            (!routes.is_empty()).then(|| Session {
+                peer: p.name.clone(),
+                address: p.address.clone(),
+                state: p.state.clone(),
+                routes,
+                last_error: p
+                    .not_started
+                    .clone()
+                    .or_else(|| p.last_error.clone())
+                    .filter(|_| !p.established()),
+            })
+        })
+        .collect()
+}
+
+/// What the Nodes and speakers say is wrong with announcing Service `key` from pool `pool`:
+/// `announced_by` the nodes announcing it now, `local_endpoints` the nodes with a ready
+/// endpoint when its `externalTrafficPolicy` is `Local`. Problems come back as diagnoses;
+/// things worth knowing that do not stop traffic as notes.
+#[allow(clippy::too_many_arguments)]
+pub fn diagnoses(
+    config: &Config,
+    namespace: &str,
+    pool: &Pool,
+    nodes: &[NodeFacts],
+    speakers: &[LiveSpeaker],
+    key: &ServiceKey,
+    announced_by: &BTreeSet<String>,
+    local_endpoints: Option<&BTreeSet<String>>,
+) -> (Vec<Diagnosis>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    let announced = !announced_by.is_empty();
+    let live: BTreeSet<&str> = speakers
+        .iter()
+        .filter(|s| s.live)
+        .map(|s| s.node.as_str())
+        .collect();
+    for (mode, selected) in selected_nodes(config, pool, nodes) {
+        let usable: Vec<&&NodeFacts> = selected.iter().filter(|n| n.may_announce()).collect();
+        // Excluded nodes: the cause when no selected node is left, else worth a note.
+        for n in selected.iter().filter(|n| !n.may_announce()) {
+            let (field, what) = if n.excluded {
+                (
+                    format!("metadata.labels[{EXCLUDE_LABEL}]"),
+                    format!("carries the label {EXCLUDE_LABEL}"),
+                )
+            } else {
+                (
+                    "status.conditions[NetworkUnavailable]".to_string(),
+                    "has the condition NetworkUnavailable=True".to_string(),
+                )
+            };
+            if usable.is_empty() && !announced {
+                problems.push(Diagnosis {
+                    code: Code::NodeExcluded,
+                    object: ObjectRef {
+                        kind: "Node".into(),
+                        namespace: None,
+                        name: n.name.clone(),
+                    },
+                    field: Some(field),
+                    problem: format!("{what}, so no speaker announces from it, and it is the only kind of node the {mode} advertisements select"),
+                    fix: if n.excluded {
+                        format!("remove the label (kubectl label node {} {EXCLUDE_LABEL}-) or select other nodes in the advertisement's nodeSelectors", n.name)
+                    } else {
+                        "fix the node's network (its CNI sets NetworkUnavailable) or select other nodes".into()
+                    },
+                });
+            } else {
+                notes.push(format!(
+                    "node {} {what}: it does not announce this Service ({mode})",
+                    n.name
+                ));
+            }
+        }
+        for n in selected
+            .iter()
+            .filter(|n| n.unschedulable || n.not_ready)
+            .filter(|n| announced_by.contains(&n.name))
+        {
+            notes.push(format!(
+                "node {} is {} and still announces this Service ({mode}), as with MetalLB; label it {EXCLUDE_LABEL} to move the traffic away",
+                n.name,
+                if n.not_ready { "NotReady" } else { "cordoned" }
+            ));
+        }
+        // Local policy: only nodes with a ready endpoint may announce.
+        if let Some(with_endpoints) = local_endpoints
+            && !announced
+            && !usable.is_empty()
+            && !usable.iter().any(|n| with_endpoints.contains(&n.name))
+        {
+            let names: Vec<&str> = usable.iter().map(|n| n.name.as_str()).collect();
+            problems.push(Diagnosis {
+                code: Code::LocalWithoutEndpoint,
+                object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+                field: Some("spec.externalTrafficPolicy".into()),
+                problem: format!(
+                    "externalTrafficPolicy: Local, and none of the nodes the {mode} advertisements select ({}) has a ready endpoint: no node may announce it",
+                    names.join(", ")
+                ),
+                fix: "run the Service's pods on a selected node, select the nodes they run on, or use externalTrafficPolicy: Cluster".into(),
+            });
+        }
+        if !usable.is_empty() && !usable.iter().any(|n| live.contains(n.name.as_str())) {
+            let names: Vec<&str> = usable.iter().map(|n| n.name.as_str()).collect();
+            problems.push(Diagnosis {
+                code: Code::NoSpeaker,
+                object: ObjectRef::namespaced("DaemonSet", namespace, "speaker"),
+                field: None,
+                problem: format!(
+                    "no speaker runs on a node the {mode} advertisements select ({})",
+                    names.join(", ")
+                ),
+                fix: "check the speaker DaemonSet's nodeSelector, tolerations and pods on those nodes (kubectl get pods -o wide), or select nodes that run a speaker".into(),
+            });
+        }
+        if mode == "layer2" {
+            for s in speakers
+                .iter()
+                .filter(|s| s.live && usable.iter().any(|n| n.name == s.node))
+            {
+                let Some(r) = &s.report else { continue };
+                if r.planned && !r.layer2.quorum {
+                    problems.push(Diagnosis {
+                        code: Code::SpeakerCutOff,
+                        object: ObjectRef {
+                            kind: "Node".into(),
+                            namespace: None,
+                            name: s.node.clone(),
+                        },
+                        field: None,
+                        problem: format!(
+                            "the speaker on {} is cut off from the others: it hears {} of {} speakers, not a majority that also hears it, so it owns no layer 2 IP",
+                            s.node, r.layer2.speakers_heard, r.layer2.speakers_known
+                        ),
+                        fix: "check that UDP port 7946 (the heartbeats) is open between the nodes both ways, and the node's network".into(),
+                    });
+                }
+            }
+        }
+    }
+    // BGP sessions that should carry the Service and do not.
+    for node in announced_by {
+        for s in sessions(speakers, node, key)
+            .into_iter()
+            .filter(|s| s.state != "Established")
+        {
+            problems.push(Diagnosis {
+                code: Code::PeerNotEstablished,
+                object: ObjectRef::namespaced("BGPPeer", namespace, &s.peer),
+                field: None,
+                problem: format!(
+                    "the session from {node} to {} is {}{}: the router does not get this Service's route from {node}",
+                    s.address,
+                    s.state,
+                    s.last_error
+                        .as_deref()
+                        .map(|e| format!(" ({e})"))
+                        .unwrap_or_default()
+                ),
+                fix: "check the peer's address, ASNs, password and that TCP port 179 is open both ways (the router's log says why it refuses)".into(),
+            });
+        }
+    }
+    // Speakers that are alive on a node that matters here but did not answer.
+    let relevant: BTreeSet<&str> = selected_nodes(config, pool, nodes)
+        .values()
+        .flatten()
+        .filter(|n| n.may_announce())
+        .map(|n| n.name.as_str())
+        .collect();
+    for s in speakers
+        .iter()
+        .filter(|s| s.live && relevant.contains(s.node.as_str()))
+    {
+        if let Some(e) = &s.error {
+            problems.push(Diagnosis {
+                code: Code::SpeakerUnreachable,
+                object: ObjectRef {
+                    kind: "Node".into(),
+                    namespace: None,
+                    name: s.node.clone(),
+                },
+                field: None,
+                problem: format!("the speaker on {} does not answer: {e}", s.node),
+                fix: "check the speaker pod on that node (kubectl logs, kubectl describe pod): a speaker that renews its Lease but does not answer may be stuck".into(),
+            });
+        }
+    }
+    (problems, notes)
+}
