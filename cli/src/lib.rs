@@ -2,6 +2,7 @@
 //! and read access only, and lets `ferrolb_explain` decide. This crate is the I/O around it:
 //! the arguments, the listing, the printing.
 
+pub mod colour;
 pub mod live;
 
 use std::collections::BTreeMap;
@@ -48,6 +49,9 @@ pub struct Cli {
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Colour in text output: on a terminal (auto, unless NO_COLOR is set), always, never.
+    #[arg(long, global = true, value_enum, default_value_t = colour::When::Auto)]
+    pub color: colour::When,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -137,7 +141,7 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Status => {
             let report = status::status(&snapshot);
             let text = match cli.output {
-                Output::Text => status::render_text(&report),
+                Output::Text => painted(status::render_text(&report), cli.color),
                 Output::Json => serde_json::to_string_pretty(&report)? + "\n",
             };
             std::io::stdout().lock().write_all(text.as_bytes())?;
@@ -169,7 +173,7 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         }
     };
     let report = service::explain(&snapshot, &key);
-    print(&report, cli.output)?;
+    print(&report, cli.output, cli.color)?;
     Ok(exit_code(report.diagnoses.is_empty()))
 }
 
@@ -191,9 +195,18 @@ pub fn parse_key(text: &str) -> anyhow::Result<ServiceKey> {
     }
 }
 
-fn print(report: &ServiceReport, output: Output) -> anyhow::Result<()> {
+/// `text`, in colour when `when` says so.
+fn painted(text: String, when: colour::When) -> String {
+    if when.paints() {
+        colour::paint(&text)
+    } else {
+        text
+    }
+}
+
+fn print(report: &ServiceReport, output: Output, when: colour::When) -> anyhow::Result<()> {
     let text = match output {
-        Output::Text => service::render_text(report),
+        Output::Text => painted(service::render_text(report), when),
         Output::Json => serde_json::to_string_pretty(report)? + "\n",
     };
     let mut out = std::io::stdout().lock();

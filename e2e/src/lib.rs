@@ -15,6 +15,7 @@ pub mod echo;
 pub mod explain;
 pub mod faults;
 pub mod ferrolb;
+pub mod golden;
 pub mod lab;
 pub mod logs;
 pub mod metallb;

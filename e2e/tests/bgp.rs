@@ -1149,7 +1149,89 @@ async fn explain_names_every_announcing_node_and_peer(ctx: Ctx) -> anyhow::Resul
         "{}",
         by_ip.stdout
     );
+    // From each node's speaker (through the API server's proxy): the session to the router
+    // is Established and carries the Service's /32.
+    for a in report["announcements"].as_array().into_iter().flatten() {
+        let sessions = &a["sessions"];
+        ensure!(
+            sessions[0]["peer"] == "router"
+                && sessions[0]["state"] == "Established"
+                && sessions[0]["routes"][0]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with(&format!("{ip}/32"))),
+            "{}: sessions {sessions:#}",
+            a["node"]
+        );
+    }
+    golden(
+        lab,
+        "explain/bgp-healthy.txt",
+        &["explain", "service", &key],
+    )?;
+
+    // A second peer on node1 that nobody answers: the Service's route does not get there, and
+    // explain says so, naming the BGPPeer, the node and the session's state.
+    let ns = ferrolb::NAMESPACE;
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {{name: ghost, namespace: {ns}}}
+spec:
+  myASN: 64512
+  peerASN: 64500
+  peerAddress: 198.18.0.250
+  connectTime: 1s
+  nodeSelectors:
+  - matchLabels: {{kubernetes.io/hostname: node1}}
+"
+    ))?;
+    let _ghost = lab.delete_on_drop(ns, &["bgppeer/ghost"]);
+    wait_for(
+        "explain to report the ghost peer not Established",
+        Duration::from_secs(60),
+        || async {
+            let run = ferrolb_e2e::explain::run(lab, &["explain", "service", &key, "-o", "json"])
+                .map_err(|e| e.to_string())?;
+            let report = run.json().map_err(|e| e.to_string())?;
+            let codes = ferrolb_e2e::explain::Run::codes(&report);
+            let d = &report["diagnoses"][0];
+            if run.code == Some(2)
+                && codes == ["peer-not-established"]
+                && d["object"]["name"] == "ghost"
+                && d["problem"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("from node1 to 198.18.0.250"))
+            {
+                Ok(Some(()))
+            } else {
+                Err(format!("exit {:?}: {codes:?}", run.code))
+            }
+        },
+    )
+    .await?;
+    golden(
+        lab,
+        "explain/bgp-peer-not-established.txt",
+        &["explain", "service", &key],
+    )?;
     Ok(())
+}
+
+/// Runs `kubectl ferrolb ARGS` and checks its whole output against golden file `name`, with a
+/// session's state and error (which change as it retries) masked.
+fn golden(lab: &Lab, name: &str, args: &[&str]) -> anyhow::Result<()> {
+    let run = ferrolb_e2e::explain::run(lab, args)?;
+    let retrying =
+        regex::Regex::new(r"\b(Idle|Connect|Active|OpenSent|OpenConfirm)\b( \([^)]*\))?")?;
+    let text = retrying.replace_all(&run.stdout, "<retrying>");
+    ferrolb_e2e::golden::check(
+        name,
+        &format!(
+            "$ kubectl ferrolb {}\n# exit {}\n{text}",
+            args.join(" "),
+            run.code.map_or("signal".to_string(), |c| c.to_string()),
+        ),
+    )
 }
 
 /// The router's kernel route to `ip`, as `ip route show` prints it.

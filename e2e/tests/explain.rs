@@ -10,6 +10,7 @@ use anyhow::{Context, ensure};
 use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::explain::{self, Run};
+use ferrolb_e2e::faults::HeartbeatFault;
 use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
@@ -30,6 +31,20 @@ fn cli_as(lab: &Lab, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
 
 fn codes(report: &serde_json::Value) -> Vec<String> {
     Run::codes(report)
+}
+
+/// Checks a run's whole output (the command, its exit status, standard output) against golden
+/// file `name` (`ferrolb_e2e::golden`).
+fn golden(name: &str, run: &Run, args: &[&str]) -> anyhow::Result<()> {
+    ferrolb_e2e::golden::check(
+        name,
+        &format!(
+            "$ kubectl ferrolb {}\n# exit {}\n{}",
+            args.join(" "),
+            run.code.map_or("signal".to_string(), |c| c.to_string()),
+            run.stdout
+        ),
+    )
 }
 
 async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
@@ -85,7 +100,23 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         .collect();
     scope.wait_ready_endpoints("web", 2).await?;
     let key = format!("{}/web", scope.namespace);
-    let report = wait_announced(lab, &key).await?;
+    wait_announced(lab, &key).await?;
+    // Once every speaker is a candidate (each claims a moment after it hears the others), all
+    // three are in line for the IPs.
+    let report = wait_for(
+        "all three speakers in the takeover order",
+        Duration::from_secs(30),
+        || async {
+            let run =
+                cli(lab, &["explain", "service", &key, "-o", "json"]).map_err(|e| e.to_string())?;
+            let report = run.json().map_err(|e| e.to_string())?;
+            match report["announcements"][0]["takeover"].as_array() {
+                Some(t) if t.len() == 3 => Ok(Some(report)),
+                other => Err(format!("takeover {other:?}")),
+            }
+        },
+    )
+    .await?;
     let allocation = &report["allocation"];
     ensure!(allocation["pool"] == "explain", "{report:#}");
     ensure!(allocation["rule"]["kind"] == "auto-assign", "{report:#}");
@@ -122,6 +153,27 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         "{report:#}"
     );
     ensure!(codes(&report).is_empty(), "{report:#}");
+    // From the speakers' live reports (through the API server's proxy to their Pods): every
+    // node in line for the IPs, the owner first, and the MAC clients learn, which is the
+    // owner's eth0's.
+    let announcement = &report["announcements"][0];
+    let takeover: Vec<&str> = announcement["takeover"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str())
+        .collect();
+    ensure!(
+        takeover.len() == 3 && takeover[0] == owner,
+        "takeover order {takeover:?}, owner {owner}"
+    );
+    let mac = lab.exec(&owner, "cat", &["/sys/class/net/eth0/address"])?;
+    ensure!(
+        announcement["macs"]["eth0"] == mac.trim(),
+        "MAC {} in explain, {} on {owner}'s eth0",
+        announcement["macs"]["eth0"],
+        mac.trim()
+    );
     // Every chain name explain computes is one kube-proxy wrote on the owner (kube-proxy
     // programs the Service a moment after its endpoints are ready: wait for its last chain).
     let port = &report["kube_proxy"][0];
@@ -171,7 +223,9 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
             "endpoint chain {chain} ({endpoint}) is not kube-proxy's"
         );
     }
-    // A user with nothing but the chart's read-only ClusterRole gets the same answer.
+    // A user with nothing but the chart's read-only ClusterRole gets the same answer from the
+    // objects, and is told the speakers' live reports were not read; with the Role in the
+    // speakers' namespace too (pods/proxy), the whole answer.
     let rbac = ferrolb_e2e::lab::repo_root().join("charts/ferrolb/rbac/explain.yaml");
     lab.kubectl(&["apply", "-f", &rbac.display().to_string()])?;
     lab.kubectl(&[
@@ -199,6 +253,8 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
     let _rbac = lab.delete_on_drop(
         ferrolb::NAMESPACE,
         &[
+            "rolebinding/explainer",
+            "role/ferrolb-explain",
             "clusterrolebinding/explainer",
             "serviceaccount/explainer",
             "clusterrole/ferrolb-explain",
@@ -210,9 +266,39 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         "ferrolb",
         &["explain", "service", &key, "-o", "json"],
     )?;
+    let partial = as_reader.json()?;
+    ensure!(
+        as_reader.code == Some(0)
+            && partial["allocation"] == report["allocation"]
+            && partial["announcements"][0]["node"] == owner.as_str()
+            && partial["announcements"][0]["takeover"].is_null()
+            && partial["notes"]
+                .to_string()
+                .contains("live reports were not read"),
+        "with only ClusterRole ferrolb-explain: exit {:?}, {partial:#}",
+        as_reader.code,
+    );
+    lab.kubectl(&[
+        "-n",
+        ferrolb::NAMESPACE,
+        "create",
+        "rolebinding",
+        "explainer",
+        "--role=ferrolb-explain",
+        &format!("--serviceaccount={}:explainer", ferrolb::NAMESPACE),
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ])
+    .and_then(|yaml| lab.apply(&yaml))?;
+    let as_reader = explain::run_with(
+        &reader,
+        "ferrolb",
+        &["explain", "service", &key, "-o", "json"],
+    )?;
     ensure!(
         as_reader.code == Some(0) && as_reader.json()? == report,
-        "with only ClusterRole ferrolb-explain: exit {:?}, {}",
+        "with ClusterRole and Role ferrolb-explain: exit {:?}, {}",
         as_reader.code,
         as_reader.stderr
     );
@@ -239,19 +325,28 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
     ensure!(
         st_json["speakers"]
             == serde_json::json!([
-                {"node": "node1", "live": true},
-                {"node": "node2", "live": true},
-                {"node": "node3", "live": true},
+                {"node": "node1", "live": true, "quorum": true},
+                {"node": "node2", "live": true, "quorum": true},
+                {"node": "node3", "live": true, "quorum": true},
             ]),
         "{st_json:#}"
     );
     let st_text = explain::run(lab, &["status"])?;
     ensure!(
-        st_text.stdout.contains("Speakers: node1, node2, node3")
-            && st_text.stdout.contains("No problem found."),
+        st_text.stdout.contains("No problem found."),
         "{}",
         st_text.stdout
     );
+    golden(
+        "explain/l2-healthy.txt",
+        &cli(lab, &["explain", "service", &key])?,
+        &["explain", "service", &key],
+    )?;
+    golden(
+        "explain/l2-healthy.json",
+        &cli(lab, &["explain", "service", &key, "-o", "json"])?,
+        &["explain", "service", &key, "-o", "json"],
+    )?;
     // The plugin binary is the same program; the text walks the same steps.
     let plugin = cli_as(
         lab,
@@ -468,6 +563,11 @@ spec:
             "{key}: text:\n{}",
             text.stdout
         );
+        golden(
+            &format!("explain/l2-{code}.txt"),
+            &text,
+            &["explain", "service", &key],
+        )?;
     }
     Ok(())
 }
@@ -542,8 +642,159 @@ spec:
         stuck["diagnoses"][0]["code"] == "config-left-out",
         "{stuck:#}"
     );
+    let stuck_key = format!("{}/stuck", scope.namespace);
+    golden(
+        "explain/l2-config-left-out.txt",
+        &cli(lab, &["explain", "service", &stuck_key])?,
+        &["explain", "service", &stuck_key],
+    )?;
     // The Service itself is fine: its pool and rule are still explained.
     ensure!(report["allocation"]["pool"] == "explain", "{report:#}");
+    Ok(())
+}
+
+/// Waits until `explain service key` reports `code` (and exit status 2); returns the text run.
+async fn wait_code(lab: &Lab, key: &str, code: &str) -> anyhow::Result<Run> {
+    wait_for(
+        &format!("explain to report {code} for {key}"),
+        Duration::from_secs(60),
+        || async {
+            let run =
+                cli(lab, &["explain", "service", key, "-o", "json"]).map_err(|e| e.to_string())?;
+            let report = run.json().map_err(|e| e.to_string())?;
+            if run.code == Some(2) && codes(&report) == [code] {
+                Ok(Some(()))
+            } else {
+                Err(format!("exit {:?}: {:?}", run.code, codes(&report)))
+            }
+        },
+    )
+    .await?;
+    cli(lab, &["explain", "service", key])
+}
+
+/// What only the Nodes and the speakers' live reports show, each the one diagnosis of its
+/// Service: the only selected node excluded by its label; externalTrafficPolicy Local with no
+/// endpoint on a selected node; no speaker on the selected node; a speaker that renews its
+/// Lease but does not answer (frozen); a speaker cut off from the others' heartbeats.
+async fn nodes_and_speakers_are_diagnosed(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let ns = ferrolb::NAMESPACE;
+    lab.kubectl(&["label", "node", "node2", "explain-pick=yes", "--overwrite"])?;
+    struct Unlabel<'a>(&'a Lab);
+    impl Drop for Unlabel<'_> {
+        fn drop(&mut self) {
+            for label in ["explain-pick-", ferrolb_explain_exclude_removal()] {
+                let _ = self.0.kubectl(&["label", "node", "node2", label]);
+            }
+        }
+    }
+    let _unlabel = Unlabel(lab);
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: picky, namespace: {ns}}}
+spec:
+  addresses: ['198.18.214.0/28']
+  autoAssign: false
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {{name: picky, namespace: {ns}}}
+spec:
+  ipAddressPools: [picky]
+  nodeSelectors:
+  - matchLabels: {{explain-pick: 'yes'}}
+"
+    ))?;
+    let _delete = lab.delete_on_drop(ns, &["l2advertisement/picky", "ipaddresspool/picky"]);
+    let mut scope = TestScope::new(lab, "explain-nodes").await?;
+    scope.deploy("web", &["node1", "node2"]).await?;
+    scope.deploy("solo", &["node1"]).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    let picky = serde_json::json!({"metallb.io/address-pool": "picky"});
+    create(&api, service("picky", picky.clone())?).await?;
+    let mut local = service("local", picky)?;
+    merge_into(
+        &mut local,
+        serde_json::json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": "solo"}}}),
+    )?;
+    create(&api, local).await?;
+    create(&api, service("web", serde_json::json!({}))?).await?;
+    for name in ["picky", "local", "web"] {
+        wait_ips(&api, name, 1).await?;
+    }
+    let key = |name: &str| format!("{}/{name}", scope.namespace);
+    wait_announced(lab, &key("picky")).await?;
+
+    // Local policy, the pods on node1, only node2 selected.
+    let run = wait_code(lab, &key("local"), "local-without-endpoint").await?;
+    golden(
+        "explain/l2-local-without-endpoint.txt",
+        &run,
+        &["explain", "service", &key("local")],
+    )?;
+
+    // The only selected node excluded.
+    lab.kubectl(&[
+        "label",
+        "node",
+        "node2",
+        "node.kubernetes.io/exclude-from-external-load-balancers=true",
+    ])?;
+    let run = wait_code(lab, &key("picky"), "node-excluded").await?;
+    golden(
+        "explain/l2-node-excluded.txt",
+        &run,
+        &["explain", "service", &key("picky")],
+    )?;
+    lab.kubectl(&["label", "node", "node2", ferrolb_explain_exclude_removal()])?;
+    wait_announced(lab, &key("picky")).await?;
+
+    // No speaker on the selected node (stopped cleanly: its presence Lease goes).
+    ctx.speakers.stop("node2");
+    let stopped = wait_code(lab, &key("picky"), "no-speaker").await;
+    ctx.speakers.start("node2")?;
+    golden(
+        "explain/l2-no-speaker.txt",
+        &stopped?,
+        &["explain", "service", &key("picky")],
+    )?;
+    wait_announced(lab, &key("picky")).await?;
+
+    // A frozen speaker: its Lease is still fresh, it does not answer.
+    ctx.speakers.freeze("node3", true)?;
+    let frozen = wait_code(lab, &key("web"), "speaker-unreachable").await;
+    ctx.speakers.freeze("node3", false)?;
+    golden(
+        "explain/l2-speaker-unreachable.txt",
+        &frozen?,
+        &["explain", "service", &key("web")],
+    )?;
+    wait_announced(lab, &key("web")).await?;
+
+    // node3 cut off from the heartbeats both ways: it loses its quorum.
+    let cut = HeartbeatFault::block(lab, "node3", &["INPUT", "OUTPUT"])?;
+    let run = wait_code(lab, &key("web"), "speaker-cut-off").await;
+    drop(cut);
+    golden(
+        "explain/l2-speaker-cut-off.txt",
+        &run?,
+        &["explain", "service", &key("web")],
+    )?;
+    wait_announced(lab, &key("web")).await?;
+    Ok(())
+}
+
+/// Removes the exclusion label (`kubectl label node N LABEL-`).
+fn ferrolb_explain_exclude_removal() -> &'static str {
+    "node.kubernetes.io/exclude-from-external-load-balancers-"
+}
+
+fn merge_into(service: &mut Service, patch: serde_json::Value) -> anyhow::Result<()> {
+    let mut value = serde_json::to_value(&*service)?;
+    merge(&mut value, patch);
+    *service = serde_json::from_value(value)?;
     Ok(())
 }
 
@@ -588,6 +839,9 @@ fn main() -> std::process::ExitCode {
         })
         .test("a_left_out_object_is_named", |c| {
             Box::pin(a_left_out_object_is_named(c))
+        })
+        .test("nodes_and_speakers_are_diagnosed", |c| {
+            Box::pin(nodes_and_speakers_are_diagnosed(c))
         })
         .test("an_ip_nobody_holds_is_a_clear_error", |c| {
             Box::pin(an_ip_nobody_holds_is_a_clear_error(c))

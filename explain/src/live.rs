@@ -255,6 +255,7 @@ pub fn diagnoses(
         .map(|s| s.node.as_str())
         .collect();
     for (mode, selected) in selected_nodes(config, pool, nodes) {
+        let mode_name = if mode == "layer2" { "layer 2" } else { "BGP" };
         let usable: Vec<&&NodeFacts> = selected.iter().filter(|n| n.may_announce()).collect();
         // Excluded nodes: the cause when no selected node is left, else worth a note.
         for n in selected.iter().filter(|n| !n.may_announce()) {
@@ -278,7 +279,7 @@ pub fn diagnoses(
                         name: n.name.clone(),
                     },
                     field: Some(field),
-                    problem: format!("{what}, so no speaker announces from it, and it is the only kind of node the {mode} advertisements select"),
+                    problem: format!("{what}, so no speaker announces from it, and it is the only kind of node the {mode_name} advertisements select"),
                     fix: if n.excluded {
                         format!("remove the label (kubectl label node {} {EXCLUDE_LABEL}-) or select other nodes in the advertisement's nodeSelectors", n.name)
                     } else {
@@ -287,7 +288,7 @@ pub fn diagnoses(
                 });
             } else {
                 notes.push(format!(
-                    "node {} {what}: it does not announce this Service ({mode})",
+                    "node {} {what}: it does not announce this Service ({mode_name})",
                     n.name
                 ));
             }
@@ -298,7 +299,7 @@ pub fn diagnoses(
             .filter(|n| announced_by.contains(&n.name))
         {
             notes.push(format!(
-                "node {} is {} and still announces this Service ({mode}), as with MetalLB; label it {EXCLUDE_LABEL} to move the traffic away",
+                "node {} is {} and still announces this Service ({mode_name}), as with MetalLB; label it {EXCLUDE_LABEL} to move the traffic away",
                 n.name,
                 if n.not_ready { "NotReady" } else { "cordoned" }
             ));
@@ -315,7 +316,7 @@ pub fn diagnoses(
                 object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
                 field: Some("spec.externalTrafficPolicy".into()),
                 problem: format!(
-                    "externalTrafficPolicy: Local, and none of the nodes the {mode} advertisements select ({}) has a ready endpoint: no node may announce it",
+                    "externalTrafficPolicy: Local, and none of the nodes the {mode_name} advertisements select ({}) has a ready endpoint: no node may announce it",
                     names.join(", ")
                 ),
                 fix: "run the Service's pods on a selected node, select the nodes they run on, or use externalTrafficPolicy: Cluster".into(),
@@ -328,7 +329,7 @@ pub fn diagnoses(
                 object: ObjectRef::namespaced("DaemonSet", namespace, "speaker"),
                 field: None,
                 problem: format!(
-                    "no speaker runs on a node the {mode} advertisements select ({})",
+                    "no speaker runs on a node the {mode_name} advertisements select ({})",
                     names.join(", ")
                 ),
                 fix: "check the speaker DaemonSet's nodeSelector, tolerations and pods on those nodes (kubectl get pods -o wide), or select nodes that run a speaker".into(),

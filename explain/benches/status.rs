@@ -1,0 +1,71 @@
+//! `ferrolb status` on clusters of 100 to 5,000 LoadBalancer Services: the whole report, every
+//! Service explained. With one allocator replay shared by all Services the time per Service
+//! stays flat; one replay per Service (before) made it grow with the number of Services.
+//!
+//! Run: `cargo bench -p ferrolb-explain --bench status -- --warm-up-time 1 --measurement-time 3`
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use ferrolb_config::model::{Config, L2Advertisement};
+use ferrolb_explain::service::Snapshot;
+use ferrolb_explain::status::status;
+use ferrolb_testkit::model::pool;
+use k8s_openapi::api::core::v1::Service;
+
+/// `n` Services in pool `big` (a /16), each holding one address, covered by one L2Advertisement.
+fn snapshot(n: usize) -> Snapshot {
+    let mut config = Config::default();
+    config
+        .pools
+        .insert("big".into(), pool("big", &["198.18.0.0/16"]));
+    config.l2_advertisements.insert(
+        "l2".into(),
+        L2Advertisement {
+            name: "l2".into(),
+            ..Default::default()
+        },
+    );
+    let services = (0..n)
+        .map(|i| {
+            serde_json::from_value::<Service>(serde_json::json!({
+                "metadata": {"namespace": "ns", "name": format!("svc{i}")},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+                "status": {"loadBalancer": {"ingress": [
+                    {"ip": format!("198.18.{}.{}", i / 256, i % 256)}
+                ]}},
+            }))
+            .unwrap()
+        })
+        .collect();
+    Snapshot {
+        namespace: "metallb-system".into(),
+        config,
+        services,
+        ..Default::default()
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("status");
+    for n in [100usize, 1_000, 5_000] {
+        let s = snapshot(n);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &s, |b, s| {
+            b.iter(|| black_box(status(s)))
+        });
+    }
+    group.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10)
+        .configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}
