@@ -10,12 +10,15 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ferrolb_config::model::{Config, L2Advertisement};
+use ferrolb_explain::live::LiveSpeaker;
 use ferrolb_explain::service::Snapshot;
+use ferrolb_explain::speaker_report::{Layer2Report, Layer2Service, SCHEMA, SpeakerReport};
 use ferrolb_explain::status::status;
 use ferrolb_testkit::model::pool;
 use k8s_openapi::api::core::v1::Service;
 
-/// `n` Services in pool `big` (a /16), each holding one address, covered by one L2Advertisement.
+/// `n` Services in pool `big` (a /16), each holding one address, covered by one L2Advertisement,
+/// and three speakers whose live reports list every one of them (as they do).
 fn snapshot(n: usize) -> Snapshot {
     let mut config = Config::default();
     config
@@ -40,10 +43,38 @@ fn snapshot(n: usize) -> Snapshot {
             .unwrap()
         })
         .collect();
+    let nodes = ["node1", "node2", "node3"];
+    let speakers = nodes
+        .iter()
+        .map(|node| LiveSpeaker {
+            node: node.to_string(),
+            live: true,
+            error: None,
+            report: Some(SpeakerReport {
+                schema: SCHEMA.into(),
+                node: node.to_string(),
+                planned: true,
+                layer2: Layer2Report {
+                    quorum: true,
+                    services: (0..n)
+                        .map(|i| Layer2Service {
+                            service: format!("ns/svc{i}"),
+                            owner: Some(nodes[i % 3].to_string()),
+                            takeover: nodes.iter().map(|n| n.to_string()).collect(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        })
+        .collect();
     Snapshot {
         namespace: "metallb-system".into(),
         config,
         services,
+        speakers,
         ..Default::default()
     }
 }

@@ -96,7 +96,10 @@ pub fn explain(
     services: &[ServiceInput<'_>],
     target: &ServiceKey,
 ) -> Allocation {
-    Replay::new(pools, services).explain(pools, pool_namespace, services, target)
+    let input = services
+        .iter()
+        .find(|input| key_of(input.service).as_ref() == Some(target));
+    Replay::new(pools, services).explain(pools, pool_namespace, input, target)
 }
 
 /// Every Service's addresses claimed as the controller re-claims them on start. Built once, it
@@ -142,17 +145,15 @@ impl Replay {
         }
     }
 
-    /// Explains the addresses of `target`, one of the `services` this replay was built from.
+    /// Explains the addresses of `target`, whose input (`None`: no such Service of ours) is
+    /// one of those this replay was built from.
     pub fn explain(
         &mut self,
         pools: &[Pool],
         pool_namespace: &str,
-        services: &[ServiceInput<'_>],
+        target_input: Option<&ServiceInput<'_>>,
         target: &ServiceKey,
     ) -> Allocation {
-        let target_input = services
-            .iter()
-            .find(|input| key_of(input.service).as_ref() == Some(target));
         // Decided as if the target came last, after every other Service's claim.
         self.allocator.release(target);
         let allocation = self.decide(pools, pool_namespace, target_input, target);

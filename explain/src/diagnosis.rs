@@ -6,7 +6,7 @@ use std::fmt;
 use serde::Serialize;
 
 /// One problem found. Serialized as part of `-o json`; `code` is the stable part scripts match.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Diagnosis {
     /// What kind of problem, stable across releases.
     pub code: Code,
@@ -22,7 +22,7 @@ pub struct Diagnosis {
 }
 
 /// The kinds of [`Diagnosis`]; serialized in kebab case (`pool-exhausted`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Code {
     /// No pool may give the Service an address (serviceAllocation, autoAssign).
@@ -77,7 +77,7 @@ impl fmt::Display for Code {
 }
 
 /// A Kubernetes object, named as `kubectl` names it: `IPAddressPool metallb-system/default`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectRef {
     /// Kind, e.g. `Service`.
     pub kind: String,

@@ -5,7 +5,7 @@
 //! node, a speaker cut off from the others, a peer not Established, a speaker that does not
 //! answer).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, Pool};
@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
 
 use crate::diagnosis::{Code, Diagnosis, ObjectRef};
-use crate::speaker_report::SpeakerReport;
+use crate::speaker_report::{Layer2Service, SpeakerReport};
 
 /// The label that keeps a node out of every announcement (a Kubernetes well-known label).
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -140,95 +140,113 @@ pub struct Layer2Owner {
     pub macs: BTreeMap<String, String>,
 }
 
-/// The layer 2 view of a Service from the speakers' reports: the owner, the takeover order and
-/// the owner's MACs on its interfaces. The owner's own report wins; any report will do.
-pub fn layer2_owner(speakers: &[LiveSpeaker], key: &ServiceKey) -> Option<Layer2Owner> {
-    let name = key.to_string();
-    let views: Vec<(&SpeakerReport, &crate::speaker_report::Layer2Service)> = speakers
-        .iter()
-        .filter_map(|s| s.report.as_ref())
-        .filter_map(|r| {
-            r.layer2
-                .services
-                .iter()
-                .find(|s| s.service == name)
-                .map(|s| (r, s))
-        })
-        .collect();
-    let (_, first) = views.first()?;
-    let owner = first.owner.clone();
-    let (_, chosen) = views
-        .iter()
-        .find(|(r, _)| Some(&r.node) == owner.as_ref())
-        .unwrap_or(&views[0]);
-    let macs = speakers
-        .iter()
-        .filter_map(|s| s.report.as_ref())
-        .find(|r| Some(&r.node) == chosen.owner.as_ref())
-        .map(|r| {
-            chosen
-                .interfaces
-                .iter()
-                .filter_map(|i| Some((i.clone(), r.layer2.macs.get(i)?.clone())))
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(Layer2Owner {
-        owner: chosen.owner.clone(),
-        takeover: chosen.takeover.clone(),
-        macs,
-    })
+/// The speakers' reports by Service, built once: what each explanation looks up.
+#[derive(Default)]
+pub struct LiveIndex<'a> {
+    /// By `namespace/name`: each speaker's view of the layer 2 Service.
+    layer2: HashMap<String, Vec<(&'a SpeakerReport, &'a Layer2Service)>>,
+    /// By (node, `namespace/name`): the sessions carrying the Service from that node.
+    sessions: HashMap<(String, String), Vec<Session>>,
+    /// By node: its report.
+    reports: HashMap<&'a str, &'a SpeakerReport>,
 }
 
-/// The BGP sessions of `node` that carry the Service, from its speaker's report.
-pub fn sessions(speakers: &[LiveSpeaker], node: &str, key: &ServiceKey) -> Vec<Session> {
-    let name = key.to_string();
-    let Some(report) = speakers
-        .iter()
-        .find(|s| s.node == node)
-        .and_then(|s| s.report.as_ref())
-    else {
-        return Vec::new();
-    };
-    report
-        .bgp
-        .peers
-        .iter()
-        .filter_map(|p| {
-            let routes: Vec<String> = p
-                .routes
-                .iter()
-                .filter(|r| r.services.contains(&name))
-                .map(|r| {
-                    let mut text = r.prefix.clone();
-                    if let Some(lp) = r.local_pref {
-                        text.push_str(&format!(" local-pref {lp}"));
+impl<'a> LiveIndex<'a> {
+    /// Indexes the reports of `speakers`.
+    pub fn new(speakers: &'a [LiveSpeaker]) -> Self {
+        let mut index = LiveIndex::default();
+        for report in speakers.iter().filter_map(|s| s.report.as_ref()) {
+            index.reports.insert(report.node.as_str(), report);
+            for service in &report.layer2.services {
+                index
+                    .layer2
+                    .entry(service.service.clone())
+                    .or_default()
+                    .push((report, service));
+            }
+            for p in &report.bgp.peers {
+                let mut routes: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+                for r in &p.routes {
+                    let text = route_text(r);
+                    for service in &r.services {
+                        routes.entry(service).or_default().push(text.clone());
                     }
-                    if !r.communities.is_empty() {
-                        text.push_str(&format!(" communities {}", r.communities.join(" ")));
-                    }
-                    if !r.large_communities.is_empty() {
-                        text.push_str(&format!(
-                            " large-communities {}",
-                            r.large_communities.join(" ")
-                        ));
-                    }
-                    text
-                })
-                .collect();
-            (!routes.is_empty()).then(|| Session {
-                peer: p.name.clone(),
-                address: p.address.clone(),
-                state: p.state.clone(),
-                routes,
-                last_error: p
-                    .not_started
-                    .clone()
-                    .or_else(|| p.last_error.clone())
-                    .filter(|_| !p.established()),
+                }
+                for (service, routes) in routes {
+                    index
+                        .sessions
+                        .entry((report.node.clone(), service.to_string()))
+                        .or_default()
+                        .push(Session {
+                            peer: p.name.clone(),
+                            address: p.address.clone(),
+                            state: p.state.clone(),
+                            routes,
+                            last_error: p
+                                .not_started
+                                .clone()
+                                .or_else(|| p.last_error.clone())
+                                .filter(|_| !p.established()),
+                        });
+                }
+            }
+        }
+        index
+    }
+
+    /// The layer 2 view of a Service: the owner, the takeover order and the owner's MACs on
+    /// its interfaces. The owner's own report wins; any report will do.
+    pub fn layer2_owner(&self, key: &ServiceKey) -> Option<Layer2Owner> {
+        let views = self.layer2.get(&key.to_string())?;
+        let (_, first) = views.first()?;
+        let (_, chosen) = views
+            .iter()
+            .find(|(r, _)| Some(&r.node) == first.owner.as_ref())
+            .unwrap_or(&views[0]);
+        let macs = chosen
+            .owner
+            .as_deref()
+            .and_then(|owner| self.reports.get(owner))
+            .map(|r| {
+                chosen
+                    .interfaces
+                    .iter()
+                    .filter_map(|i| Some((i.clone(), r.layer2.macs.get(i)?.clone())))
+                    .collect()
             })
+            .unwrap_or_default();
+        Some(Layer2Owner {
+            owner: chosen.owner.clone(),
+            takeover: chosen.takeover.clone(),
+            macs,
         })
-        .collect()
+    }
+
+    /// The BGP sessions of `node` that carry the Service, from its speaker's report.
+    pub fn sessions(&self, node: &str, key: &ServiceKey) -> Vec<Session> {
+        self.sessions
+            .get(&(node.to_string(), key.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A route as explain prints it: the prefix and the attributes sent.
+fn route_text(r: &crate::speaker_report::RouteReport) -> String {
+    let mut text = r.prefix.clone();
+    if let Some(lp) = r.local_pref {
+        text.push_str(&format!(" local-pref {lp}"));
+    }
+    if !r.communities.is_empty() {
+        text.push_str(&format!(" communities {}", r.communities.join(" ")));
+    }
+    if !r.large_communities.is_empty() {
+        text.push_str(&format!(
+            " large-communities {}",
+            r.large_communities.join(" ")
+        ));
+    }
+    text
 }
 
 /// What the Nodes and speakers say is wrong with announcing Service `key` from pool `pool`:
@@ -242,6 +260,7 @@ pub fn diagnoses(
     pool: &Pool,
     nodes: &[NodeFacts],
     speakers: &[LiveSpeaker],
+    live_index: &LiveIndex<'_>,
     key: &ServiceKey,
     announced_by: &BTreeSet<String>,
     local_endpoints: Option<&BTreeSet<String>>,
@@ -362,7 +381,8 @@ pub fn diagnoses(
     }
     // BGP sessions that should carry the Service and do not.
     for node in announced_by {
-        for s in sessions(speakers, node, key)
+        for s in live_index
+            .sessions(node, key)
             .into_iter()
             .filter(|s| s.state != "Established")
         {

@@ -3,7 +3,7 @@
 //! their peers), the advertisements covering its pool, where its ready endpoints are, and
 //! kube-proxy's chains for each port; with what is wrong and what to do.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
@@ -194,10 +194,86 @@ static NO_LABELS: Labels = Labels::new();
 /// them (`status` explains every Service).
 pub struct Explainer<'a> {
     snapshot: &'a Snapshot,
-    ours: Vec<&'a Service>,
     inputs: Vec<ServiceInput<'a>>,
     pools: Vec<ferrolb_config::model::Pool>,
     replay: allocation::Replay,
+    index: Index<'a>,
+}
+
+/// The snapshot's objects by the Service they belong to, built once so that each explanation
+/// looks its Service's objects up instead of scanning them all.
+#[derive(Default)]
+struct Index<'a> {
+    /// Services of ours, into `Explainer::inputs`.
+    services: HashMap<ServiceKey, usize>,
+    /// EndpointSlices, by their `kubernetes.io/service-name` label.
+    slices: HashMap<ServiceKey, Vec<&'a EndpointSlice>>,
+    /// ServiceL2Status objects, by the Service they report on.
+    l2: HashMap<ServiceKey, Vec<&'a ServiceL2Status>>,
+    /// ServiceBGPStatus objects, by the Service they report on.
+    bgp: HashMap<ServiceKey, Vec<&'a ServiceBGPStatus>>,
+    /// The speakers' reports.
+    live: live::LiveIndex<'a>,
+}
+
+impl<'a> Index<'a> {
+    fn new(snapshot: &'a Snapshot, ours: &[&'a Service]) -> Self {
+        let mut index = Index {
+            live: live::LiveIndex::new(&snapshot.speakers),
+            ..Index::default()
+        };
+        for (i, s) in ours.iter().enumerate() {
+            if let (Some(ns), Some(name)) = (&s.metadata.namespace, &s.metadata.name) {
+                index
+                    .services
+                    .insert(ServiceKey::new(ns.as_str(), name.as_str()), i);
+            }
+        }
+        for slice in &snapshot.slices {
+            let service = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"));
+            if let (Some(ns), Some(name)) = (&slice.metadata.namespace, service) {
+                index
+                    .slices
+                    .entry(ServiceKey::new(ns.as_str(), name.as_str()))
+                    .or_default()
+                    .push(slice);
+            }
+        }
+        for status in &snapshot.l2_statuses {
+            if let Some(st) = &status.status {
+                index
+                    .l2
+                    .entry(ServiceKey::new(
+                        st.service_namespace.as_str(),
+                        st.service_name.as_str(),
+                    ))
+                    .or_default()
+                    .push(status);
+            }
+        }
+        for status in &snapshot.bgp_statuses {
+            if let Some(st) = &status.status {
+                index
+                    .bgp
+                    .entry(ServiceKey::new(
+                        st.service_namespace.as_str(),
+                        st.service_name.as_str(),
+                    ))
+                    .or_default()
+                    .push(status);
+            }
+        }
+        index
+    }
+
+    /// The Service's EndpointSlices.
+    fn slices_of(&self, key: &ServiceKey) -> impl Iterator<Item = &'a EndpointSlice> + '_ {
+        self.slices.get(key).into_iter().flatten().copied()
+    }
 }
 
 impl<'a> Explainer<'a> {
@@ -222,38 +298,40 @@ impl<'a> Explainer<'a> {
             .collect();
         let pools: Vec<_> = snapshot.config.pools.values().cloned().collect();
         let replay = allocation::Replay::new(&pools, &inputs);
+        let index = Index::new(snapshot, &ours);
         Self {
             snapshot,
-            ours,
             inputs,
             pools,
             replay,
+            index,
         }
     }
 
     /// Explains Service `key`.
     pub fn explain(&mut self, key: &ServiceKey) -> ServiceReport {
-        let allocation =
-            self.replay
-                .explain(&self.pools, &self.snapshot.namespace, &self.inputs, key);
-        explain_allocated(self.snapshot, key, &self.ours, allocation)
+        let input = self.index.services.get(key).map(|&i| &self.inputs[i]);
+        let allocation = self
+            .replay
+            .explain(&self.pools, &self.snapshot.namespace, input, key);
+        explain_allocated(
+            self.snapshot,
+            &self.index,
+            key,
+            input.map(|i| i.service),
+            allocation,
+        )
     }
 }
 
 /// The rest of the explanation, once the allocation is known.
 fn explain_allocated(
     snapshot: &Snapshot,
+    index: &Index<'_>,
     key: &ServiceKey,
-    ours: &[&Service],
+    service: Option<&Service>,
     allocation: Allocation,
 ) -> ServiceReport {
-    let service = ours
-        .iter()
-        .find(|s| {
-            s.metadata.namespace.as_deref() == Some(key.namespace())
-                && s.metadata.name.as_deref() == Some(key.name())
-        })
-        .copied();
     // A left-out object may be the very pool or advertisement a Service without an address
     // needs: then it is a problem, said first. For a Service that is served it is a note.
     let mut notes = Vec::new();
@@ -285,9 +363,9 @@ fn explain_allocated(
             fix: format!("create an L2Advertisement or BGPAdvertisement in {} whose ipAddressPools (or ipAddressPoolSelectors) include {pool}", snapshot.namespace),
         });
     }
-    let mut announcements = announcements(snapshot, key);
-    live_details(snapshot, key, &mut announcements);
-    let traffic = traffic(snapshot, key, service);
+    let mut announcements = announcements(index, key);
+    live_details(&index.live, key, &mut announcements);
+    let traffic = traffic(index, key, service);
     let local_endpoints: Option<BTreeSet<String>> = (traffic.external_traffic_policy == "Local")
         .then(|| {
             traffic
@@ -311,6 +389,7 @@ fn explain_allocated(
             pool,
             &snapshot.nodes,
             &snapshot.speakers,
+            &index.live,
             key,
             &announced_by,
             local_endpoints.as_ref(),
@@ -357,7 +436,7 @@ fn explain_allocated(
         notes.push("kube-proxy forwards only the Service's ports: ping to the IP gets no answer, test with the port (e.g. curl or nc)".into());
     }
     let kube_proxy = service
-        .map(|s| port_chains(snapshot, key, s))
+        .map(|s| port_chains(index, key, s))
         .unwrap_or_default();
     ServiceReport {
         schema: SCHEMA,
@@ -418,11 +497,11 @@ pub fn config_diagnoses(snapshot: &Snapshot) -> Vec<Diagnosis> {
         .collect()
 }
 
-fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
+fn announcements(index: &Index<'_>, key: &ServiceKey) -> Vec<Announcement> {
     let mut out = Vec::new();
-    for s in &snapshot.l2_statuses {
+    for s in index.l2.get(key).into_iter().flatten() {
         let Some(st) = &s.status else { continue };
-        if st.service_namespace == key.namespace() && st.service_name == key.name() {
+        {
             out.push(Announcement {
                 mode: "layer2",
                 node: st.node.clone(),
@@ -434,9 +513,9 @@ fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
             });
         }
     }
-    for s in &snapshot.bgp_statuses {
+    for s in index.bgp.get(key).into_iter().flatten() {
         let Some(st) = &s.status else { continue };
-        if st.service_namespace == key.namespace() && st.service_name == key.name() {
+        {
             out.push(Announcement {
                 mode: "bgp",
                 node: st.node.clone(),
@@ -454,8 +533,8 @@ fn announcements(snapshot: &Snapshot, key: &ServiceKey) -> Vec<Announcement> {
 
 /// Adds what the speakers report to the announcements the status objects show: the layer 2
 /// owner's MACs and the takeover order, each BGP node's sessions.
-fn live_details(snapshot: &Snapshot, key: &ServiceKey, announcements: &mut [Announcement]) {
-    let owner = live::layer2_owner(&snapshot.speakers, key);
+fn live_details(live: &live::LiveIndex<'_>, key: &ServiceKey, announcements: &mut [Announcement]) {
+    let owner = live.layer2_owner(key);
     for a in announcements.iter_mut() {
         match a.mode {
             "layer2" => {
@@ -466,39 +545,23 @@ fn live_details(snapshot: &Snapshot, key: &ServiceKey, announcements: &mut [Anno
                     a.macs = o.macs.clone();
                 }
             }
-            _ => a.sessions = live::sessions(&snapshot.speakers, &a.node, key),
+            _ => a.sessions = live.sessions(&a.node, key),
         }
     }
-}
-
-/// The Service's EndpointSlices (label `kubernetes.io/service-name`).
-fn slices_of<'a>(
-    snapshot: &'a Snapshot,
-    key: &'a ServiceKey,
-) -> impl Iterator<Item = &'a EndpointSlice> {
-    snapshot.slices.iter().filter(move |s| {
-        s.metadata.namespace.as_deref() == Some(key.namespace())
-            && s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name"))
-                .map(String::as_str)
-                == Some(key.name())
-    })
 }
 
 fn ready(e: &k8s_openapi::api::discovery::v1::Endpoint) -> bool {
     e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
 }
 
-fn traffic(snapshot: &Snapshot, key: &ServiceKey, service: Option<&Service>) -> Traffic {
+fn traffic(index: &Index<'_>, key: &ServiceKey, service: Option<&Service>) -> Traffic {
     let policy = service
         .and_then(|s| s.spec.as_ref())
         .and_then(|s| s.external_traffic_policy.clone())
         .unwrap_or_else(|| "Cluster".into());
     // A dual-stack pod is in one slice per family: count pods (their targetRef), not entries.
     let mut pods: BTreeSet<(String, String)> = BTreeSet::new();
-    for slice in slices_of(snapshot, key) {
+    for slice in index.slices_of(key) {
         for e in slice.endpoints.iter().filter(|e| ready(e)) {
             let node = e.node_name.clone().unwrap_or_else(|| "?".into());
             let pod = e
@@ -520,7 +583,7 @@ fn traffic(snapshot: &Snapshot, key: &ServiceKey, service: Option<&Service>) -> 
     }
 }
 
-fn port_chains(snapshot: &Snapshot, key: &ServiceKey, service: &Service) -> Vec<PortChains> {
+fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<PortChains> {
     let mut out = Vec::new();
     for p in service
         .spec
@@ -537,7 +600,7 @@ fn port_chains(snapshot: &Snapshot, key: &ServiceKey, service: &Service) -> Vec<
         let sp = ServicePort::new(key.namespace(), key.name(), &name, protocol);
         // Endpoints of this port: the slices' port with the same name and protocol.
         let mut endpoints = BTreeSet::new();
-        for slice in slices_of(snapshot, key) {
+        for slice in index.slices_of(key) {
             let port = slice.ports.iter().flatten().find(|sp| {
                 sp.name.clone().unwrap_or_default() == name
                     && sp.protocol.clone().unwrap_or_else(|| "TCP".into()) == protocol_text

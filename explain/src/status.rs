@@ -152,10 +152,11 @@ pub fn status(snapshot: &Snapshot) -> StatusReport {
     // Problems of the cluster (a speaker cut off, a peer down) show up under every Service
     // they touch: each is listed once.
     let mut diagnoses = service::config_diagnoses(snapshot);
+    let mut seen: std::collections::HashSet<Diagnosis> = diagnoses.iter().cloned().collect();
     let mut explainer = service::Explainer::new(snapshot);
     for key in &keys {
         for d in explainer.explain(key).diagnoses {
-            if d.code != Code::ConfigLeftOut && !diagnoses.contains(&d) {
+            if d.code != Code::ConfigLeftOut && seen.insert(d.clone()) {
                 diagnoses.push(d);
             }
         }
