@@ -210,6 +210,25 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         .as_array()
         .context("endpoints")?;
     ensure!(endpoints.len() == 4, "{port:#}");
+    // The weights are kube-proxy's: its service chain jumps to each of a family's endpoints
+    // (two per family here), spreading connections evenly.
+    let service_chain = port["iptables"]["service"].as_str().context("service")?;
+    for (table, family) in [(&v4, "IPv4"), (&v6, "IPv6")] {
+        let jumps = table
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("-A {service_chain} ")) && l.contains("-j KUBE-SEP-")
+            })
+            .count();
+        ensure!(
+            jumps == 2,
+            "{family}: {jumps} endpoint jumps in {service_chain}"
+        );
+    }
+    ensure!(
+        endpoints.iter().all(|e| e["weight"] == "1/2"),
+        "weights: {port:#}"
+    );
     for e in endpoints {
         let chain = e["chain"].as_str().context("chain")?;
         let endpoint = e["endpoint"].as_str().context("endpoint")?;

@@ -138,6 +138,10 @@ pub struct EndpointChain {
     pub node: Option<String>,
     /// The chain.
     pub chain: String,
+    /// Its share of the new connections kube-proxy sends on, as a fraction (`1/2`): kube-proxy
+    /// spreads them evenly over the ready endpoints of the IP's family, and with
+    /// `externalTrafficPolicy: Local` over those on the node the traffic enters.
+    pub weight: String,
 }
 
 /// The explanation of one Service.
@@ -584,6 +588,11 @@ fn traffic(index: &Index<'_>, key: &ServiceKey, service: Option<&Service>) -> Tr
 }
 
 fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<PortChains> {
+    let local_policy = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.external_traffic_policy.as_deref())
+        == Some("Local");
     let mut out = Vec::new();
     for p in service
         .spec
@@ -629,10 +638,21 @@ fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<Po
                 local: kube_proxy::iptables::local_chain(&sp),
                 endpoints: endpoints
                     .iter()
-                    .map(|(addr, node)| EndpointChain {
-                        endpoint: addr.to_string(),
-                        node: node.clone(),
-                        chain: kube_proxy::iptables::endpoint_chain(&sp, *addr),
+                    .map(|(addr, node)| {
+                        // The endpoints sharing the traffic with this one: the same family and,
+                        // under Local policy, the same node.
+                        let peers = endpoints
+                            .iter()
+                            .filter(|(a, n)| {
+                                a.is_ipv4() == addr.is_ipv4() && (!local_policy || n == node)
+                            })
+                            .count();
+                        EndpointChain {
+                            endpoint: addr.to_string(),
+                            node: node.clone(),
+                            chain: kube_proxy::iptables::endpoint_chain(&sp, *addr),
+                            weight: format!("1/{}", peers.max(1)),
+                        }
                     })
                     .collect(),
             },
@@ -776,13 +796,14 @@ pub fn render_text(r: &ServiceReport) -> String {
         for e in &ipt.endpoints {
             let _ = writeln!(
                 t,
-                "                   -> {} -> {}{}",
+                "                   -> {} -> {}{} (weight {})",
                 e.chain,
                 e.endpoint,
                 e.node
                     .as_ref()
                     .map(|n| format!(" on {n}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                e.weight
             );
         }
         let nft_next = if r.traffic.external_traffic_policy == "Local" {
@@ -876,6 +897,7 @@ mod tests {
         assert_eq!((p.port, p.protocol.as_str()), (80, "TCP"));
         assert!(p.iptables.external.starts_with("KUBE-EXT-"));
         assert_eq!(p.iptables.endpoints[0].endpoint, "198.19.2.5:8080");
+        assert_eq!(p.iptables.endpoints[0].weight, "1/1");
         assert!(p.iptables.endpoints[0].chain.starts_with("KUBE-SEP-"));
         assert_eq!(
             service_of_ip(&s, "198.18.200.0".parse().unwrap()),
@@ -1195,6 +1217,51 @@ mod tests {
         let mut shared = Explainer::new(&s);
         for k in keys.iter().rev().chain(keys.iter()) {
             assert_eq!(shared.explain(k), explain(&s, k), "{k}");
+        }
+    }
+
+    /// kube-proxy spreads connections evenly over the ready endpoints of the IP's family;
+    /// under Local policy over those on the node the traffic enters.
+    #[test]
+    fn each_endpoint_weighs_its_share() {
+        let endpoints = serde_json::json!([
+            {"addresses": ["198.19.1.5"], "nodeName": "node1", "conditions": {"ready": true}},
+            {"addresses": ["198.19.1.6"], "nodeName": "node1", "conditions": {"ready": true}},
+            {"addresses": ["198.19.2.5"], "nodeName": "node2", "conditions": {"ready": true}},
+            {"addresses": ["198.19.2.9"], "nodeName": "node2", "conditions": {"ready": false}},
+        ]);
+        let v6 = serde_json::json!([
+            {"addresses": ["fd00:19:1::5"], "nodeName": "node1", "conditions": {"ready": true}},
+        ]);
+        for (policy, want) in [
+            ("Cluster", ["1/3", "1/3", "1/3", "1/1"]),
+            ("Local", ["1/2", "1/2", "1/1", "1/1"]),
+        ] {
+            let mut s = snapshot(policy);
+            s.slices = vec![
+                from(serde_json::json!({
+                    "metadata": {"namespace": "web", "name": "web-4",
+                                 "labels": {"kubernetes.io/service-name": "web"}},
+                    "addressType": "IPv4",
+                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                    "endpoints": endpoints,
+                })),
+                from(serde_json::json!({
+                    "metadata": {"namespace": "web", "name": "web-6",
+                                 "labels": {"kubernetes.io/service-name": "web"}},
+                    "addressType": "IPv6",
+                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                    "endpoints": v6,
+                })),
+            ];
+            let r = explain(&s, &key());
+            let got: Vec<&str> = r.kube_proxy[0]
+                .iptables
+                .endpoints
+                .iter()
+                .map(|e| e.weight.as_str())
+                .collect();
+            assert_eq!(got, want, "{policy}");
         }
     }
 }
