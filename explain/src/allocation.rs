@@ -99,7 +99,7 @@ pub fn explain(
     let input = services
         .iter()
         .find(|input| key_of(input.service).as_ref() == Some(target));
-    Replay::new(pools, services).explain(pools, pool_namespace, input, target)
+    Replay::new_without(pools, services, Some(target)).explain(pools, pool_namespace, input, target)
 }
 
 /// Every Service's addresses claimed as the controller re-claims them on start. Built once, it
@@ -108,8 +108,8 @@ pub fn explain(
 /// number.
 pub struct Replay {
     allocator: Allocator,
-    /// Who holds each address (`namespace/name`).
-    holders: BTreeMap<IpAddr, Vec<String>>,
+    /// Who holds each address in its status.
+    holders: BTreeMap<IpAddr, Vec<ServiceKey>>,
     /// The Services whose addresses were claimed, with them.
     claimed: BTreeMap<ServiceKey, Vec<IpAddr>>,
 }
@@ -117,8 +117,17 @@ pub struct Replay {
 impl Replay {
     /// Claims the addresses of `services` (every LoadBalancer Service of ours) in `pools`.
     pub fn new(pools: &[Pool], services: &[ServiceInput<'_>]) -> Self {
+        Self::new_without(pools, services, None)
+    }
+
+    /// [`Replay::new`], leaving `without`'s addresses unclaimed.
+    fn new_without(
+        pools: &[Pool],
+        services: &[ServiceInput<'_>],
+        without: Option<&ServiceKey>,
+    ) -> Self {
         let mut allocator = Allocator::new(pools.to_vec());
-        let mut holders: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+        let mut holders: BTreeMap<IpAddr, Vec<ServiceKey>> = BTreeMap::new();
         let mut claimed = BTreeMap::new();
         for input in services {
             let Ok(parsed) = ServiceRequest::from_service(input.service, input.namespace_labels)
@@ -130,7 +139,10 @@ impl Replay {
                 holders
                     .entry(*ip)
                     .or_default()
-                    .push(parsed.request.key.to_string());
+                    .push(parsed.request.key.clone());
+            }
+            if Some(&parsed.request.key) == without {
+                continue;
             }
             // Services holding addresses keep them; one whose addresses are no longer valid is
             // left out, as the controller would clear it.
@@ -145,8 +157,18 @@ impl Replay {
         }
     }
 
+    /// Whether another Service holding one of `ips` (the target's) in its status was left
+    /// unclaimed, which happens when it conflicts with the target or a Service before it. Then
+    /// the shared replay would not decide the target as if it came last (the other Service
+    /// would have claimed first): explain it with [`explain`], a replay of its own.
+    pub fn disputed(&self, target: &ServiceKey, ips: &[IpAddr]) -> bool {
+        ips.iter()
+            .flat_map(|ip| self.holders.get(ip).into_iter().flatten())
+            .any(|holder| holder != target && !self.claimed.contains_key(holder))
+    }
+
     /// Explains the addresses of `target`, whose input (`None`: no such Service of ours) is
-    /// one of those this replay was built from.
+    /// one of those this replay was built from. Only exact when not [`Replay::disputed`].
     pub fn explain(
         &mut self,
         pools: &[Pool],
@@ -176,7 +198,7 @@ impl Replay {
     ) -> Allocation {
         let allocator = &mut self.allocator;
         let holders = &self.holders;
-        let target_name = target.to_string();
+
         let service_ref = ObjectRef::namespaced("Service", target.namespace(), target.name());
         let Some(input) = target_input else {
             return Allocation {
@@ -220,8 +242,9 @@ impl Replay {
         let sharing_key = request.sharing_key.as_deref().map(str::to_owned);
         let mut shared_with: Vec<String> = ips
             .iter()
-            .flat_map(|ip| holders.get(ip).into_iter().flatten().cloned())
-            .filter(|holder| *holder != target_name)
+            .flat_map(|ip| holders.get(ip).into_iter().flatten())
+            .filter(|holder| *holder != target)
+            .map(ServiceKey::to_string)
             .collect();
         shared_with.sort();
         shared_with.dedup();

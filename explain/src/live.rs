@@ -97,23 +97,25 @@ pub struct Session {
     pub last_error: Option<String>,
 }
 
-/// Nodes selected by the advertisements covering `pool` (layer 2 and BGP), by mode.
+/// Nodes selected by the advertisements covering `pool` and selecting a Service with
+/// `labels` (their `serviceSelectors`), layer 2 and BGP, by mode.
 pub fn selected_nodes<'a>(
     config: &Config,
     pool: &Pool,
+    labels: &Labels,
     nodes: &'a [NodeFacts],
 ) -> BTreeMap<&'static str, Vec<&'a NodeFacts>> {
     let mut out: BTreeMap<&'static str, Vec<&NodeFacts>> = BTreeMap::new();
     let l2: Vec<_> = config
         .l2_advertisements
         .values()
-        .filter(|a| a.pools.covers(pool))
+        .filter(|a| a.pools.covers(pool) && any_matches(&a.service_selectors, labels))
         .map(|a| &a.node_selectors)
         .collect();
     let bgp: Vec<_> = config
         .bgp_advertisements
         .values()
-        .filter(|a| a.pools.covers(pool))
+        .filter(|a| a.pools.covers(pool) && any_matches(&a.service_selectors, labels))
         .map(|a| &a.node_selectors)
         .collect();
     for (mode, selectors) in [("layer2", l2), ("bgp", bgp)] {
@@ -194,19 +196,23 @@ impl<'a> LiveIndex<'a> {
         index
     }
 
-    /// The layer 2 view of a Service: the owner, the takeover order and the owner's MACs on
-    /// its interfaces. The owner's own report wins; any report will do.
-    pub fn layer2_owner(&self, key: &ServiceKey) -> Option<Layer2Owner> {
+    /// The layer 2 view of a Service announced by `owner` (as its ServiceL2Status says): the
+    /// takeover order and the owner's MACs, from the owner's own report, else from a report
+    /// that agrees on the owner. None when no report does.
+    pub fn layer2_owner(&self, key: &ServiceKey, owner: &str) -> Option<Layer2Owner> {
         let views = self.layer2.get(&key.to_string())?;
-        let (_, first) = views.first()?;
         let (_, chosen) = views
             .iter()
-            .find(|(r, _)| Some(&r.node) == first.owner.as_ref())
-            .unwrap_or(&views[0]);
-        let macs = chosen
-            .owner
-            .as_deref()
-            .and_then(|owner| self.reports.get(owner))
+            .find(|(r, _)| r.node == owner)
+            .filter(|(_, v)| v.owner.as_deref() == Some(owner))
+            .or_else(|| {
+                views
+                    .iter()
+                    .find(|(_, v)| v.owner.as_deref() == Some(owner))
+            })?;
+        let macs = self
+            .reports
+            .get(owner)
             .map(|r| {
                 chosen
                     .interfaces
@@ -249,22 +255,37 @@ fn route_text(r: &crate::speaker_report::RouteReport) -> String {
     text
 }
 
-/// What the Nodes and speakers say is wrong with announcing Service `key` from pool `pool`:
-/// `announced_by` the nodes announcing it now, `local_endpoints` the nodes with a ready
-/// endpoint when its `externalTrafficPolicy` is `Local`. Problems come back as diagnoses;
-/// things worth knowing that do not stop traffic as notes.
-#[allow(clippy::too_many_arguments)]
+/// The Service [`diagnoses`] looks at.
+pub struct Subject<'a> {
+    /// Its key.
+    pub key: &'a ServiceKey,
+    /// The pool its addresses come from.
+    pub pool: &'a Pool,
+    /// Its labels (advertisements select Services by them).
+    pub labels: &'a Labels,
+    /// The nodes announcing it now.
+    pub announced_by: &'a BTreeSet<String>,
+    /// With `externalTrafficPolicy: Local`, the nodes with a ready endpoint.
+    pub local_endpoints: Option<&'a BTreeSet<String>>,
+}
+
+/// What the Nodes and speakers say is wrong with announcing `subject`. Problems come back as
+/// diagnoses; things worth knowing that do not stop traffic as notes.
 pub fn diagnoses(
     config: &Config,
     namespace: &str,
-    pool: &Pool,
     nodes: &[NodeFacts],
     speakers: &[LiveSpeaker],
     live_index: &LiveIndex<'_>,
-    key: &ServiceKey,
-    announced_by: &BTreeSet<String>,
-    local_endpoints: Option<&BTreeSet<String>>,
+    subject: &Subject<'_>,
 ) -> (Vec<Diagnosis>, Vec<String>) {
+    let Subject {
+        key,
+        pool,
+        labels,
+        announced_by,
+        local_endpoints,
+    } = *subject;
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     let announced = !announced_by.is_empty();
@@ -273,7 +294,7 @@ pub fn diagnoses(
         .filter(|s| s.live)
         .map(|s| s.node.as_str())
         .collect();
-    for (mode, selected) in selected_nodes(config, pool, nodes) {
+    for (mode, selected) in selected_nodes(config, pool, labels, nodes) {
         let mode_name = if mode == "layer2" { "layer 2" } else { "BGP" };
         let usable: Vec<&&NodeFacts> = selected.iter().filter(|n| n.may_announce()).collect();
         // Excluded nodes: the cause when no selected node is left, else worth a note.
@@ -404,7 +425,7 @@ pub fn diagnoses(
         }
     }
     // Speakers that are alive on a node that matters here but did not answer.
-    let relevant: BTreeSet<&str> = selected_nodes(config, pool, nodes)
+    let relevant: BTreeSet<&str> = selected_nodes(config, pool, labels, nodes)
         .values()
         .flatten()
         .filter(|n| n.may_announce())

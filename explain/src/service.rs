@@ -315,9 +315,15 @@ impl<'a> Explainer<'a> {
     /// Explains Service `key`.
     pub fn explain(&mut self, key: &ServiceKey) -> ServiceReport {
         let input = self.index.services.get(key).map(|&i| &self.inputs[i]);
-        let allocation = self
-            .replay
-            .explain(&self.pools, &self.snapshot.namespace, input, key);
+        let ips = input
+            .map(|i| allocation::status_ips(i.service))
+            .unwrap_or_default();
+        let allocation = if self.replay.disputed(key, &ips) {
+            allocation::explain(&self.pools, &self.snapshot.namespace, &self.inputs, key)
+        } else {
+            self.replay
+                .explain(&self.pools, &self.snapshot.namespace, input, key)
+        };
         explain_allocated(
             self.snapshot,
             &self.index,
@@ -354,9 +360,39 @@ fn explain_allocated(
         .pool
         .as_deref()
         .and_then(|p| snapshot.config.pools.get(p))
-        .map(|pool| covering(&snapshot.config, pool))
+        .map(|pool| {
+            covering(
+                &snapshot.config,
+                pool,
+                Some(
+                    service
+                        .and_then(|s| s.metadata.labels.as_ref())
+                        .unwrap_or(&NO_LABELS),
+                ),
+            )
+        })
+        .unwrap_or_default();
+    let pool_advertisements = allocation
+        .pool
+        .as_deref()
+        .and_then(|p| snapshot.config.pools.get(p))
+        .map(|pool| covering(&snapshot.config, pool, None))
         .unwrap_or_default();
     if let Some(pool) = &allocation.pool
+        && advertisements.is_empty()
+        && !pool_advertisements.is_empty()
+    {
+        diagnoses.push(Diagnosis {
+            code: Code::NoAdvertisement,
+            object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+            field: Some("metadata.labels".into()),
+            problem: format!(
+                "the advertisements covering pool {pool} ({}) select other Services by their serviceSelectors: this one's IPs are allocated but never announced",
+                pool_advertisements.join(", ")
+            ),
+            fix: "label the Service to match an advertisement's serviceSelectors, or add an advertisement that selects it".into(),
+        });
+    } else if let Some(pool) = &allocation.pool
         && advertisements.is_empty()
     {
         diagnoses.push(Diagnosis {
@@ -387,16 +423,22 @@ fn explain_allocated(
         .and_then(|p| snapshot.config.pools.get(p))
         .filter(|_| !allocation.ips.is_empty())
     {
+        let labels = service
+            .and_then(|s| s.metadata.labels.as_ref())
+            .unwrap_or(&NO_LABELS);
         let (problems, live_notes) = live::diagnoses(
             &snapshot.config,
             &snapshot.namespace,
-            pool,
             &snapshot.nodes,
             &snapshot.speakers,
             &index.live,
-            key,
-            &announced_by,
-            local_endpoints.as_ref(),
+            &live::Subject {
+                key,
+                pool,
+                labels,
+                announced_by: &announced_by,
+                local_endpoints: local_endpoints.as_ref(),
+            },
         );
         specific = problems.iter().any(|d| {
             matches!(
@@ -455,17 +497,25 @@ fn explain_allocated(
     }
 }
 
-/// The advertisements covering `pool`: `L2Advertisement name`, then `BGPAdvertisement name`.
-pub fn covering(config: &Config, pool: &ferrolb_config::model::Pool) -> Vec<String> {
+/// The advertisements covering `pool` (and, given a Service's `labels`, selecting it by their
+/// `serviceSelectors`): `L2Advertisement name`, then `BGPAdvertisement name`.
+pub fn covering(
+    config: &Config,
+    pool: &ferrolb_config::model::Pool,
+    labels: Option<&Labels>,
+) -> Vec<String> {
+    let selects = |selectors: &[ferrolb_config::selector::Selector]| {
+        labels.is_none_or(|l| ferrolb_config::selector::any_matches(selectors, l))
+    };
     let l2 = config
         .l2_advertisements
         .values()
-        .filter(|a| a.pools.covers(pool))
+        .filter(|a| a.pools.covers(pool) && selects(&a.service_selectors))
         .map(|a| format!("L2Advertisement {}", a.name));
     let bgp = config
         .bgp_advertisements
         .values()
-        .filter(|a| a.pools.covers(pool))
+        .filter(|a| a.pools.covers(pool) && selects(&a.service_selectors))
         .map(|a| format!("BGPAdvertisement {}", a.name));
     l2.chain(bgp).collect()
 }
@@ -538,15 +588,12 @@ fn announcements(index: &Index<'_>, key: &ServiceKey) -> Vec<Announcement> {
 /// Adds what the speakers report to the announcements the status objects show: the layer 2
 /// owner's MACs and the takeover order, each BGP node's sessions.
 fn live_details(live: &live::LiveIndex<'_>, key: &ServiceKey, announcements: &mut [Announcement]) {
-    let owner = live.layer2_owner(key);
     for a in announcements.iter_mut() {
         match a.mode {
             "layer2" => {
-                if let Some(o) = &owner
-                    && o.owner.as_ref() == Some(&a.node)
-                {
-                    a.takeover = o.takeover.clone();
-                    a.macs = o.macs.clone();
+                if let Some(o) = live.layer2_owner(key, &a.node) {
+                    a.takeover = o.takeover;
+                    a.macs = o.macs;
                 }
             }
             _ => a.sessions = live.sessions(&a.node, key),
@@ -1009,7 +1056,14 @@ mod tests {
     fn the_speakers_add_the_mac_and_the_takeover_order() {
         let mut s = snapshot("Cluster");
         s.nodes = vec![node("node1", &[]), node("node2", &[]), node("node3", &[])];
+        // node0's speaker, first by name, is stale: it sees no owner. The owner's own report
+        // is the one shown.
+        let mut stale = owner_report();
+        stale.node = "node0".into();
+        stale.layer2.services[0].owner = None;
+        stale.layer2.services[0].takeover.clear();
         s.speakers = vec![
+            live_speaker("node0", Some(stale)),
             live_speaker("node1", Some(owner_report())),
             live_speaker("node2", None),
         ];
@@ -1055,6 +1109,18 @@ mod tests {
             .node_selectors = vec![ferrolb_config::selector::Selector::from_labels([(
             "pick", "me",
         )])];
+        // Another advertisement of the pool selects node2, but only for other Services.
+        s.config.l2_advertisements.insert(
+            "others".into(),
+            L2Advertisement {
+                name: "others".into(),
+                pools: PoolSelection::default(),
+                service_selectors: vec![ferrolb_config::selector::Selector::from_labels([(
+                    "app", "other",
+                )])],
+                ..Default::default()
+            },
+        );
         s.nodes = vec![
             node("node1", &[("pick", "me"), (live::EXCLUDE_LABEL, "")]),
             node("node2", &[]),
@@ -1063,6 +1129,7 @@ mod tests {
         let r = explain(&s, &key());
         let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
         assert_eq!(codes, [Code::NodeExcluded]);
+        assert_eq!(r.advertisements, ["L2Advertisement l2"]);
         assert_eq!(r.diagnoses[0].object.to_string(), "Node node1");
         assert!(r.diagnoses[0].fix.contains("kubectl label node node1"));
     }
@@ -1209,14 +1276,53 @@ mod tests {
             }
             s.services.push(more);
         }
+        // Two Services holding one IP that they may not share (the first claim wins the
+        // replay), and two that share one with a key.
+        let template = s.services[0].clone();
+        let holding = |name: &str, ip: &str, key: Option<&str>| {
+            let mut x = template.clone();
+            x.metadata.name = Some(name.into());
+            x.metadata.annotations =
+                key.map(|k| [("metallb.io/allow-shared-ip".to_string(), k.to_string())].into());
+            x.status = Some(from(
+                serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
+            ));
+            x
+        };
+        s.services.push(holding("clash-a", "198.18.200.9", None));
+        s.services.push(holding("clash-b", "198.18.200.9", None));
+        s.services
+            .push(holding("share-a", "198.18.200.10", Some("k")));
+        s.services
+            .push(holding("share-b", "198.18.200.10", Some("k")));
         let keys: Vec<ServiceKey> = s
             .services
             .iter()
             .map(|x| ServiceKey::new("web", x.metadata.name.as_deref().unwrap()))
             .collect();
+        // The definition: every other Service claims first, then the one explained.
+        let inputs: Vec<ServiceInput<'_>> = s
+            .services
+            .iter()
+            .map(|service| ServiceInput {
+                service,
+                namespace_labels: &NO_LABELS,
+            })
+            .collect();
+        let pools: Vec<_> = s.config.pools.values().cloned().collect();
         let mut shared = Explainer::new(&s);
         for k in keys.iter().rev().chain(keys.iter()) {
-            assert_eq!(shared.explain(k), explain(&s, k), "{k}");
+            let own = allocation::explain(&pools, &s.namespace, &inputs, k);
+            assert_eq!(shared.explain(k).allocation, own, "{k}");
+        }
+        // Both Services of the clash are told: each conflicts with the other.
+        for name in ["clash-a", "clash-b"] {
+            let r = explain(&s, &ServiceKey::new("web", name));
+            assert!(
+                r.diagnoses.iter().any(|d| d.code == Code::SharingRefused),
+                "{name}: {:?}",
+                r.diagnoses
+            );
         }
     }
 
@@ -1263,5 +1369,25 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{policy}");
         }
+    }
+
+    /// The pool is covered, but not for this Service: its labels are named.
+    #[test]
+    fn an_advertisement_for_other_services_is_named() {
+        let mut s = snapshot("Cluster");
+        s.l2_statuses.clear();
+        s.config
+            .l2_advertisements
+            .get_mut("l2")
+            .unwrap()
+            .service_selectors = vec![ferrolb_config::selector::Selector::from_labels([(
+            "app", "other",
+        )])];
+        let r = explain(&s, &key());
+        let codes: Vec<Code> = r.diagnoses.iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::NoAdvertisement]);
+        assert_eq!(r.diagnoses[0].object.to_string(), "Service web/web");
+        assert!(r.diagnoses[0].problem.contains("(L2Advertisement l2)"));
+        assert!(r.advertisements.is_empty());
     }
 }

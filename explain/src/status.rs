@@ -144,7 +144,7 @@ pub fn status(snapshot: &Snapshot) -> StatusReport {
                 auto_assign: pool.auto_assign,
                 ipv4: (stats.assigned_ipv4, stats.total_ipv4),
                 ipv6: (stats.assigned_ipv6, stats.total_ipv6),
-                advertised_by: service::covering(&snapshot.config, pool),
+                advertised_by: service::covering(&snapshot.config, pool, None),
             }
         })
         .collect();
