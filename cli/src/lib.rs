@@ -195,8 +195,13 @@ pub fn parse_key(text: &str) -> anyhow::Result<ServiceKey> {
     }
 }
 
-/// `text`, in colour when `when` says so.
+/// `text`, in colour when `when` says so. Control characters other than newlines (a speaker's
+/// error text could carry them) never reach the terminal.
 fn painted(text: String, when: colour::When) -> String {
+    let text: String = text
+        .chars()
+        .filter(|c| *c == '\n' || !c.is_control())
+        .collect();
     if when.paints() {
         colour::paint(&text)
     } else {
@@ -301,6 +306,7 @@ async fn read(
             .collect(),
         speakers: speakers.speakers,
         live_unavailable: speakers.unavailable,
+        speakers_unknown: speakers.unknown,
     })
 }
 

@@ -28,8 +28,10 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Speakers {
     /// Each speaker with a presence Lease.
     pub speakers: Vec<LiveSpeaker>,
-    /// Why no report was read at all (RBAC), if so.
+    /// Why no report was read at all (RBAC, no path to the speakers), if so.
     pub unavailable: Option<String>,
+    /// The presence Leases could not be read: which speakers run is not known.
+    pub unknown: bool,
 }
 
 /// Reads the speakers of `namespace`: their Leases (live when renewed within their duration,
@@ -40,14 +42,30 @@ pub async fn read(
     namespace: &str,
     selector: &str,
 ) -> anyhow::Result<Speakers> {
-    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
+    let leases = match Api::<Lease>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(PRESENCE_LABEL))
         .await
-        .context("listing the speakers' presence Leases")?
-        .items;
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            return Ok(Speakers {
+                speakers: Vec::new(),
+                unavailable: Some(format!(
+                    "not allowed to list the speakers' presence Leases in {namespace}; bind the ClusterRole ferrolb-explain (docs/explain.md)"
+                )),
+                unknown: true,
+            });
+        }
+        Err(e) => return Err(e).context("listing the speakers' presence Leases"),
+    };
+    // The speakers renew by their clocks, which agree with the API server's; this machine's
+    // may not: judge freshness by the API server's time when it says it.
+    let now = server_time(client)
+        .await
+        .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().as_second());
     let mut speakers: Vec<LiveSpeaker> = leases
         .into_iter()
+        .filter(|l| l.metadata.deletion_timestamp.is_none())
         .filter_map(|l| {
             let spec = l.spec?;
             let node = spec.holder_identity.filter(|h| !h.is_empty())?;
@@ -71,37 +89,89 @@ pub async fn read(
             return Ok(Speakers {
                 speakers,
                 unavailable: Some(forbidden(namespace)),
+                unknown: false,
             });
         }
         Err(e) => return Err(e).context("listing the speaker Pods"),
     };
     let asks = speakers.iter().filter(|s| s.live).map(|s| {
-        let pod = pods.iter().find(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(s.node.as_str())
-                && p.metadata.deletion_timestamp.is_none()
-        });
+        // The running speaker Pod on the node, the newest if there are several (a rolling
+        // update): an evicted or pending one never answers.
+        let pod = pods
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(s.node.as_str())
+                    && p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
+        let node = s.node.clone();
         async move {
             match pod {
-                Some(pod) => ask(client, namespace, pod).await,
+                Some(pod) => match ask(client, namespace, pod).await {
+                    Ok(report) if report.node != node => Err(Asked::Failed(format!(
+                        "its Pod answered for node {:?}",
+                        report.node
+                    ))),
+                    other => other,
+                },
                 None => Err(Asked::Failed(format!(
-                    "no speaker Pod ({selector}) on this node"
+                    "no running speaker Pod ({selector}) on this node"
                 ))),
             }
         }
     });
     let answers = futures::future::join_all(asks).await;
     let mut unavailable = None;
+    let mut failures = Vec::new();
+    let mut answered = 0;
     for (s, answer) in speakers.iter_mut().filter(|s| s.live).zip(answers) {
         match answer {
-            Ok(report) => s.report = Some(report),
+            Ok(report) => {
+                s.report = Some(report);
+                answered += 1;
+            }
             Err(Asked::Forbidden) => unavailable = Some(forbidden(namespace)),
-            Err(Asked::Failed(e)) => s.error = Some(e),
+            Err(Asked::Failed(e)) => failures.push((s.node.clone(), e)),
+        }
+    }
+    if answered == 0 && failures.len() > 1 && unavailable.is_none() {
+        // Every speaker failing the same way is the path (the API server cannot reach the
+        // nodes' metrics port, a firewall), not every speaker broken: a note, not a problem on
+        // each Service.
+        unavailable = Some(format!(
+            "no speaker answered through the API server's proxy (the API server may not reach the nodes' metrics port); {}: {}",
+            failures[0].0, failures[0].1
+        ));
+    } else {
+        for (node, e) in failures {
+            if let Some(s) = speakers.iter_mut().find(|s| s.node == node) {
+                s.error = Some(e);
+            }
         }
     }
     Ok(Speakers {
         speakers,
         unavailable,
+        unknown: false,
     })
+}
+
+/// The API server's clock, from the `Date` header of a request for its version (seconds).
+async fn server_time(client: &kube::Client) -> Option<i64> {
+    let request = http::Request::get("/version").body(Vec::new()).ok()?;
+    let response =
+        tokio::time::timeout(TIMEOUT, client.send(request.map(kube::client::Body::from)))
+            .await
+            .ok()?
+            .ok()?;
+    http_date(response.headers().get(http::header::DATE)?.to_str().ok()?)
+}
+
+/// An HTTP `Date` header (RFC 9110's IMF-fixdate, an RFC 2822 date) in seconds.
+fn http_date(text: &str) -> Option<i64> {
+    let parsed = k8s_openapi::jiff::fmt::rfc2822::parse(text).ok()?;
+    Some(parsed.timestamp().as_second())
 }
 
 fn forbidden(namespace: &str) -> String {
@@ -162,4 +232,18 @@ async fn ask(client: &kube::Client, namespace: &str, pod: &Pod) -> Result<Speake
         )));
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_servers_date_is_read() {
+        assert_eq!(
+            http_date("Thu, 03 Dec 2026 14:30:00 GMT"),
+            Some(1_796_308_200)
+        );
+        assert_eq!(http_date("yesterday"), None);
+    }
 }

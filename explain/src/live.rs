@@ -82,7 +82,6 @@ pub struct LiveSpeaker {
 
 /// One BGP session that carries (or should carry) the Service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Session {
     /// BGPPeer name.
     pub peer: String,

@@ -51,6 +51,9 @@ pub struct Snapshot {
     pub speakers: Vec<LiveSpeaker>,
     /// Why no speaker's live report was read at all (e.g. RBAC), if so.
     pub live_unavailable: Option<String>,
+    /// The speakers' presence Leases could not be read: which speakers run is not known, so
+    /// no problem is inferred from their absence.
+    pub speakers_unknown: bool,
 }
 
 /// Who announces the Service's IPs.
@@ -440,6 +443,10 @@ fn explain_allocated(
                 local_endpoints: local_endpoints.as_ref(),
             },
         );
+        let problems: Vec<Diagnosis> = problems
+            .into_iter()
+            .filter(|d| !(snapshot.speakers_unknown && d.code == Code::NoSpeaker))
+            .collect();
         specific = problems.iter().any(|d| {
             matches!(
                 d.code,

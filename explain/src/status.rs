@@ -14,7 +14,6 @@ use crate::service::{self, Snapshot};
 
 /// A speaker, as its presence Lease and its live report show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Speaker {
     /// Its node.
     pub node: String,
@@ -161,7 +160,7 @@ pub fn status(snapshot: &Snapshot) -> StatusReport {
             }
         }
     }
-    if !ours.is_empty() && !speakers.iter().any(|s| s.live) {
+    if !ours.is_empty() && !snapshot.speakers_unknown && !speakers.iter().any(|s| s.live) {
         diagnoses.push(Diagnosis {
             code: Code::NoSpeaker,
             object: ObjectRef::namespaced("DaemonSet", &snapshot.namespace, "speaker"),

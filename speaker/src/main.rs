@@ -45,6 +45,12 @@ pub struct Args {
     /// every interface would serve metrics on the LAN the LoadBalancer IPs face.
     #[arg(long, env = "FERROLB_LISTEN_IP")]
     pub listen_ip: Option<std::net::IpAddr>,
+    /// Serve the live report `kubectl ferrolb explain` reads (GET /explain/v1alpha1, next to
+    /// /metrics and as reachable): which node owns each layer 2 IP and who would take over,
+    /// this speaker's quorum, its BGP sessions and the routes sent. Turn it off where even that
+    /// much must not be readable from the node network.
+    #[arg(long, env = "FERROLB_EXPLAIN_REPORT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub explain_report: bool,
     /// TLS for /metrics, /healthz and /readyz (off unless both files are given).
     #[command(flatten)]
     pub metrics_tls: ferrolb_runtime::tls::TlsArgs,

@@ -73,7 +73,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "caches not synced",
         pulse.clone(),
         args.metrics_tls.files()?,
-        live.page(),
+        if args.explain_report {
+            live.page()
+        } else {
+            Vec::new()
+        },
     ));
     let changed = Arc::new(Notify::new());
     let stores = watch::start(
