@@ -139,6 +139,9 @@ pub struct EndpointChain {
     /// Its node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Its pod (the endpoint's `targetRef`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
     /// The chain.
     pub chain: String,
     /// Its share of the new connections kube-proxy sends on, as a fraction (`1/2`): kube-proxy
@@ -663,6 +666,7 @@ fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<Po
         let sp = ServicePort::new(key.namespace(), key.name(), &name, protocol);
         // Endpoints of this port: the slices' port with the same name and protocol.
         let mut endpoints = BTreeSet::new();
+        let mut pods: BTreeMap<SocketAddr, String> = BTreeMap::new();
         for slice in index.slices_of(key) {
             let port = slice.ports.iter().flatten().find(|sp| {
                 sp.name.clone().unwrap_or_default() == name
@@ -675,9 +679,17 @@ fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<Po
                 continue;
             };
             for e in slice.endpoints.iter().filter(|e| ready(e)) {
+                let pod = e
+                    .target_ref
+                    .as_ref()
+                    .filter(|t| t.kind.as_deref() == Some("Pod"))
+                    .and_then(|t| t.name.clone());
                 for a in &e.addresses {
                     if let Ok(ip) = a.parse::<IpAddr>() {
                         endpoints.insert((SocketAddr::new(ip, port), e.node_name.clone()));
+                        if let Some(pod) = &pod {
+                            pods.insert(SocketAddr::new(ip, port), pod.clone());
+                        }
                     }
                 }
             }
@@ -704,6 +716,7 @@ fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<Po
                         EndpointChain {
                             endpoint: addr.to_string(),
                             node: node.clone(),
+                            pod: pods.get(addr).cloned(),
                             chain: kube_proxy::iptables::endpoint_chain(&sp, *addr),
                             weight: format!("1/{}", peers.max(1)),
                         }
@@ -850,9 +863,13 @@ pub fn render_text(r: &ServiceReport) -> String {
         for e in &ipt.endpoints {
             let _ = writeln!(
                 t,
-                "                   -> {} -> {}{} (weight {})",
+                "                   -> {} -> {}{}{} (weight {})",
                 e.chain,
                 e.endpoint,
+                e.pod
+                    .as_ref()
+                    .map(|p| format!(" pod {p}"))
+                    .unwrap_or_default(),
                 e.node
                     .as_ref()
                     .map(|n| format!(" on {n}"))
@@ -921,6 +938,7 @@ mod tests {
                 "addressType": "IPv4",
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
                 "endpoints": [{"addresses": ["198.19.2.5"], "nodeName": "node2",
+                               "targetRef": {"kind": "Pod", "name": "web-0"},
                                "conditions": {"ready": true}}],
             }))],
             l2_statuses: vec![from(serde_json::json!({
@@ -964,7 +982,7 @@ mod tests {
             "layer 2 by node1 on eth0",
             "node2: 1",
             "KUBE-SERVICES -> KUBE-EXT-",
-            "198.19.2.5:8080 on node2",
+            "198.19.2.5:8080 pod web-0 on node2 (weight 1/1)",
             "No problem found.",
             "ping",
         ] {
