@@ -26,6 +26,16 @@ impl Run {
             .with_context(|| format!("not JSON: {}\n{}", self.stdout, self.stderr))
     }
 
+    /// The run as a golden file holds it: the command (`args`), its exit status, its output.
+    pub fn transcript(&self, args: &[&str]) -> String {
+        format!(
+            "$ kubectl ferrolb {}\n# exit {}\n{}",
+            args.join(" "),
+            self.code.map_or("signal".to_string(), |c| c.to_string()),
+            self.stdout
+        )
+    }
+
     /// The diagnosis codes of a JSON report.
     pub fn codes(report: &serde_json::Value) -> Vec<String> {
         report["diagnoses"]

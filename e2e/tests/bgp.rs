@@ -1225,18 +1225,10 @@ spec:
 /// in BGP mode nothing else depends on it).
 fn golden(lab: &Lab, name: &str, args: &[&str], ip: &str) -> anyhow::Result<()> {
     let run = ferrolb_e2e::explain::run(lab, args)?;
-    let stdout = run.stdout.replace(ip, "<service-ip>");
     let retrying =
         regex::Regex::new(r"\b(Idle|Connect|Active|OpenSent|OpenConfirm)\b( \([^)]*\))?")?;
-    let text = retrying.replace_all(&stdout, "<retrying>");
-    ferrolb_e2e::golden::check(
-        name,
-        &format!(
-            "$ kubectl ferrolb {}\n# exit {}\n{text}",
-            args.join(" "),
-            run.code.map_or("signal".to_string(), |c| c.to_string()),
-        ),
-    )
+    let text = run.transcript(args).replace(ip, "<service-ip>");
+    ferrolb_e2e::golden::check(name, &retrying.replace_all(&text, "<retrying>"))
 }
 
 /// The router's kernel route to `ip`, as `ip route show` prints it.

@@ -36,15 +36,7 @@ fn codes(report: &serde_json::Value) -> Vec<String> {
 /// Checks a run's whole output (the command, its exit status, standard output) against golden
 /// file `name` (`ferrolb_e2e::golden`).
 fn golden(name: &str, run: &Run, args: &[&str]) -> anyhow::Result<()> {
-    ferrolb_e2e::golden::check(
-        name,
-        &format!(
-            "$ kubectl ferrolb {}\n# exit {}\n{}",
-            args.join(" "),
-            run.code.map_or("signal".to_string(), |c| c.to_string()),
-            run.stdout
-        ),
-    )
+    ferrolb_e2e::golden::check(name, &run.transcript(args))
 }
 
 async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {

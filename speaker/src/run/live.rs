@@ -7,9 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferrolb_explain::speaker_report::{
-    BgpReport, Layer2Report, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport,
+    BgpReport, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport,
 };
 use ferrolb_speaker::bgp::driver::PeerStatus;
+use ferrolb_speaker::l2::interfaces::Interface;
+use ferrolb_speaker::l2::plan::Plan;
+use ferrolb_speaker::report::{self, Standing};
+use ferrolb_speaker::view::ServiceView;
 use tokio::sync::watch;
 
 /// The shared report; cheap to clone.
@@ -18,8 +22,27 @@ pub struct Live(Arc<Mutex<Inner>>);
 
 struct Inner {
     report: SpeakerReport,
+    /// What the last layer 2 step decided, kept as it was: turned into the report only when
+    /// asked, not on every step.
+    layer2: Option<Layer2Step>,
     /// The running sessions' status, by BGPPeer name.
     sessions: BTreeMap<String, watch::Receiver<PeerStatus>>,
+}
+
+/// What one layer 2 step decided, for the report.
+pub struct Layer2Step {
+    /// The node as the speaker saw it.
+    pub node: NodeState,
+    /// The plan, with every Service's owner and takeover order.
+    pub plan: Plan,
+    /// The membership check's verdict.
+    pub standing: Standing,
+    /// The candidates the plan was made with.
+    pub members: Vec<String>,
+    /// The usable interfaces.
+    pub interfaces: BTreeMap<String, Interface>,
+    /// The Services planned.
+    pub services: Vec<ServiceView>,
 }
 
 impl Live {
@@ -31,6 +54,7 @@ impl Live {
                 node: node.into(),
                 ..SpeakerReport::default()
             },
+            layer2: None,
             sessions: BTreeMap::new(),
         })))
     }
@@ -40,11 +64,8 @@ impl Live {
     }
 
     /// What a layer 2 step decided.
-    pub fn set_layer2(&self, node: NodeState, layer2: Layer2Report) {
-        let mut inner = self.lock();
-        inner.report.planned = true;
-        inner.report.node_state = node;
-        inner.report.layer2 = layer2;
+    pub fn set_layer2(&self, step: Layer2Step) {
+        self.lock().layer2 = Some(step);
     }
 
     /// What the BGP half planned, with the status channels of the sessions it runs.
@@ -62,6 +83,17 @@ impl Live {
     pub fn report(&self) -> SpeakerReport {
         let inner = self.lock();
         let mut report = inner.report.clone();
+        if let Some(step) = &inner.layer2 {
+            report.planned = true;
+            report.node_state = step.node.clone();
+            report.layer2 = report::layer2(
+                &step.plan,
+                &step.standing,
+                step.members.iter().cloned(),
+                &step.interfaces,
+                &step.services,
+            );
+        }
         for peer in &mut report.bgp.peers {
             if let Some(status) = inner.sessions.get(&peer.name) {
                 let status = status.borrow();

@@ -550,11 +550,6 @@ impl<Io: LoopIo> Speaker<Io> {
             );
         }
 
-        self.live.set_layer2(
-            report::node_state(nodes.get(&self.args.node_name)),
-            report::layer2(&plan, &standing, members.keys().cloned(), &usable, &views),
-        );
-
         // Metrics and status: what this node announces, by Service.
         let desired = step::reported(&plan, &uids);
         let announced = step::announced(&plan);
@@ -583,6 +578,15 @@ impl<Io: LoopIo> Speaker<Io> {
             members = members.len(),
             "planned"
         );
+        // Handed over as they are: the report is built only when someone asks for it.
+        self.live.set_layer2(live::Layer2Step {
+            node: report::node_state(nodes.get(&self.args.node_name)),
+            plan,
+            standing,
+            members: members.into_keys().collect(),
+            interfaces: usable,
+            services: views,
+        });
         desired
     }
 
