@@ -2,11 +2,15 @@
 # images/build-oci.sh — build ferrolb's two images as OCI image layouts, without a container
 # daemon: static musl binaries from cargo, assembled with umoci (docs/decisions/0012).
 #
-#   images/build-oci.sh [--out DIR] [--target TRIPLE] [--profile PROFILE]
+#   images/build-oci.sh [--out DIR] [--target TRIPLE] [--profile PROFILE] [--lab]
 #
 # Writes DIR/ferrolb-controller and DIR/ferrolb-speaker (default DIR: target/oci), each an OCI
 # image layout tagged with the workspace version, holding one file (the binary, at /) and a
 # config that runs it as user 65532. The same content as images/Dockerfile builds.
+#
+# --lab also writes DIR/ferrolb-echo, the lab-only image of the lab pods' echo server (e2e/echo:
+# HTTP on TCP 8080, UDP echo on 8081, answering with --name, $POD_NAME or the hostname), built
+# the same way and tagged with the same version. It is never published.
 #
 # Push one with skopeo (Debian package), for example:
 #   skopeo copy oci:target/oci/ferrolb-controller:0.1.0 docker://ghcr.io/ferrolb/ferrolb-controller:0.1.0
@@ -31,16 +35,21 @@ PROFILE=release
 # "nonroot" uses the same number).
 IMAGE_USER=65532:65532
 COMPONENTS=(ferrolb-controller ferrolb-speaker)
+# --lab: the lab's own images, built the same way.
+LAB_COMPONENTS=(ferrolb-echo)
+LAB=0
 
 while (($#)); do
   case $1 in
     --out) OUT=$2; shift 2 ;;
     --target) TARGET=$2; shift 2 ;;
     --profile) PROFILE=$2; shift 2 ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    --lab) LAB=1; shift ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
+if ((LAB)); then COMPONENTS+=("${LAB_COMPONENTS[@]}"); fi
 
 log() { printf '[build-oci] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

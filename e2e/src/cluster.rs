@@ -103,6 +103,16 @@ fn pod_cidrs(topology: &Topology, host: &Host) -> Vec<String> {
 
 /// Creates (or updates) every Node object with a Ready status, and its Lease.
 pub async fn register_nodes(client: &Client, topology: &Topology) -> anyhow::Result<()> {
+    create_nodes(client, topology).await?;
+    for host in topology.nodes() {
+        set_node_ready(client, topology, &host.name, true).await?;
+    }
+    renew_leases(client, topology).await
+}
+
+/// Creates (or updates) the Node objects with their labels and pod CIDRs, and no status: what
+/// a kubelet node adopts when it registers (the lab runs no CIDR allocator).
+pub async fn create_nodes(client: &Client, topology: &Topology) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     for host in topology.nodes() {
         let cidrs = pod_cidrs(topology, host);
@@ -131,9 +141,8 @@ pub async fn register_nodes(client: &Client, topology: &Topology) -> anyhow::Res
             )
             .await
             .with_context(|| format!("creating Node {}", host.name))?;
-        set_node_ready(client, topology, &host.name, true).await?;
     }
-    renew_leases(client, topology).await
+    Ok(())
 }
 
 /// Sets a node's Ready condition (and addresses), as a kubelet would.

@@ -22,11 +22,24 @@ use crate::topology::Options;
 
 const DEMO_NS: &str = "demo";
 
-/// Runs the demonstration (`bgp`: in BGP mode); leaves the lab up for a look (`e2e/lab down`
-/// removes it).
-pub async fn run(lab_exe: &Path, bgp: bool) -> anyhow::Result<()> {
+/// Which demonstration to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Layer 2 mode, ferrolb run as processes in the nodes (`e2e/lab demo`).
+    Layer2,
+    /// BGP mode with the lab router (`e2e/lab demo --bgp`).
+    Bgp,
+    /// Layer 2 mode on kubelet nodes, ferrolb installed with its Helm chart (`demo --helm`).
+    Helm,
+}
+
+/// Runs the demonstration; leaves the lab up for a look (`e2e/lab down` removes it).
+pub async fn run(lab_exe: &Path, mode: Mode) -> anyhow::Result<()> {
+    if mode == Mode::Helm {
+        return crate::helm_demo::run(lab_exe).await;
+    }
     let lab = start(lab_exe).await?;
-    if bgp {
+    if mode == Mode::Bgp {
         run_bgp(&lab).await
     } else {
         run_l2(&lab).await
@@ -197,7 +210,7 @@ fn requests(lab: &Lab, host: &str, ips: &[String]) -> anyhow::Result<Vec<String>
 }
 
 /// Layer 2 mode.
-async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
+pub(crate) async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
     lab.apply(&ferrolb::l2_pool(
         "demo",
         &["198.18.200.0/28", "fd00:18::c8:0/124"],

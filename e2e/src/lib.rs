@@ -16,6 +16,8 @@ pub mod explain;
 pub mod faults;
 pub mod ferrolb;
 pub mod golden;
+pub mod helm;
+pub mod helm_demo;
 pub mod lab;
 pub mod logs;
 pub mod metallb;

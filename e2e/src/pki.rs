@@ -45,6 +45,18 @@ pub const IDENTITIES: &[Identity<'static>] = &[
         user: "system:kube-proxy",
         groups: &[],
     },
+    // The scheduler, run on kubelet labs (`up --kubelet`).
+    Identity {
+        file: "kube-scheduler",
+        user: "system:kube-scheduler",
+        groups: &[],
+    },
+    // The API server towards the kubelets (logs, exec, the pods proxy).
+    Identity {
+        file: "apiserver-kubelet-client",
+        user: "kube-apiserver-kubelet-client",
+        groups: &["system:masters"],
+    },
 ];
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -70,21 +82,17 @@ impl Pki {
         // Certificates are kept across `up`s, unless the server's names changed.
         let stamp = format!("{server} {server_ips:?}");
         if pki.path("ca.crt").exists()
-            && pki.kubeconfig("admin").exists()
+            && pki.path("ca.key").exists()
+            && IDENTITIES.iter().all(|id| pki.kubeconfig(id.file).exists())
+            && pki.path("server").exists()
             && std::fs::read_to_string(pki.path("names")).is_ok_and(|s| s == stamp)
         {
             return Ok(pki);
         }
         std::fs::create_dir_all(dir)?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.distinguished_name = name("ferrolb-lab-ca", &[]);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+        let ca_key = KeyPair::generate()?;
+        write(&pki.path("ca.key"), &ca_key.serialize_pem())?;
+        let ca = CertifiedIssuer::self_signed(ca_params()?, ca_key)?;
         write(&pki.path("ca.crt"), &ca.pem())?;
 
         let mut sans: Vec<String> = vec![
@@ -110,22 +118,59 @@ impl Pki {
         write(&pki.path("sa.pub"), &sa.public_key_pem())?;
 
         for id in IDENTITIES {
-            let mut params = CertificateParams::new(Vec::<String>::new())?;
-            params.distinguished_name = name(id.user, id.groups);
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            let key = KeyPair::generate()?;
-            write(
-                &pki.path(&format!("{}.crt", id.file)),
-                &params.signed_by(&key, &ca)?.pem(),
-            )?;
-            write(&pki.path(&format!("{}.key", id.file)), &key.serialize_pem())?;
-            write(
-                &pki.kubeconfig(id.file),
-                &pki.kubeconfig_text(server, id.file),
-            )?;
+            pki.write_identity(&ca, server, id)?;
         }
         write(&pki.path("names"), &stamp)?;
+        write(&pki.path("server"), server)?;
         Ok(pki)
+    }
+
+    /// A client certificate, its key and a kubeconfig for `id`, signed by `ca`.
+    fn write_identity<S: rcgen::SigningKey>(
+        &self,
+        ca: &rcgen::Issuer<'_, S>,
+        server: &str,
+        id: &Identity<'_>,
+    ) -> anyhow::Result<PathBuf> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = name(id.user, id.groups);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        write(
+            &self.path(&format!("{}.crt", id.file)),
+            &params.signed_by(&key, ca)?.pem(),
+        )?;
+        write(
+            &self.path(&format!("{}.key", id.file)),
+            &key.serialize_pem(),
+        )?;
+        write(
+            &self.kubeconfig(id.file),
+            &self.kubeconfig_text(server, id.file),
+        )?;
+        Ok(self.kubeconfig(id.file))
+    }
+
+    /// The kubeconfig of node `node`'s kubelet (user `system:node:<node>`, group `system:nodes`,
+    /// as the API server's Node authorizer expects), issued on first use.
+    pub fn issue_node(&self, node: &str) -> anyhow::Result<PathBuf> {
+        let file = format!("node-{node}");
+        if self.kubeconfig(&file).exists() {
+            return Ok(self.kubeconfig(&file));
+        }
+        let key_pem = std::fs::read_to_string(self.path("ca.key")).context("reading ca.key")?;
+        let ca = rcgen::Issuer::new(ca_params()?, KeyPair::from_pem(&key_pem)?);
+        let server = std::fs::read_to_string(self.path("server")).context("reading server")?;
+        let user = format!("system:node:{node}");
+        self.write_identity(
+            &ca,
+            &server,
+            &Identity {
+                file: &file,
+                user: &user,
+                groups: &["system:nodes"],
+            },
+        )
     }
 
     fn kubeconfig_text(&self, server: &str, file: &str) -> String {
@@ -142,6 +187,19 @@ impl Pki {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {d}/ca.crt\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: {user}}}\ncurrent-context: lab\n"
         )
     }
+}
+
+/// The lab CA's parameters: the same each time, so a stored key makes the same issuer again.
+fn ca_params() -> anyhow::Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = name("ferrolb-lab-ca", &[]);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
 }
 
 fn name(common: &str, groups: &[&str]) -> DistinguishedName {

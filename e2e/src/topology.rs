@@ -80,6 +80,10 @@ pub struct Options {
     pub proxy_mode: ProxyMode,
     /// Cluster IP families.
     pub families: Families,
+    /// Real nodes: a containerd and a kubelet in every node, running the pods the API server
+    /// schedules (`up --kubelet`), instead of Node objects kept Ready by the lab's agent.
+    #[serde(default)]
+    pub kubelet: bool,
 }
 
 impl Default for Options {
@@ -88,6 +92,7 @@ impl Default for Options {
             nodes: 3,
             proxy_mode: ProxyMode::Iptables,
             families: Families::Dual,
+            kubelet: false,
         }
     }
 }
@@ -272,16 +277,32 @@ impl Topology {
         };
         let router_v4 = Ipv4Addr::new(198, 18, 0, 254);
         let router_v6 = v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 0xfe]);
+        // Node N's pods use 198.19.N.0/24, below the Service range 198.19.64.0/18.
+        let node_count = options.nodes.clamp(1, 60);
+        // With kubelet nodes, pods talk to the API server (the controller, through the
+        // `kubernetes` Service) from their own addresses, which kube-proxy leaves alone inside
+        // the cluster CIDR: the control plane routes the replies to each node.
+        let mut cp_routes = Vec::new();
+        if options.kubelet {
+            for index in 1..=node_count {
+                cp_routes.push(Route {
+                    to: format!("198.19.{index}.0/24"),
+                    via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10 + index)),
+                });
+                cp_routes.push(Route {
+                    to: format!("fd00:19:{index:x}::/64"),
+                    via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(10 + index)])),
+                });
+            }
+        }
         let mut hosts = vec![Host {
             name: "cp".into(),
             netns: "flb-cp".into(),
             role: Role::ControlPlane,
             interfaces: vec![lab_if("eth0", 2)],
-            routes: vec![],
+            routes: cp_routes,
             forwarding: false,
         }];
-        // Node N's pods use 198.19.N.0/24, below the Service range 198.19.64.0/18.
-        let node_count = options.nodes.clamp(1, 60);
         for index in 1..=node_count {
             let mut routes = Vec::new();
             for other in (1..=node_count).filter(|o| *o != index) {
@@ -292,6 +313,19 @@ impl Topology {
                 routes.push(Route {
                     to: format!("fd00:19:{other:x}::/64"),
                     via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(10 + other)])),
+                });
+            }
+            if options.kubelet {
+                // Host-network pods (the speakers) reach the API server at the `kubernetes`
+                // Service's ClusterIP: the kernel needs a route for it before kube-proxy's DNAT
+                // sends it to the control plane.
+                routes.push(Route {
+                    to: "198.19.64.0/18".into(),
+                    via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+                });
+                routes.push(Route {
+                    to: "fd00:1b::/112".into(),
+                    via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 2])),
                 });
             }
             // Routes towards the external segment go through the router.

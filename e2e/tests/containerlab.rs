@@ -36,16 +36,19 @@ fn option_sets() -> Vec<Options> {
             nodes: 1,
             proxy_mode: ProxyMode::Nftables,
             families: Families::V4,
+            kubelet: false,
         },
         Options {
             nodes: 5,
             proxy_mode: ProxyMode::Nftables,
             families: Families::V6,
+            kubelet: false,
         },
         Options {
             nodes: 60,
             proxy_mode: ProxyMode::Iptables,
             families: Families::Dual,
+            kubelet: false,
         },
     ]
 }

@@ -31,14 +31,22 @@ enum Command {
         /// IP families of the cluster.
         #[arg(long, value_enum, default_value_t = Families::Dual)]
         families: Families,
+        /// Real nodes: a containerd and a kubelet in every node, running the pods the API
+        /// server schedules (docs/lab.md, "Kubelet nodes").
+        #[arg(long)]
+        kubelet: bool,
     },
     /// The main job: lab up, ferrolb-controller, a LoadBalancer Service with two pods, and
     /// requests through its IPs from the client.
     Demo {
         /// BGP mode: peers with the lab router (with BFD), requests from the external client
         /// behind it.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "helm")]
         bgp: bool,
+        /// The way an operator deploys: kubelet nodes, ferrolb's images imported into them,
+        /// `helm install` of charts/ferrolb, and pods that the kubelets run.
+        #[arg(long)]
+        helm: bool,
     },
     /// Take the lab down: every namespace, link, route and process it made.
     Down,
@@ -387,12 +395,14 @@ fn main() -> ExitCode {
                 nodes,
                 proxy_mode,
                 families,
+                kubelet,
             } => {
                 let lab = rt.block_on(Lab::up(
                     Options {
                         nodes,
                         proxy_mode,
                         families,
+                        kubelet,
                     },
                     &exe()?,
                 ))?;
@@ -402,7 +412,15 @@ fn main() -> ExitCode {
                 );
                 Ok(0)
             }
-            Command::Demo { bgp } => rt.block_on(ferrolb_e2e::demo::run(&exe()?, bgp)).map(|_| 0),
+            Command::Demo { bgp, helm } => {
+                let mode = match (bgp, helm) {
+                    (true, _) => ferrolb_e2e::demo::Mode::Bgp,
+                    (false, true) => ferrolb_e2e::demo::Mode::Helm,
+                    (false, false) => ferrolb_e2e::demo::Mode::Layer2,
+                };
+                rt.block_on(ferrolb_e2e::demo::run(&exe()?, mode))
+                    .map(|_| 0)
+            }
             Command::Down => {
                 ferrolb_e2e::down()?;
                 println!("lab down");
@@ -419,6 +437,7 @@ fn main() -> ExitCode {
                     nodes,
                     proxy_mode,
                     families,
+                    kubelet: false,
                 });
                 let settings = containerlab::Settings {
                     kind_image,

@@ -18,7 +18,7 @@ use crate::router;
 use crate::topology::{LAB_RANGE_V4, LAB_RANGE_V6, Role};
 
 impl Lab {
-    fn spawn(
+    pub(super) fn spawn(
         &self,
         state: &mut State,
         name: &str,
@@ -118,7 +118,17 @@ impl Lab {
                 format!("--service-account-signing-key-file={}", p("sa.key")),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 format!("--service-cluster-ip-range={}", t.service_cidrs.join(",")),
-                "--authorization-mode=RBAC".into(),
+                // Node: what a kubelet may read and write (kubelet nodes); RBAC for the rest.
+                "--authorization-mode=Node,RBAC".into(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                // To the kubelets (logs, exec, proxy): by the node's address ("node1" resolves
+                // nowhere), with a client certificate their webhook authorizer accepts.
+                "--kubelet-preferred-address-types=InternalIP".into(),
+                format!(
+                    "--kubelet-client-certificate={}",
+                    p("apiserver-kubelet-client.crt")
+                ),
+                format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
                 "--profiling=false".into(),
                 "--v=1".into(),
             ],
@@ -178,14 +188,37 @@ impl Lab {
                 "--v=1".into(),
             ],
         )?;
-        cluster::register_nodes(&client, t).await?;
-        self.spawn(
-            state,
-            "node-agent",
-            None,
-            &self.lab_exe,
-            vec!["agent".into()],
-        )?;
+        if t.options.kubelet {
+            // Deployments and DaemonSets need a scheduler once real kubelets run the pods.
+            let kubeconfig = pki.kubeconfig("kube-scheduler").display().to_string();
+            self.spawn(
+                state,
+                "kube-scheduler",
+                Some("flb-cp"),
+                &bin.join("kube-scheduler"),
+                vec![
+                    format!("--kubeconfig={kubeconfig}"),
+                    format!("--authentication-kubeconfig={kubeconfig}"),
+                    format!("--authorization-kubeconfig={kubeconfig}"),
+                    "--leader-elect=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    "--v=1".into(),
+                ],
+            )?;
+            // The Node objects with their labels and pod CIDRs, which the kubelets adopt and keep
+            // Ready themselves.
+            cluster::create_nodes(&client, t).await?;
+            self.build_kubelet_nodes(state, &pki, &client).await?;
+        } else {
+            cluster::register_nodes(&client, t).await?;
+            self.spawn(
+                state,
+                "node-agent",
+                None,
+                &self.lab_exe,
+                vec!["agent".into()],
+            )?;
+        }
 
         for node in t.nodes() {
             let config = self.dir.join(format!("kube-proxy-{}.yaml", node.name));

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 mod build;
 mod hosts;
+pub mod images;
 mod kubectl;
+pub mod kubelet;
 mod pods;
 mod processes;
 
@@ -63,8 +65,12 @@ pub struct LabPod {
     pub host_number: u8,
     /// Its addresses (primary family first).
     pub ips: Vec<String>,
-    /// The echo server (absent while the pod is being made).
+    /// The echo server (absent while the pod is being made, and for a kubelet's pod).
     pub process: Option<LabProcess>,
+    /// A real pod that a kubelet runs (`up --kubelet`): `netns` and `host_number` are unused,
+    /// and it goes with its Pod object.
+    #[serde(default)]
+    pub kubelet: bool,
 }
 
 /// What the lab has made, saved after every step so `down` can undo a half-finished `up`.
@@ -84,6 +90,9 @@ pub struct State {
     pub pods: Vec<LabPod>,
     /// Counter for pod namespaces and links.
     pub next_pod: u32,
+    /// Kubelet nodes whose directory, mount namespace and cgroups exist (`up --kubelet`).
+    #[serde(default)]
+    pub kubelet_nodes: Vec<String>,
     /// Whether `up` finished.
     pub ready: bool,
 }
@@ -231,6 +240,11 @@ pub fn down() -> anyhow::Result<()> {
     for pod in &state.pods {
         remove_pod_local(pod);
     }
+    // Containers first: they run under the kubelets, not as lab processes.
+    for node in &state.kubelet_nodes {
+        kubelet::teardown_node(&dir, &state, node);
+    }
+    let _ = std::fs::remove_dir(dir.join("nodes"));
     for p in state.processes.iter().rev() {
         process::stop(p, Duration::from_secs(5));
     }

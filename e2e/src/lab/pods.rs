@@ -23,6 +23,9 @@ impl Lab {
         node: &str,
         labels: &BTreeMap<String, String>,
     ) -> anyhow::Result<LabPod> {
+        if self.topology.options.kubelet {
+            return self.add_kubelet_pod(namespace, name, node, labels).await;
+        }
         let Some(host) = self.topology.host(node) else {
             bail!("no node {node:?}")
         };
@@ -40,7 +43,8 @@ impl Lab {
                 .filter(|p| p.node == node)
                 .map(|p| p.host_number)
                 .collect();
-            let host_number = (10..=250)
+            // The lower half of the node's pod CIDR: kubelet nodes' CNI hands out the upper.
+            let host_number = (10..=127)
                 .find(|n| !used.contains(n))
                 .context("no pod address left on this node")?;
             let n = state.next_pod;
@@ -55,6 +59,7 @@ impl Lab {
                 host_number,
                 ips: Vec::new(),
                 process: None,
+                kubelet: false,
             });
             state.save(&self.dir)?;
             (format!("flb-pod{n}"), format!("pv{n}"), host_number)
@@ -173,6 +178,7 @@ impl Lab {
                 host_number,
                 ips: ips.clone(),
                 process: Some(process),
+                kubelet: false,
             })
         }
         .await;
@@ -201,6 +207,95 @@ impl Lab {
         Ok(pod)
     }
 
+    /// On a kubelet node: a real Pod of the echo image, bound to `node`, once Ready.
+    async fn add_kubelet_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> anyhow::Result<LabPod> {
+        let client = self.client().await?;
+        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let tag = super::images::layout_tag(&super::images::oci_dir().join("ferrolb-echo"))?;
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {
+                "nodeName": node,
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "echo",
+                    "image": format!("{}:{tag}", super::images::ECHO_IMAGE),
+                    "imagePullPolicy": "Never",
+                    "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                    "ports": [
+                        {"name": "http", "containerPort": crate::echo::HTTP_PORT, "protocol": "TCP"},
+                        {"name": "udp", "containerPort": crate::echo::UDP_PORT, "protocol": "UDP"},
+                    ],
+                    "readinessProbe": {"tcpSocket": {"port": crate::echo::HTTP_PORT}, "periodSeconds": 1},
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                        "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]},
+                    },
+                }],
+            },
+        }))?;
+        pods.patch(
+            name,
+            &kube::api::PatchParams::apply("ferrolb-lab").force(),
+            &kube::api::Patch::Apply(&pod),
+        )
+        .await
+        .with_context(|| format!("creating Pod {namespace}/{name}"))?;
+        let ips = cluster::wait_for(
+            &format!("Pod {namespace}/{name} on {node} to be Ready"),
+            Duration::from_secs(120),
+            || {
+                let pods = pods.clone();
+                async move {
+                    let p = pods.get(name).await.map_err(|e| e.to_string())?;
+                    let status = p.status.unwrap_or_default();
+                    let ready = status
+                        .conditions
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    let ips: Vec<String> = status
+                        .pod_ips
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|i| i.ip)
+                        .collect();
+                    if ready && !ips.is_empty() {
+                        Ok(Some(ips))
+                    } else {
+                        Err(format!("phase {:?}, ready {ready}", status.phase))
+                    }
+                }
+            },
+        )
+        .await?;
+        let pod = LabPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            node: node.into(),
+            netns: String::new(),
+            host_number: 0,
+            ips,
+            process: None,
+            kubelet: true,
+        };
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        state.pods.push(pod.clone());
+        state.save(&self.dir)?;
+        Ok(pod)
+    }
+
     /// Removes a pod: its Pod object, process, namespace and node route.
     pub async fn remove_pod(&self, pod: &LabPod) -> anyhow::Result<()> {
         let client = self.client().await?;
@@ -215,6 +310,35 @@ impl Lab {
             )
             .await;
         remove_pod_local(pod);
+        if pod.kubelet {
+            let client = self.client().await?;
+            let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
+            cluster::wait_for(
+                &format!("Pod {}/{} to be gone", pod.namespace, pod.name),
+                Duration::from_secs(60),
+                || {
+                    let pods = pods.clone();
+                    async move {
+                        match pods.get_opt(&pod.name).await {
+                            Ok(None) => Ok(Some(())),
+                            Ok(Some(_)) => Err("still there".into()),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                },
+            )
+            .await?;
+            let _guard = STATE_LOCK
+                .lock()
+                .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+            if let Some(mut state) = State::load(&self.dir)? {
+                state
+                    .pods
+                    .retain(|p| !(p.kubelet && p.namespace == pod.namespace && p.name == pod.name));
+                state.save(&self.dir)?;
+            }
+            return Ok(());
+        }
         self.forget_pod(&pod.netns)
     }
 
@@ -231,6 +355,10 @@ impl Lab {
 }
 
 pub(super) fn remove_pod_local(pod: &LabPod) {
+    if pod.kubelet {
+        // Its kubelet removes it (and `down` every container with its node).
+        return;
+    }
     if let Some(p) = &pod.process {
         process::stop(p, Duration::from_secs(2));
     }
