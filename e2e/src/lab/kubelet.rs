@@ -599,6 +599,31 @@ pub fn ctr(rt: &NodeRuntime, args: &[&str]) -> anyhow::Result<String> {
     run(&ctr.display().to_string(), &full)
 }
 
+impl Lab {
+    /// The host PID of a running container (`containerd://ID`, as a Pod's status names it) on
+    /// kubelet node `node`: its task's PID in the node's containerd.
+    pub fn container_pid(&self, node: &str, container_id: &str) -> anyhow::Result<i32> {
+        let host = self
+            .topology
+            .host(node)
+            .with_context(|| format!("no node {node:?}"))?;
+        let rt = NodeRuntime::new(&self.dir, host);
+        let id = container_id
+            .strip_prefix("containerd://")
+            .unwrap_or(container_id);
+        let tasks = ctr(&rt, &["tasks", "ls"])?;
+        tasks
+            .lines()
+            .filter_map(|l| {
+                let mut cols = l.split_whitespace();
+                Some((cols.next()?, cols.next()?, cols.next()?))
+            })
+            .find(|(task, _, status)| *task == id && *status == "RUNNING")
+            .and_then(|(_, pid, _)| pid.parse().ok())
+            .with_context(|| format!("no running task {id} on {node}: {tasks}"))
+    }
+}
+
 /// Imports an OCI image archive (a tar of an image layout whose reference is a bare tag) into
 /// the node's containerd as `base_name:tag`.
 pub fn import_image(rt: &NodeRuntime, archive: &Path, base_name: &str) -> anyhow::Result<()> {

@@ -107,6 +107,16 @@ pub struct PacketSocket {
     ifindex: u32,
 }
 
+/// Whether this process may open `AF_PACKET` sockets (it holds `CAP_NET_RAW`): creates one
+/// with protocol 0 (it receives nothing) and closes it. The speaker checks this once at start,
+/// so a container without the capability fails at once with a clear error instead of running
+/// without ever answering ARP or NDP.
+pub fn check_packet_access() -> Result<(), SocketError> {
+    Socket::new(Domain::PACKET, Type::RAW, None)
+        .map(drop)
+        .map_err(SocketError::Create)
+}
+
 impl PacketSocket {
     /// Opens the socket on interface `ifindex`. Needs `CAP_NET_RAW`.
     ///

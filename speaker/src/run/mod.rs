@@ -24,6 +24,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_layer2::liveness::Member;
 use ferrolb_runtime::events::{Always, EventQueue, Recorder};
@@ -49,6 +50,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "--presence-group {:?}: must be at most 63 lowercase letters, digits, '-' or '.', starting and ending with a letter or digit",
         args.presence_group
     );
+    // Without CAP_NET_RAW no ARP or NDP answer could ever be sent: say so and stop, so the pod
+    // shows it (CrashLoopBackOff with this message) instead of running Ready and silent.
+    ferrolb_speaker::l2::socket::check_packet_access()
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context(
+        "the speaker needs the capability NET_RAW for ARP and NDP (AF_PACKET sockets): add it to \
+         the container's securityContext.capabilities.add (the Helm chart does), or run it as \
+         root with that capability",
+    )?;
     // At start a missing or short key is fatal; later changes that break it keep the last good
     // keys instead (keys.rs).
     let key_files = keys::KeyFiles {

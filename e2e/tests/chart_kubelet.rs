@@ -1,0 +1,665 @@
+//! The Helm chart on kubelet nodes (`up --kubelet`): real kubelets and containerd run what
+//! `helm install` creates, from the images `images/build-oci.sh` builds and the lab imports into
+//! every node. What only a kubelet exercises is tested here: the Deployment and the DaemonSet
+//! scheduled and rolled, the images found without a pull, the security context as the runtime
+//! enforces it (capabilities, user, read-only root, no new privileges, seccomp), the
+//! ServiceAccount token, the downward API and the gossip Secret mounted into the pods, and
+//! hostNetwork.
+//!
+//! Every test installs the release `ferrolb` into `metallb-system` (the CRDs with it: one release
+//! owns them, as an operator's would), and uninstalls it at its end, also when it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use ferrolb_e2e::cluster::wait_for;
+use ferrolb_e2e::ferrolb::NAMESPACE;
+use ferrolb_e2e::helm::{self, RELEASE};
+use ferrolb_e2e::lab::bin_dir;
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::suite::{self, Suite};
+use ferrolb_e2e::{Lab, Options, bench, helm_demo};
+use libtest_mimic::Arguments;
+use serde_json::{Value, json};
+
+/// On the lab segment, so the client reaches it by ARP (the layer 2 range of docs/lab.md).
+const POOL: &str = "198.18.200.96/28";
+/// CAP_NET_RAW and CAP_NET_BIND_SERVICE as bits of /proc/PID/status's capability sets.
+const NET_RAW: u64 = 1 << 13;
+const NET_BIND_SERVICE: u64 = 1 << 10;
+
+/// The release, installed for one test and uninstalled when the test ends, however it ends.
+struct Release<'a> {
+    lab: &'a Lab,
+}
+
+impl<'a> Release<'a> {
+    fn install(lab: &'a Lab, extra: &[&str]) -> anyhow::Result<Self> {
+        // A release left by a failed run would make `upgrade --install` an upgrade.
+        let _ = helm::helm(lab, &["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]);
+        let release = Release { lab };
+        helm::install(lab, RELEASE, NAMESPACE, extra)?;
+        Ok(release)
+    }
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let _ = helm::helm(self.lab, &["uninstall", RELEASE, "-n", NAMESPACE, "--wait"]);
+        let _ = self.lab.kubectl(&[
+            "delete",
+            "ipaddresspools,l2advertisements",
+            "--all",
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+        ]);
+    }
+}
+
+/// The pool and L2Advertisement, and a LoadBalancer Service `web` (HTTP on 80, the UDP echo on
+/// 8081 for the outage probe) over two echo pods on node1 and node2; the Service's IP once the
+/// client's requests through it are answered.
+async fn serve(lab: &Lab, app: &mut TestScope, namespace: &str) -> anyhow::Result<String> {
+    lab.apply(&format!(
+        "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: chart, namespace: {NAMESPACE}}}\nspec: {{addresses: ['{POOL}']}}\n---\napiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {{name: chart, namespace: {NAMESPACE}}}\nspec: {{ipAddressPools: [chart]}}\n"
+    ))?;
+    app.deploy("web", &["node1", "node2"]).await?;
+    lab.apply(
+        &json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": namespace},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"}]}
+        })
+        .to_string(),
+    )?;
+    let ip = wait_for(
+        &format!("Service {namespace}/web to get an IP"),
+        Duration::from_secs(60),
+        || async {
+            let ip = lab
+                .kubectl(&[
+                    "get",
+                    "service",
+                    "-n",
+                    namespace,
+                    "web",
+                    "-o",
+                    "jsonpath={.status.loadBalancer.ingress[0].ip}",
+                ])
+                .map_err(|e| e.to_string())?;
+            Ok((!ip.trim().is_empty()).then(|| ip.trim().to_string()))
+        },
+    )
+    .await?;
+    let who = answers(lab, &ip).await?;
+    ensure!(who.starts_with("web-"), "{ip} answered by {who:?}");
+    Ok(ip)
+}
+
+/// The client's request to `ip` is answered (by a pod: its name and the source it saw).
+async fn answers(lab: &Lab, ip: &str) -> anyhow::Result<String> {
+    let url = ferrolb_e2e::lab::http_url(ip);
+    wait_for(
+        &format!("{url} to answer from the client"),
+        Duration::from_secs(60),
+        || async {
+            let out = lab
+                .exec_output("client", "curl", &["-sS", "--max-time", "2", "-g", &url])
+                .map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok(Some(
+                    String::from_utf8_lossy(&out.stdout).trim().to_string(),
+                ))
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            }
+        },
+    )
+    .await
+}
+
+/// The release's pods of `component` (controller or speaker): name, node, uid, image and
+/// container ID of each running one.
+fn pods(lab: &Lab, component: &str) -> anyhow::Result<Vec<Value>> {
+    let out = lab.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        NAMESPACE,
+        "-l",
+        &format!("app.kubernetes.io/component={component}"),
+        "-o",
+        "json",
+    ])?;
+    let list: Value = serde_json::from_str(&out)?;
+    Ok(list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect())
+}
+
+/// What the kernel says about a process: a field of /proc/PID/status.
+fn status_field(pid: i32, name: &str) -> anyhow::Result<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("{name} in /proc/{pid}/status"))
+}
+
+fn caps(pid: i32, set: &str) -> anyhow::Result<u64> {
+    Ok(u64::from_str_radix(&status_field(pid, set)?, 16)?)
+}
+
+/// The host PID of a pod's first container.
+fn pid_of(lab: &Lab, pod: &Value) -> anyhow::Result<i32> {
+    let node = pod["spec"]["nodeName"].as_str().context("no node")?;
+    let id = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .context("no container ID")?;
+    lab.container_pid(node, id)
+}
+
+/// Whether `/` of the process is mounted read-only (its mount namespace's root).
+fn root_read_only(pid: i32) -> anyhow::Result<bool> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    let root = info
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .context("no / in mountinfo")?;
+    Ok(root
+        .split_whitespace()
+        .nth(5)
+        .is_some_and(|opts| opts.split(',').any(|o| o == "ro")))
+}
+
+/// The speakers and the controller as the runtime runs them: the speaker with exactly the
+/// capabilities `speaker_caps`, as root, in its node's network namespace; the controller as
+/// user 65532 with none; both with a read-only root, no new privileges, the runtime's seccomp
+/// filter, and the ServiceAccount token and the downward API in place.
+fn check_security_context(lab: &Lab, speaker_caps: u64) -> anyhow::Result<()> {
+    let speakers = pods(lab, "speaker")?;
+    ensure!(
+        speakers.len() == lab.topology.nodes().count(),
+        "{} speakers",
+        speakers.len()
+    );
+    for pod in &speakers {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("?");
+        let node = pod["spec"]["nodeName"].as_str().context("no node")?;
+        let pid = pid_of(lab, pod)?;
+        for set in ["CapEff", "CapPrm", "CapBnd"] {
+            let have = caps(pid, set)?;
+            ensure!(
+                have == speaker_caps,
+                "speaker {name}: {set} {have:#x}, want {speaker_caps:#x}"
+            );
+        }
+        for set in ["CapInh", "CapAmb"] {
+            ensure!(caps(pid, set)? == 0, "speaker {name}: {set} not empty");
+        }
+        ensure!(
+            status_field(pid, "Uid")?.starts_with("0\t"),
+            "speaker {name} runs as root"
+        );
+        ensure!(
+            status_field(pid, "NoNewPrivs")? == "1",
+            "speaker {name}: NoNewPrivs"
+        );
+        ensure!(
+            status_field(pid, "Seccomp")? == "2",
+            "speaker {name}: no seccomp filter"
+        );
+        ensure!(root_read_only(pid)?, "speaker {name}: / is writable");
+        // hostNetwork: the speaker's network namespace is its node's.
+        let ns =
+            |path: &str| std::fs::metadata(path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        let host = lab.topology.host(node).context("node")?;
+        ensure!(
+            ns(&format!("/proc/{pid}/ns/net"))? == ns(&format!("/run/netns/{}", host.netns))?,
+            "speaker {name} is not in {node}'s network namespace"
+        );
+        // The downward API and the mounted gossip key reached the process.
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+        let environ = String::from_utf8_lossy(&environ);
+        ensure!(
+            environ
+                .split('\0')
+                .any(|v| v == format!("NODE_NAME={node}")),
+            "speaker {name}: NODE_NAME is not {node}"
+        );
+        let key = std::fs::read(format!("/proc/{pid}/root/etc/ml_secret_key/secretkey"))
+            .or_else(|_| {
+                let path = environ
+                    .split('\0')
+                    .find_map(|v| v.strip_prefix("FERROLB_GOSSIP_KEY_FILE="))
+                    .unwrap_or("/etc/ml_secret_key/secretkey");
+                std::fs::read(format!("/proc/{pid}/root{path}"))
+            })
+            .with_context(|| format!("speaker {name}: reading the mounted gossip key"))?;
+        ensure!(
+            key.len() >= 32,
+            "speaker {name}: gossip key of {} bytes",
+            key.len()
+        );
+    }
+    let controllers = pods(lab, "controller")?;
+    ensure!(!controllers.is_empty(), "no controller pod");
+    for pod in &controllers {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("?");
+        let pid = pid_of(lab, pod)?;
+        ensure!(
+            caps(pid, "CapEff")? == 0 && caps(pid, "CapBnd")? == 0,
+            "controller {name} holds capabilities"
+        );
+        ensure!(
+            status_field(pid, "Uid")?.starts_with("65532\t"),
+            "controller {name}: uid {}",
+            status_field(pid, "Uid")?
+        );
+        ensure!(
+            status_field(pid, "NoNewPrivs")? == "1",
+            "controller {name}: NoNewPrivs"
+        );
+        ensure!(
+            status_field(pid, "Seccomp")? == "2",
+            "controller {name}: no seccomp filter"
+        );
+        ensure!(root_read_only(pid)?, "controller {name}: / is writable");
+        let token = std::fs::read_to_string(format!(
+            "/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/token"
+        ))
+        .with_context(|| format!("controller {name}: no ServiceAccount token"))?;
+        ensure!(
+            token.split('.').count() == 3,
+            "controller {name}: the token is not a JWT"
+        );
+    }
+    Ok(())
+}
+
+/// helm install serves an IP, and the runtime enforces the chart's security context.
+async fn install_serves_with_the_security_context_enforced(lab: &Lab) -> anyhow::Result<()> {
+    let _release = Release::install(lab, &[])?;
+    let wide = helm_demo::running_and_ready(lab).await?;
+    eprintln!("{wide}");
+    let mut app = TestScope::new(lab, "chart-k-install").await?;
+    serve(lab, &mut app, "chart-k-install").await?;
+    check_security_context(lab, NET_RAW)
+}
+
+/// `helm upgrade` to a new image tag (and BGP listening): the Deployment and the DaemonSet roll
+/// every pod, one speaker at a time; the IP stays and keeps answering, the outage is measured;
+/// the gossip key stays; the new speakers hold NET_BIND_SERVICE too and listen on 179.
+async fn upgrade_rolls_every_pod_and_keeps_the_ip(lab: &Lab) -> anyhow::Result<()> {
+    let _release = Release::install(lab, &[])?;
+    helm_demo::running_and_ready(lab).await?;
+    let mut app = TestScope::new(lab, "chart-k-upgrade").await?;
+    let ip = serve(lab, &mut app, "chart-k-upgrade").await?;
+    let key = gossip_key(lab)?;
+    let before: Vec<String> = [pods(lab, "speaker")?, pods(lab, "controller")?]
+        .concat()
+        .iter()
+        .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+        .collect();
+    // The same images under a new tag: what a release upgrade brings, without a registry.
+    let tag = "0.1.0-upgrade";
+    for image in [
+        "ghcr.io/ferrolb/ferrolb-controller",
+        "ghcr.io/ferrolb/ferrolb-speaker",
+    ] {
+        let current = ferrolb_e2e::lab::images::layout_tag(
+            &ferrolb_e2e::lab::images::oci_dir().join(image.rsplit('/').next().unwrap_or(image)),
+        )?;
+        lab.tag_image(&format!("{image}:{current}"), tag)?;
+    }
+    let probe = bench::start_probe(lab, "client", &ip, Duration::from_secs(90))?;
+    let started = Instant::now();
+    let upgraded = helm::install(
+        lab,
+        RELEASE,
+        NAMESPACE,
+        &[
+            "--reuse-values",
+            "--set",
+            &format!("controller.image.tag={tag}"),
+            "--set",
+            &format!("speaker.image.tag={tag}"),
+            "--set",
+            "speaker.bgpListen={0.0.0.0:179}",
+        ],
+    );
+    let rolled_in = started.elapsed();
+    let report = bench::finish_probe(probe)?;
+    upgraded?;
+    helm_demo::running_and_ready(lab).await?;
+    eprintln!(
+        "upgrade: rolled in {rolled_in:.1?}; probe of {ip}: {} of {} answered, longest gap {:.0} ms at {:.0} ms",
+        report.received, report.sent, report.max_gap_ms, report.gap_start_ms
+    );
+    ensure!(
+        rolled_in < Duration::from_secs(85),
+        "the roll took {rolled_in:?}, longer than the probe ran"
+    );
+    // Answers came back after the roll: the outage ended (its length is the measurement).
+    ensure!(
+        report.received > 0 && report.max_gap_ms < report.sent as f64 * 10.0,
+        "{report:?}"
+    );
+    let after = [pods(lab, "speaker")?, pods(lab, "controller")?].concat();
+    for pod in &after {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        ensure!(
+            !before.iter().any(|b| b == uid),
+            "pod {} was not replaced",
+            pod["metadata"]["name"]
+        );
+        let image = pod["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap_or_default();
+        ensure!(
+            image.ends_with(&format!(":{tag}")),
+            "pod {} runs {image}",
+            pod["metadata"]["name"]
+        );
+    }
+    let now = lab.kubectl(&[
+        "get",
+        "service",
+        "-n",
+        "chart-k-upgrade",
+        "web",
+        "-o",
+        "jsonpath={.status.loadBalancer.ingress[0].ip}",
+    ])?;
+    ensure!(
+        now.trim() == ip,
+        "the upgrade moved the IP from {ip} to {now}"
+    );
+    ensure!(
+        gossip_key(lab)? == key,
+        "the upgrade changed the gossip key"
+    );
+    let who = answers(lab, &ip).await?;
+    ensure!(who.starts_with("web-"), "answered by {who:?}");
+    // Listening for BGP: NET_BIND_SERVICE added, and port 179 held by the speaker.
+    check_security_context(lab, NET_RAW | NET_BIND_SERVICE)?;
+    let listening = lab.exec("node1", "ss", &["-Htlnp", "sport", "=", ":179"])?;
+    ensure!(
+        listening.contains("ferrolb-speaker"),
+        "node1 port 179: {listening:?}"
+    );
+    println!(
+        "chart-kubelet upgrade: roll {:.1} s, longest gap {:.0} ms ({} of {} answered)",
+        rolled_in.as_secs_f64(),
+        report.max_gap_ms,
+        report.received,
+        report.sent
+    );
+    Ok(())
+}
+
+fn gossip_key(lab: &Lab) -> anyhow::Result<String> {
+    lab.kubectl(&[
+        "get",
+        "secret",
+        "-n",
+        NAMESPACE,
+        &format!("{RELEASE}-memberlist"),
+        "-o",
+        "jsonpath={.data.secretkey}",
+    ])
+}
+
+/// The owner's speaker pod deleted: the DaemonSet makes a new one on the same node, which
+/// becomes Ready; the IP stays and answers again.
+async fn deleted_speaker_pod_is_recreated(lab: &Lab) -> anyhow::Result<()> {
+    let _release = Release::install(lab, &[])?;
+    helm_demo::running_and_ready(lab).await?;
+    let mut app = TestScope::new(lab, "chart-k-delete").await?;
+    let ip = serve(lab, &mut app, "chart-k-delete").await?;
+    let owner = lab.kubectl(&[
+        "get",
+        "servicel2statuses",
+        "-n",
+        NAMESPACE,
+        "-l",
+        "metallb.io/service-namespace=chart-k-delete,metallb.io/service-name=web",
+        "-o",
+        "jsonpath={.items[0].status.node}",
+    ])?;
+    let owner = owner.trim().to_string();
+    let victim = pods(lab, "speaker")?
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == owner.as_str())
+        .with_context(|| format!("no speaker pod on the owner {owner:?}"))?;
+    let victim_name = victim["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let probe = bench::start_probe(lab, "client", &ip, Duration::from_secs(40))?;
+    std::thread::sleep(Duration::from_secs(2));
+    lab.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        NAMESPACE,
+        &victim_name,
+        "--wait=false",
+    ])?;
+    let replaced = wait_for(
+        &format!("the DaemonSet to replace {victim_name} on {owner}"),
+        Duration::from_secs(60),
+        || async {
+            let speakers = pods(lab, "speaker").map_err(|e| e.to_string())?;
+            let new = speakers.into_iter().find(|p| {
+                p["spec"]["nodeName"] == owner.as_str()
+                    && p["metadata"]["name"] != victim_name.as_str()
+                    && p["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+            });
+            Ok(new.map(|p| {
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            }))
+        },
+    )
+    .await?;
+    let report = bench::finish_probe(probe)?;
+    eprintln!(
+        "speaker pod {victim_name} on {owner} replaced by {replaced}; probe of {ip}: {} of {} answered, longest gap {:.0} ms",
+        report.received, report.sent, report.max_gap_ms
+    );
+    let now = lab.kubectl(&[
+        "get",
+        "service",
+        "-n",
+        "chart-k-delete",
+        "web",
+        "-o",
+        "jsonpath={.status.loadBalancer.ingress[0].ip}",
+    ])?;
+    ensure!(now.trim() == ip, "the IP moved from {ip} to {now}");
+    let who = answers(lab, &ip).await?;
+    ensure!(who.starts_with("web-"), "answered by {who:?}");
+    println!(
+        "chart-kubelet speaker pod deleted: longest gap {:.0} ms ({} of {} answered)",
+        report.max_gap_ms, report.received, report.sent
+    );
+    Ok(())
+}
+
+/// A speaker container without NET_RAW (its DaemonSet patched as a policy engine or a
+/// hand edit might) fails at start and says why; the roll stops at that one node.
+async fn speaker_without_net_raw_fails_clearly(lab: &Lab) -> anyhow::Result<()> {
+    let _release = Release::install(lab, &[])?;
+    helm_demo::running_and_ready(lab).await?;
+    let daemonset = format!("{RELEASE}-speaker");
+    lab.kubectl(&[
+        "patch", "daemonset", "-n", NAMESPACE, &daemonset, "--type=json", "-p",
+        r#"[{"op":"replace","path":"/spec/template/spec/containers/0/securityContext/capabilities/add","value":[]}]"#,
+    ])?;
+    let message = "needs the capability NET_RAW";
+    let (pod, log) = wait_for(
+        "a speaker pod without NET_RAW to fail and say why",
+        Duration::from_secs(90),
+        || async {
+            for pod in pods(lab, "speaker").map_err(|e| e.to_string())? {
+                let name = pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let restarted = pod["status"]["containerStatuses"][0]["restartCount"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    > 0;
+                if !restarted {
+                    continue;
+                }
+                let log = lab
+                    .kubectl(&["logs", "-n", NAMESPACE, &name, "--previous"])
+                    .unwrap_or_default();
+                if log.contains(message) {
+                    return Ok(Some((name, log)));
+                }
+            }
+            Err("no speaker has failed yet".to_string())
+        },
+    )
+    .await?;
+    eprintln!("{pod}: {}", log.lines().last().unwrap_or_default());
+    // The others still run: a rolling update stops at the first pod that does not become Ready.
+    let ready = pods(lab, "speaker")?
+        .iter()
+        .filter(|p| {
+            p["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+        })
+        .count();
+    ensure!(
+        ready == lab.topology.nodes().count() - 1,
+        "{ready} speakers Ready while one fails"
+    );
+    Ok(())
+}
+
+/// `helm uninstall` leaves nothing of ferrolb but the CRDs (kept, as MetalLB's chart keeps its
+/// own): no workload, Secret, ServiceAccount, RBAC object, Service, webhook or container.
+async fn uninstall_leaves_only_the_crds(lab: &Lab) -> anyhow::Result<()> {
+    let release = Release::install(lab, &[])?;
+    helm_demo::running_and_ready(lab).await?;
+    let mut app = TestScope::new(lab, "chart-k-uninstall").await?;
+    serve(lab, &mut app, "chart-k-uninstall").await?;
+    drop(app);
+    drop(release);
+    let selector = format!("app.kubernetes.io/instance={RELEASE}");
+    // The workloads' pods go after them (deleted in the background, then stopped by their
+    // kubelets within their grace period).
+    wait_for(&format!("nothing of the release left in {NAMESPACE}"), Duration::from_secs(120), || async {
+        let left = lab
+            .kubectl(&[
+                "get",
+                "deployments,daemonsets,replicasets,pods,secrets,configmaps,serviceaccounts,roles,rolebindings,services",
+                "-n", NAMESPACE, "-l", &selector, "-o", "name",
+            ])
+            .map_err(|e| e.to_string())?;
+        if left.trim().is_empty() { Ok(Some(())) } else { Err(left) }
+    })
+    .await?;
+    let cluster = lab.kubectl(&[
+        "get",
+        "clusterroles,clusterrolebindings,validatingwebhookconfigurations,mutatingwebhookconfigurations",
+        "-l", &selector, "-o", "name",
+    ])?;
+    ensure!(cluster.trim().is_empty(), "left cluster-wide: {cluster}");
+    let secrets = lab.kubectl(&["get", "secrets", "-n", NAMESPACE, "-o", "name"])?;
+    ensure!(
+        !secrets.contains("memberlist"),
+        "the gossip Secret stayed: {secrets}"
+    );
+    let crds = lab.kubectl(&["get", "crds", "-o", "name"])?;
+    ensure!(
+        crds.contains("ipaddresspools.metallb.io"),
+        "the CRDs went too: {crds}"
+    );
+    // No container of the release is left on any node.
+    wait_for(
+        "every node's containers of the release to be gone",
+        Duration::from_secs(60),
+        || async {
+            let mut left = Vec::new();
+            for rt in lab.kubelet_nodes() {
+                let containers = ferrolb_e2e::lab::kubelet::ctr(&rt, &["containers", "ls"])
+                    .map_err(|e| e.to_string())?;
+                left.extend(
+                    containers
+                        .lines()
+                        .filter(|l| {
+                            l.contains("ferrolb-controller") || l.contains("ferrolb-speaker")
+                        })
+                        .map(|l| format!("{}: {l}", rt.node)),
+                );
+            }
+            if left.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(left.join("; "))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let helm = bin_dir().join("helm");
+    let no_helm =
+        (!helm.is_file()).then(|| format!("needs helm ({}): run e2e/install-deps", helm.display()));
+    let conclusion = Suite::<Lab>::new("chart-kubelet")
+        .options(Options {
+            kubelet: true,
+            ..Options::default()
+        })
+        .one_at_a_time()
+        .requires(no_helm.map_or(Ok(()), Err))
+        .test(
+            "install_serves_an_ip_with_the_security_context_enforced_by_the_runtime",
+            |lab| {
+                Box::pin(
+                    async move { install_serves_with_the_security_context_enforced(&lab).await },
+                )
+            },
+        )
+        .test(
+            "upgrade_to_a_new_tag_rolls_every_pod_keeps_the_ip_and_measures_the_outage",
+            |lab| Box::pin(async move { upgrade_rolls_every_pod_and_keeps_the_ip(&lab).await }),
+        )
+        .test(
+            "a_deleted_speaker_pod_is_recreated_by_the_daemonset_and_the_ip_stays",
+            |lab| Box::pin(async move { deleted_speaker_pod_is_recreated(&lab).await }),
+        )
+        .test(
+            "a_speaker_without_net_raw_fails_at_start_with_a_clear_error",
+            |lab| Box::pin(async move { speaker_without_net_raw_fails_clearly(&lab).await }),
+        )
+        .test("uninstall_leaves_no_ferrolb_object_but_the_crds", |lab| {
+            Box::pin(async move { uninstall_leaves_only_the_crds(&lab).await })
+        })
+        .run(&args, |lab| Box::pin(async move { Ok(lab) }));
+    suite::exit_code(&[conclusion])
+}
