@@ -98,15 +98,43 @@ impl NodeRuntime {
         format!("{CGROUP_PARENT}/{}", self.node)
     }
 
-    /// `nsenter` arguments that run a program in the node's mount and network namespaces (it
-    /// execs in place, so the lab records the program's own PID).
-    fn enter(&self) -> Vec<String> {
-        vec![
+    /// The command that runs `program args` as part of this node: a shell moves itself into the
+    /// node's runtime cgroup (in every hierarchy), then execs `nsenter` into the node's mount and
+    /// network namespaces, which execs the program. Every exec keeps the PID, so the lab records
+    /// the program's own; and `e2e/lab restart` of the same command lands in the same cgroup, so
+    /// whatever the program starts (containerd's shims) stays where `down` finds it.
+    fn command(&self, nsenter: &Path, program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
+        let procs: Vec<String> = cgroup_hierarchies()
+            .iter()
+            .map(|h| {
+                quote(
+                    &h.join(format!("{}/runtime/cgroup.procs", self.cgroup()))
+                        .display()
+                        .to_string(),
+                )
+            })
+            .collect();
+        let mut script = String::from("set -e; ");
+        for file in procs {
+            script.push_str(&format!("echo $$ > {file}; "));
+        }
+        script.push_str("exec ");
+        let words = [
+            nsenter.display().to_string(),
             format!("--mount={}", self.mount_ns().display()),
             format!("--net=/run/netns/{}", self.netns),
             "--".into(),
-        ]
+            program.display().to_string(),
+        ];
+        let line: Vec<String> = words.iter().chain(args).map(|w| quote(w)).collect();
+        script.push_str(&line.join(" "));
+        (PathBuf::from("/bin/sh"), vec!["-c".into(), script])
     }
+}
+
+/// `word` quoted for `sh`.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
 }
 
 /// containerd's configuration for one node.
@@ -327,16 +355,6 @@ fn make_cgroup(rel: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Moves `pid` into cgroup `rel` in every hierarchy: its children (containerd's shims) follow.
-fn join_cgroup(rel: &str, pid: i32) -> anyhow::Result<()> {
-    for h in cgroup_hierarchies() {
-        let procs = h.join(rel).join("cgroup.procs");
-        std::fs::write(&procs, pid.to_string())
-            .with_context(|| format!("moving {pid} into {}", procs.display()))?;
-    }
-    Ok(())
-}
-
 /// Every process in cgroup `rel` and below (read from one hierarchy: the v1 `pids` one, or v2's).
 fn cgroup_pids(rel: &str) -> Vec<i32> {
     let hierarchies = cgroup_hierarchies();
@@ -435,21 +453,21 @@ impl Lab {
             state.kubelet_nodes.push(rt.node.clone());
             state.save(&self.dir)?;
             self.prepare_node(&rt, t, index)?;
-            let containerd = self.spawn(
+            let (program, args) = rt.command(
+                &nsenter,
+                &bin.join("containerd"),
+                &[format!(
+                    "--config={}",
+                    rt.dir.join("containerd.toml").display()
+                )],
+            );
+            self.spawn(
                 state,
                 &format!("containerd@{}", rt.node),
                 None,
-                &nsenter,
-                [
-                    rt.enter(),
-                    vec![
-                        bin.join("containerd").display().to_string(),
-                        format!("--config={}", rt.dir.join("containerd.toml").display()),
-                    ],
-                ]
-                .concat(),
+                &program,
+                args,
             )?;
-            join_cgroup(&format!("{}/runtime", rt.cgroup()), containerd.pid)?;
         }
         for node in &state.kubelet_nodes.clone() {
             let host = t.host(node).context("kubelet node not in the topology")?;
@@ -468,27 +486,20 @@ impl Lab {
             let kubeconfig = pki.issue_node(node)?;
             std::fs::write(rt.dir.join("kubelet.yaml"), kubelet_config(&rt, pki))?;
             let ips: Vec<String> = node_ips(t, host).iter().map(ToString::to_string).collect();
-            let kubelet = self.spawn(
-                state,
-                &format!("kubelet@{node}"),
-                None,
+            let (program, args) = rt.command(
                 &nsenter,
-                [
-                    rt.enter(),
-                    vec![
-                        bin.join("kubelet").display().to_string(),
-                        format!("--config={}", rt.dir.join("kubelet.yaml").display()),
-                        format!("--kubeconfig={}", kubeconfig.display()),
-                        format!("--hostname-override={node}"),
-                        format!("--node-ip={}", ips.join(",")),
-                        format!("--root-dir={}", rt.dir.join("kubelet").display()),
-                        format!("--cert-dir={}", rt.dir.join("kubelet/pki").display()),
-                        "--v=1".into(),
-                    ],
-                ]
-                .concat(),
-            )?;
-            join_cgroup(&format!("{}/runtime", rt.cgroup()), kubelet.pid)?;
+                &bin.join("kubelet"),
+                &[
+                    format!("--config={}", rt.dir.join("kubelet.yaml").display()),
+                    format!("--kubeconfig={}", kubeconfig.display()),
+                    format!("--hostname-override={node}"),
+                    format!("--node-ip={}", ips.join(",")),
+                    format!("--root-dir={}", rt.dir.join("kubelet").display()),
+                    format!("--cert-dir={}", rt.dir.join("kubelet/pki").display()),
+                    "--v=1".into(),
+                ],
+            );
+            self.spawn(state, &format!("kubelet@{node}"), None, &program, args)?;
         }
         let nodes: Api<Node> = Api::all(client.clone());
         for node in &state.kubelet_nodes {
@@ -643,8 +654,10 @@ pub fn import_image(rt: &NodeRuntime, archive: &Path, base_name: &str) -> anyhow
 
 /// Takes one kubelet node down: the kubelet first (so it starts nothing more), then every process
 /// left in the node's cgroups (containers, containerd's shims, containerd), then its mount
-/// namespace, cgroups and directory. Safe to run twice, and after a half-made node.
-pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) {
+/// namespace, cgroups and directory. Safe to run twice, and after a half-made node. Returns what
+/// it could not remove: the lab's promise is that `down` leaves the machine as it found it.
+pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) -> Vec<String> {
+    let mut problems = Vec::new();
     for p in state
         .processes
         .iter()
@@ -656,10 +669,11 @@ pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let pids = cgroup_pids(&cgroup);
-        if pids.is_empty() || Instant::now() >= deadline {
-            if !pids.is_empty() {
-                eprintln!("lab: processes {pids:?} in cgroup {cgroup} did not end");
-            }
+        if pids.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            problems.push(format!("processes {pids:?} in cgroup {cgroup} did not end"));
             break;
         }
         for pid in pids {
@@ -676,15 +690,32 @@ pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) {
     }
     let dir = lab_dir.join("nodes").join(node);
     let mnt = dir.join("mnt");
-    if mnt.exists() {
-        let _ = crate::cmd::output("umount", &[&mnt.display().to_string()]);
+    let mounted = |path: &Path| {
+        std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
+            info.lines()
+                .any(|l| l.split_whitespace().nth(4) == Some(&*path.to_string_lossy()))
+        })
+    };
+    if mounted(&mnt) {
+        if let Err(e) = run("umount", &[&mnt.display().to_string()]) {
+            problems.push(format!("{node}'s mount namespace: {e:#}"));
+        }
     }
     remove_cgroup(&cgroup);
+    for h in cgroup_hierarchies() {
+        if h.join(&cgroup).exists() {
+            problems.push(format!(
+                "cgroup {} is still there",
+                h.join(&cgroup).display()
+            ));
+        }
+    }
     if let Err(e) = std::fs::remove_dir_all(&dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {
-        eprintln!("lab: removing {}: {e}", dir.display());
+        problems.push(format!("removing {}: {e}", dir.display()));
     }
+    problems
 }
 
 #[cfg(test)]
@@ -721,6 +752,49 @@ mod tests {
             .expect("ranges");
         assert_eq!(ranges.len(), 1);
         assert_eq!(ranges[0][0]["subnet"], "fd00:19:1::/64");
+    }
+
+    #[test]
+    fn the_node_command_keeps_every_argument_whole() {
+        let (_, rt) = node1(Families::Dual);
+        let (program, args) = rt.command(
+            Path::new("/usr/bin/nsenter"),
+            Path::new("/bin/kubelet"),
+            &["--node-ip=198.18.0.11,fd00:18::b".into(), "it's".into()],
+        );
+        assert_eq!(program, Path::new("/bin/sh"));
+        let script = &args[1];
+        assert!(script.ends_with(
+            "exec '/usr/bin/nsenter' '--mount=/run/ferrolb-lab/nodes/node1/mnt' \
+             '--net=/run/netns/flb-node1' '--' '/bin/kubelet' '--node-ip=198.18.0.11,fd00:18::b' 'it'\\''s'"
+        ), "{script}");
+        // What sh makes of it: the words as given.
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("printf '%s|' {}", quote("it's a \"test\""))])
+            .output()
+            .expect("sh");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "it's a \"test\"|");
+    }
+
+    #[test]
+    fn kubelet_config_has_the_node_own_cgroup_root_and_accepts_cgroup_v1() {
+        let (_, rt) = node1(Families::Dual);
+        let pki = Pki {
+            dir: PathBuf::from("/run/ferrolb-lab/pki"),
+        };
+        let yaml = kubelet_config(&rt, &pki);
+        for line in [
+            "failCgroupV1: false",
+            "cgroupRoot: /ferrolb-lab/node1/pods",
+            "containerRuntimeEndpoint: unix:///run/ferrolb-lab/nodes/node1/containerd.sock",
+            "resolvConf: \"\"",
+            "imageGCHighThresholdPercent: 100",
+        ] {
+            assert!(
+                yaml.lines().any(|l| l.trim() == line),
+                "{line} missing:\n{yaml}"
+            );
+        }
     }
 
     #[test]

@@ -241,14 +241,14 @@ pub fn down() -> anyhow::Result<()> {
         remove_pod_local(pod);
     }
     // Containers first: they run under the kubelets, not as lab processes.
+    let mut problems = Vec::new();
     for node in &state.kubelet_nodes {
-        kubelet::teardown_node(&dir, &state, node);
+        problems.extend(kubelet::teardown_node(&dir, &state, node));
     }
     let _ = std::fs::remove_dir(dir.join("nodes"));
     for p in state.processes.iter().rev() {
         process::stop(p, Duration::from_secs(5));
     }
-    let mut problems = Vec::new();
     for ns in state.netns.iter().rev() {
         if let Err(e) = run("ip", &["netns", "del", ns])
             && !e.to_string().contains("No such file")
