@@ -696,10 +696,10 @@ pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) -> Vec<St
                 .any(|l| l.split_whitespace().nth(4) == Some(&*path.to_string_lossy()))
         })
     };
-    if mounted(&mnt) {
-        if let Err(e) = run("umount", &[&mnt.display().to_string()]) {
-            problems.push(format!("{node}'s mount namespace: {e:#}"));
-        }
+    if mounted(&mnt)
+        && let Err(e) = run("umount", &[&mnt.display().to_string()])
+    {
+        problems.push(format!("{node}'s mount namespace: {e:#}"));
     }
     remove_cgroup(&cgroup);
     for h in cgroup_hierarchies() {
@@ -720,6 +720,7 @@ pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) -> Vec<St
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::topology::{Families, Options};
 
