@@ -55,6 +55,14 @@ log() { printf '[build-oci] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 FERROLB_CACHE=${FERROLB_CACHE:-$HOME/.cache/ferrolb}
+# Run from a test (cargo sets CARGO_MANIFEST_DIR, CARGO_PKG_* ... for it), those variables would
+# reach the build scripts here: ring's reruns when CARGO_MANIFEST_DIR changes, and every caller
+# would rebuild the images' whole dependency tree for the previous one. Build the same everywhere.
+for var in $(compgen -e); do
+  case $var in
+    CARGO_MANIFEST_* | CARGO_PKG_* | CARGO_CRATE_NAME | CARGO_BIN_* | CARGO_PRIMARY_PACKAGE | CARGO_TARGET_TMPDIR) unset "$var" ;;
+  esac
+done
 export CARGO_TARGET_DIR=${FERROLB_IMAGE_TARGET_DIR:-$FERROLB_CACHE/image-target}
 
 case $TARGET in
