@@ -10,6 +10,9 @@
 //! image's files; a LoadBalancer Service answers through its IP; an upgrade keeps the gossip key
 //! and every IP.
 //!
+//! The chart installed with helm on kubelet nodes, its pods run by real kubelets and containerd,
+//! is `chart_kubelet.rs`.
+//!
 //! `UPDATE_DOCS=1 cargo test -p ferrolb-e2e --test chart` rewrites docs/helm-values.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
