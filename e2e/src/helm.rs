@@ -20,8 +20,8 @@ pub fn helm(lab: &Lab, args: &[&str]) -> anyhow::Result<String> {
         .with_context(|| format!("running {}", helm.display()))?;
     if !out.status.success() {
         // helm warns about the chart's symlinked files on every command: not the error.
-        let stderr: Vec<&str> = std::str::from_utf8(&out.stderr)
-            .unwrap_or_default()
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr: Vec<&str> = stderr
             .lines()
             .filter(|l| !l.contains("found symbolic link in path"))
             .collect();
@@ -36,8 +36,8 @@ pub fn helm(lab: &Lab, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `helm upgrade --install` of the repository's chart into `namespace` as `release`, with the
-/// images imported into the nodes (never pulled) and `extra` arguments; waits until every
-/// workload is rolled out.
+/// images imported into the nodes (their tag, never pulled) and `extra` arguments (a later
+/// `--set` wins); waits until every workload is rolled out.
 pub fn install(
     lab: &Lab,
     release: &str,
@@ -45,11 +45,25 @@ pub fn install(
     extra: &[&str],
 ) -> anyhow::Result<String> {
     let chart = repo_root().join("charts/ferrolb").display().to_string();
+    // The tag the images were built with, not the chart's appVersion, which could drift.
+    let oci = crate::lab::images::oci_dir();
+    let controller_tag = format!(
+        "controller.image.tag={}",
+        crate::lab::images::layout_tag(&oci.join("ferrolb-controller"))?
+    );
+    let speaker_tag = format!(
+        "speaker.image.tag={}",
+        crate::lab::images::layout_tag(&oci.join("ferrolb-speaker"))?
+    );
     let mut args = vec![
         "upgrade",
         "--install",
         release,
         chart.as_str(),
+        "--set",
+        controller_tag.as_str(),
+        "--set",
+        speaker_tag.as_str(),
         "--namespace",
         namespace,
         "--create-namespace",

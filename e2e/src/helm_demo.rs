@@ -7,8 +7,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::ensure;
-
 use crate::cluster::wait_for;
 use crate::ferrolb::NAMESPACE;
 use crate::helm;
@@ -47,8 +45,8 @@ pub async fn run(lab_exe: &Path) -> anyhow::Result<()> {
     crate::demo::run_l2(&lab).await
 }
 
-/// Waits until the controller and one speaker per node run and are Ready; `kubectl get pods
-/// -o wide` of the release's namespace.
+/// Waits until the controller and one speaker per node run and are Ready (pods being deleted
+/// do not count); `kubectl get pods -o wide` of the release's namespace.
 pub async fn running_and_ready(lab: &Lab) -> anyhow::Result<String> {
     let nodes = lab.topology.nodes().count();
     wait_for(
@@ -56,30 +54,44 @@ pub async fn running_and_ready(lab: &Lab) -> anyhow::Result<String> {
         Duration::from_secs(180),
         || async {
             let out = lab
-                .kubectl(&[
-                    "get", "pods", "-n", NAMESPACE, "-o",
-                    "jsonpath={range .items[*]}{.metadata.labels.app\\.kubernetes\\.io/component} {.spec.nodeName} {.status.phase} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
-                ])
+                .kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "json"])
                 .map_err(|e| e.to_string())?;
-            let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+            let list: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            let pods = list["items"].as_array().cloned().unwrap_or_default();
+            let of = |component: &str| {
+                pods.iter()
+                    .filter(|p| {
+                        p["metadata"]["labels"]["app.kubernetes.io/component"] == component
+                            && p["metadata"]["deletionTimestamp"].is_null()
+                    })
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
             let ready = |component: &str| {
-                rows.iter()
-                    .filter(|r| r.first() == Some(&component) && r.get(2) == Some(&"Running") && r.get(3) == Some(&"True"))
+                of(component)
+                    .iter()
+                    .filter(|p| {
+                        p["status"]["phase"] == "Running"
+                            && p["status"]["conditions"].as_array().is_some_and(|c| {
+                                c.iter()
+                                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                            })
+                    })
                     .count()
             };
-            if ready("controller") >= 1 && ready("speaker") == nodes {
+            let speakers = of("speaker").len();
+            if ready("controller") >= 1 && ready("speaker") == nodes && speakers == nodes {
                 Ok(Some(()))
             } else {
-                Err(out)
+                Err(format!(
+                    "controllers Ready {}, speakers Ready {} of {speakers} for {nodes} nodes",
+                    ready("controller"),
+                    ready("speaker"),
+                ))
             }
         },
     )
     .await?;
     let wide = lab.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
-    let speakers = wide.lines().filter(|l| l.contains("-speaker-")).count();
-    ensure!(
-        speakers == nodes,
-        "{speakers} speaker pods for {nodes} nodes:\n{wide}"
-    );
     Ok(wide.trim_end().to_string())
 }

@@ -90,6 +90,13 @@ impl Pki {
             return Ok(pki);
         }
         std::fs::create_dir_all(dir)?;
+        // Kubelet identities are issued on demand (`issue_node`) from the CA made here: those of
+        // an earlier CA would be refused.
+        for entry in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+            if entry.file_name().to_string_lossy().starts_with("node-") {
+                std::fs::remove_file(entry.path())?;
+            }
+        }
         let ca_key = KeyPair::generate()?;
         write(&pki.path("ca.key"), &ca_key.serialize_pem())?;
         let ca = CertifiedIssuer::self_signed(ca_params()?, ca_key)?;

@@ -262,6 +262,11 @@ pub const NODE1_UNNUMBERED_INTERFACE: &str = "eth1";
 /// The router's end of its unnumbered link to node1.
 pub const ROUTER_UNNUMBERED_INTERFACE: &str = "eth2";
 
+/// The Service ClusterIP range (IPv4).
+const SERVICE_RANGE_V4: &str = "198.19.64.0/18";
+/// The Service ClusterIP range (IPv6).
+const SERVICE_RANGE_V6: &str = "fd00:1b::/112";
+
 fn v6(segments: [u16; 8]) -> Ipv6Addr {
     Ipv6Addr::from(segments)
 }
@@ -319,14 +324,18 @@ impl Topology {
                 // Host-network pods (the speakers) reach the API server at the `kubernetes`
                 // Service's ClusterIP: the kernel needs a route for it before kube-proxy's DNAT
                 // sends it to the control plane.
-                routes.push(Route {
-                    to: "198.19.64.0/18".into(),
-                    via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
-                });
-                routes.push(Route {
-                    to: "fd00:1b::/112".into(),
-                    via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 2])),
-                });
+                if options.families.v4() {
+                    routes.push(Route {
+                        to: SERVICE_RANGE_V4.into(),
+                        via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+                    });
+                }
+                if options.families.v6() {
+                    routes.push(Route {
+                        to: SERVICE_RANGE_V6.into(),
+                        via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 2])),
+                    });
+                }
             }
             // Routes towards the external segment go through the router.
             routes.push(Route {
@@ -426,11 +435,11 @@ impl Topology {
         }
         let (mut service_cidrs, mut cluster_cidrs) = (Vec::new(), Vec::new());
         if options.families.v4() {
-            service_cidrs.push("198.19.64.0/18".to_string());
+            service_cidrs.push(SERVICE_RANGE_V4.to_string());
             cluster_cidrs.push("198.19.0.0/16".to_string());
         }
         if options.families.v6() {
-            service_cidrs.push("fd00:1b::/112".to_string());
+            service_cidrs.push(SERVICE_RANGE_V6.to_string());
             cluster_cidrs.push("fd00:19::/48".to_string());
         }
         Topology {

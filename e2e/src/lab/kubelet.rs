@@ -445,6 +445,29 @@ impl Lab {
         }
         let nsenter = on_path("nsenter").context("nsenter (util-linux) is not on PATH")?;
         let started = Instant::now();
+        // `unshare --mount=FILE` binds the node's new mount namespace onto FILE, which the kernel
+        // refuses on a shared mount (systemd makes / shared): the nodes' directory becomes a
+        // private mount of its own, as `ip netns` does for /run/netns. `down` unmounts it.
+        let nodes_dir = self.dir.join("nodes");
+        std::fs::create_dir_all(&nodes_dir)?;
+        if !is_mount_point(&nodes_dir) {
+            let d = nodes_dir.display().to_string();
+            run("mount", &["--bind", &d, &d])?;
+        }
+        run(
+            "mount",
+            &["--make-private", &nodes_dir.display().to_string()],
+        )?;
+        // The mount points of the nodes' private paths must exist on the host; the ones made here
+        // are recorded and removed by `down`.
+        for (_, target) in PRIVATE_PATHS {
+            if !Path::new(target).exists() {
+                std::fs::create_dir_all(target)
+                    .with_context(|| format!("creating the mount point {target}"))?;
+                state.host_dirs.push((*target).to_string());
+                state.save(&self.dir)?;
+            }
+        }
         for host in t.nodes() {
             let Role::Node { index, .. } = host.role else {
                 continue;
@@ -542,6 +565,13 @@ impl Lab {
 
     /// The node's directory, cgroups, mount namespace and configuration files.
     fn prepare_node(&self, rt: &NodeRuntime, t: &Topology, index: u8) -> anyhow::Result<()> {
+        if is_mount_point(&rt.mount_ns()) {
+            bail!(
+                "{} is still mounted (an earlier lab's {} was not taken down): run e2e/lab down",
+                rt.mount_ns().display(),
+                rt.node
+            );
+        }
         let _ = std::fs::remove_dir_all(&rt.dir);
         for sub in ["cni/net.d", "cni/ipam", "kubelet/pki", "sysctl"] {
             std::fs::create_dir_all(rt.dir.join(sub))?;
@@ -562,17 +592,19 @@ impl Lab {
         for (source, target) in PRIVATE_PATHS {
             let source = rt.dir.join(source);
             std::fs::create_dir_all(&source)?;
-            // The mount point must exist on the host; an empty directory is all it leaves there.
-            std::fs::create_dir_all(target)
-                .with_context(|| format!("creating the mount point {target}"))?;
-            script.push_str(&format!("mount --bind '{}' '{target}'\n", source.display()));
+            script.push_str(&format!(
+                "mount --bind {} {}\n",
+                quote(&source.display().to_string()),
+                quote(target)
+            ));
         }
         for (key, value) in KERNEL_TUNABLES {
             let file = rt.dir.join("sysctl").join(key.replace('/', "."));
             std::fs::write(&file, format!("{value}\n"))?;
             script.push_str(&format!(
-                "mount --bind '{}' '/proc/sys/{key}'\n",
-                file.display()
+                "mount --bind {} {}\n",
+                quote(&file.display().to_string()),
+                quote(&format!("/proc/sys/{key}"))
             ));
         }
         std::fs::write(rt.mount_ns(), "")?;
@@ -583,7 +615,7 @@ impl Lab {
                 "unshare",
                 &format!("--mount={}", rt.mount_ns().display()),
                 "--propagation",
-                "slave",
+                "private",
                 "sh",
                 "-c",
                 &script,
@@ -592,6 +624,14 @@ impl Lab {
         .with_context(|| format!("making {}'s mount namespace", rt.node))?;
         Ok(())
     }
+}
+
+/// Whether `path` is a mount point in this mount namespace.
+pub(super) fn is_mount_point(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
+        info.lines()
+            .any(|l| l.split_whitespace().nth(4) == Some(&*path.to_string_lossy()))
+    })
 }
 
 /// The first `program` in `$PATH`.
@@ -690,13 +730,7 @@ pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) -> Vec<St
     }
     let dir = lab_dir.join("nodes").join(node);
     let mnt = dir.join("mnt");
-    let mounted = |path: &Path| {
-        std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
-            info.lines()
-                .any(|l| l.split_whitespace().nth(4) == Some(&*path.to_string_lossy()))
-        })
-    };
-    if mounted(&mnt)
+    if is_mount_point(&mnt)
         && let Err(e) = run("umount", &[&mnt.display().to_string()])
     {
         problems.push(format!("{node}'s mount namespace: {e:#}"));

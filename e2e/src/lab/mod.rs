@@ -93,6 +93,9 @@ pub struct State {
     /// Kubelet nodes whose directory, mount namespace and cgroups exist (`up --kubelet`).
     #[serde(default)]
     pub kubelet_nodes: Vec<String>,
+    /// Directories `up --kubelet` made on the host as mount points (removed by `down`).
+    #[serde(default)]
+    pub host_dirs: Vec<String>,
     /// Whether `up` finished.
     pub ready: bool,
 }
@@ -184,6 +187,10 @@ impl Lab {
         if let Some(lab) = Self::running(lab_exe)?
             && lab.topology.options == Topology::standard(options).options
         {
+            if lab.topology.options.kubelet {
+                // The images of the code as it is now, not as it was when the lab came up.
+                lab.import_images(&images::build()?)?;
+            }
             return Ok(lab);
         }
         let dir = lab_dir();
@@ -245,7 +252,17 @@ pub fn down() -> anyhow::Result<()> {
     for node in &state.kubelet_nodes {
         problems.extend(kubelet::teardown_node(&dir, &state, node));
     }
-    let _ = std::fs::remove_dir(dir.join("nodes"));
+    let nodes_dir = dir.join("nodes");
+    if kubelet::is_mount_point(&nodes_dir)
+        && let Err(e) = run("umount", &[&nodes_dir.display().to_string()])
+    {
+        problems.push(format!("{}: {e:#}", nodes_dir.display()));
+    }
+    let _ = std::fs::remove_dir(&nodes_dir);
+    for host_dir in state.host_dirs.iter().rev() {
+        // Only if empty: something else may have put files there since.
+        let _ = std::fs::remove_dir(host_dir);
+    }
     for p in state.processes.iter().rev() {
         process::stop(p, Duration::from_secs(5));
     }

@@ -300,19 +300,20 @@ impl Lab {
     pub async fn remove_pod(&self, pod: &LabPod) -> anyhow::Result<()> {
         let client = self.client().await?;
         let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
+        // A kubelet's pod goes once its kubelet has stopped it (its grace period is 1 s); the
+        // lab's own pods are stopped here, so their objects can go at once.
+        let grace = if pod.kubelet { None } else { Some(0) };
         let _ = pods
             .delete(
                 &pod.name,
                 &DeleteParams {
-                    grace_period_seconds: Some(0),
+                    grace_period_seconds: grace,
                     ..Default::default()
                 },
             )
             .await;
         remove_pod_local(pod);
         if pod.kubelet {
-            let client = self.client().await?;
-            let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
             cluster::wait_for(
                 &format!("Pod {}/{} to be gone", pod.namespace, pod.name),
                 Duration::from_secs(60),
