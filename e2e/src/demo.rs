@@ -217,30 +217,7 @@ pub(crate) async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
     ))?;
     let (_, ips, _) = serve(lab, DEMO_NS, serde_json::json!({})).await?;
 
-    let owner = wait_for(
-        "a speaker to announce demo/demo (ServiceL2Status)",
-        Duration::from_secs(60),
-        || async {
-            let out = lab
-                .kubectl(&[
-                    "get",
-                    "servicel2statuses",
-                    "-n",
-                    ferrolb::NAMESPACE,
-                    "-l",
-                    "metallb.io/service-namespace=demo,metallb.io/service-name=demo",
-                    "-o",
-                    "jsonpath={.items[*].status.node}",
-                ])
-                .map_err(|e| e.to_string())?;
-            let owners: Vec<&str> = out.split_whitespace().collect();
-            match owners.as_slice() {
-                [one] => Ok(Some(one.to_string())),
-                other => Err(format!("owners so far: {other:?}")),
-            }
-        },
-    )
-    .await?;
+    let owner = crate::service::wait_l2_owner(lab, DEMO_NS, "demo").await?;
     let mac = lab.mac_of(&owner)?;
     println!(
         "\nOwner node: {owner} ({mac}), chosen by the speakers among the live ones without any API write;\n\

@@ -63,3 +63,37 @@ pub async fn wait_ips(api: &Api<Service>, name: &str, want: usize) -> anyhow::Re
     )
     .await
 }
+
+/// The one node announcing Service `namespace/name` in layer 2, from the ServiceL2Status objects
+/// the speakers write (in ferrolb's namespace), once there is exactly one.
+pub async fn wait_l2_owner(
+    lab: &crate::Lab,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    let selector =
+        format!("metallb.io/service-namespace={namespace},metallb.io/service-name={name}");
+    crate::cluster::wait_for(
+        &format!("a speaker to announce {namespace}/{name} (ServiceL2Status)"),
+        std::time::Duration::from_secs(60),
+        || async {
+            let out = lab
+                .kubectl(&[
+                    "get",
+                    "servicel2statuses",
+                    "-n",
+                    crate::ferrolb::NAMESPACE,
+                    "-l",
+                    &selector,
+                    "-o",
+                    "jsonpath={.items[*].status.node}",
+                ])
+                .map_err(|e| e.to_string())?;
+            match out.split_whitespace().collect::<Vec<_>>()[..] {
+                [one] => Ok(Some(one.to_string())),
+                ref other => Err(format!("owners so far: {other:?}")),
+            }
+        },
+    )
+    .await
+}

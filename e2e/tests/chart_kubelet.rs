@@ -440,29 +440,7 @@ async fn deleted_speaker_pod_is_recreated(lab: &Lab) -> anyhow::Result<()> {
     helm_demo::running_and_ready(lab).await?;
     let mut app = TestScope::new(lab, "chart-k-delete").await?;
     let ip = serve(lab, &mut app, "chart-k-delete").await?;
-    let owner = wait_for(
-        "a speaker to announce web (ServiceL2Status)",
-        Duration::from_secs(60),
-        || async {
-            let out = lab
-                .kubectl(&[
-                    "get",
-                    "servicel2statuses",
-                    "-n",
-                    NAMESPACE,
-                    "-l",
-                    "metallb.io/service-namespace=chart-k-delete,metallb.io/service-name=web",
-                    "-o",
-                    "jsonpath={.items[*].status.node}",
-                ])
-                .map_err(|e| e.to_string())?;
-            match out.split_whitespace().collect::<Vec<_>>()[..] {
-                [one] => Ok(Some(one.to_string())),
-                ref other => Err(format!("owners so far: {other:?}")),
-            }
-        },
-    )
-    .await?;
+    let owner = ferrolb_e2e::service::wait_l2_owner(lab, "chart-k-delete", "web").await?;
     let victim = pods(lab, "speaker")?
         .into_iter()
         .find(|p| p["spec"]["nodeName"] == owner.as_str())
