@@ -1049,30 +1049,14 @@ fn values_reference_is_up_to_date() -> anyhow::Result<()> {
 
 const COMPONENTS: [&str; 2] = ["ferrolb-controller", "ferrolb-speaker"];
 
-fn oci_dir() -> PathBuf {
-    repo_root().join("target/oci")
-}
-
-/// Builds both layouts once per test run (cargo and umoci make a second run cheap anyway).
+/// Builds the layouts once per test run (`ferrolb_e2e::lab::images::build`, the same build the
+/// kubelet lab imports; cargo and umoci make a second run cheap anyway).
 fn build_images() -> anyhow::Result<PathBuf> {
-    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    let result = BUILT.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(repo_root().join("images/build-oci.sh"))
-            .args(["--out", &oci_dir().display().to_string()])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "images/build-oci.sh failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    });
-    result.clone().map_err(anyhow::Error::msg)?;
-    Ok(oci_dir())
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| ferrolb_e2e::lab::images::build().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 fn read_json(path: &Path) -> anyhow::Result<Value> {

@@ -192,25 +192,33 @@ pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// upper half of the node's pod CIDRs (the lab's own pods use the lower half), in the cluster's
 /// families.
 pub fn cni_config(t: &Topology, rt: &NodeRuntime, index: u8) -> String {
-    let mut ranges = Vec::new();
-    let mut routes = Vec::new();
-    if t.options.families.v4() {
-        ranges.push(serde_json::json!([{
-            "subnet": format!("198.19.{index}.0/24"),
-            "rangeStart": format!("198.19.{index}.128"),
-            "rangeEnd": format!("198.19.{index}.254"),
-            "gateway": format!("198.19.{index}.1"),
-        }]));
-        routes.push(serde_json::json!({"dst": "0.0.0.0/0"}));
-    }
-    if t.options.families.v6() {
-        ranges.push(serde_json::json!([{
-            "subnet": format!("fd00:19:{index:x}::/64"),
-            "rangeStart": format!("fd00:19:{index:x}::1:0"),
-            "rangeEnd": format!("fd00:19:{index:x}::1:ffff"),
-            "gateway": format!("fd00:19:{index:x}::1"),
-        }]));
-        routes.push(serde_json::json!({"dst": "::/0"}));
+    // (family on, subnet, first, last, gateway, default route) per family.
+    let families = [
+        (
+            t.options.families.v4(),
+            format!("198.19.{index}.0/24"),
+            format!("198.19.{index}.128"),
+            format!("198.19.{index}.254"),
+            format!("198.19.{index}.1"),
+            "0.0.0.0/0",
+        ),
+        (
+            t.options.families.v6(),
+            format!("fd00:19:{index:x}::/64"),
+            format!("fd00:19:{index:x}::1:0"),
+            format!("fd00:19:{index:x}::1:ffff"),
+            format!("fd00:19:{index:x}::1"),
+            "::/0",
+        ),
+    ];
+    let (mut ranges, mut routes) = (Vec::new(), Vec::new());
+    for (on, subnet, start, end, gateway, default) in families {
+        if on {
+            ranges.push(serde_json::json!([{
+                "subnet": subnet, "rangeStart": start, "rangeEnd": end, "gateway": gateway,
+            }]));
+            routes.push(serde_json::json!({"dst": default}));
+        }
     }
     let conf = serde_json::json!({
         "cniVersion": "1.0.0",
