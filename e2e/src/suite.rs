@@ -9,6 +9,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
 use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 
@@ -138,24 +139,28 @@ impl<F: Fixture> Suite<F> {
         }
 
         let fixture: Option<Result<F, String>> = needs_lab.then(|| self.set_up(setup));
+        let failures = Failures::default();
         let mut trials = Vec::new();
         for (name, body) in self.tests {
+            let record = failures.recorder(&name);
             let trial = match body {
                 Body::Offline { run, unmet } => {
                     if let Some(reason) = &unmet {
                         eprintln!("{}: {name} is reported as ignored: {reason}", self.name);
                     }
                     Trial::test(name, move || {
-                        run().map_err(|e| Failed::from(format!("{e:#}")))
+                        record(run().map_err(|e| Failed::from(format!("{e:#}"))))
                     })
                     .with_ignored_flag(unmet.is_some())
                 }
                 Body::Lab(body) => {
                     let fixture = fixture.clone();
-                    Trial::test(name, move || match fixture {
-                        Some(Ok(f)) => block_on(body(f)),
-                        Some(Err(e)) => Err(Failed::from(e)),
-                        None => Err(Failed::from("the lab was not brought up")),
+                    Trial::test(name, move || {
+                        record(match fixture {
+                            Some(Ok(f)) => block_on(body(f)),
+                            Some(Err(e)) => Err(Failed::from(e)),
+                            None => Err(Failed::from("the lab was not brought up")),
+                        })
                     })
                     .with_ignored_flag(lab_ready.is_err())
                 }
@@ -173,6 +178,8 @@ impl<F: Fixture> Suite<F> {
             }
             if conclusion.has_failed() || fixture.is_err() {
                 save_logs(&crate::lab_dir(), &self.name);
+                // Again after the logs' tails, so that the end of a CI log says why.
+                failures.print(&self.name);
             }
             if !self.keep_lab
                 && std::env::var_os("FERROLB_KEEP_LAB").is_none()
@@ -206,6 +213,33 @@ impl<F: Fixture> Suite<F> {
             eprintln!("{}: setup failed: {e:#}", self.name);
             format!("setup failed: {e:#}")
         })
+    }
+}
+
+/// The failed tests' messages, kept to be printed once more after the logs.
+#[derive(Clone, Default)]
+struct Failures(Arc<Mutex<Vec<(String, String)>>>);
+
+impl Failures {
+    /// Passes a test's outcome through, noting a failure under `name`.
+    fn recorder(&self, name: &str) -> impl Fn(Result<(), Failed>) -> Result<(), Failed> + use<> {
+        let (list, name) = (self.0.clone(), name.to_string());
+        move |outcome| {
+            if let Err(failed) = &outcome
+                && let Ok(mut list) = list.lock()
+            {
+                let message = failed.message().unwrap_or("(no message)").to_string();
+                list.push((name.clone(), message));
+            }
+            outcome
+        }
+    }
+
+    fn print(&self, suite: &str) {
+        let Ok(list) = self.0.lock() else { return };
+        for (name, message) in list.iter() {
+            eprintln!("{suite}: FAILED {name}: {message}");
+        }
     }
 }
 
@@ -259,4 +293,26 @@ pub fn save_logs(lab_dir: &Path, suite: &str) {
         }
     }
     eprintln!("{suite}: lab logs copied to {}", target.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_kept_with_their_test_and_outcomes_pass_through() {
+        let failures = Failures::default();
+        let ok = failures.recorder("passes")(Ok(()));
+        let failed = failures.recorder("fails")(Err(Failed::from("the router said no")));
+        assert!(ok.is_ok());
+        assert_eq!(
+            failed.err().and_then(|f| f.message().map(str::to_string)),
+            Some("the router said no".to_string())
+        );
+        let kept = failures.0.lock().map(|l| l.clone()).unwrap_or_default();
+        assert_eq!(
+            kept,
+            vec![("fails".to_string(), "the router said no".to_string())]
+        );
+    }
 }

@@ -657,6 +657,27 @@ fn router_bfd_downs(lab: &Lab, node: &str) -> anyhow::Result<usize> {
         .count())
 }
 
+/// Makes the router's bgpd register its BFD sessions with bfdd anew.
+///
+/// FRR 8.4's bfdd counts registrations per client daemon, not per BGP peer (`pcn_new` in
+/// `bfdd/ptm_adapter.c` returns the existing registration uncounted), so when bgpd briefly has
+/// two peers for one dynamic neighbour (the graceful-restart test leaves the old one stale while
+/// the node reconnects) the old peer's deregistration deletes the session the new peer still
+/// wants: bgpd then shows BFD "Down" for the neighbour and bfdd has no session at all. Seen in
+/// CI after `graceful_restart_keeps_paths_through_a_speaker_restart`. Each BFD test starts
+/// from sessions bfdd really has.
+fn router_bfd_reregister(lab: &Lab) -> anyhow::Result<()> {
+    router_config(
+        lab,
+        &[
+            "router bgp 64500",
+            "no neighbor nodes bfd",
+            "neighbor nodes bfd",
+            "neighbor nodes bfd profile nodes",
+        ],
+    )
+}
+
 /// The suite's BGPPeer with BFDProfile `bfd` (spec `profile`), until dropped: then the plain
 /// BGPPeer again and the router's BFD profile back to the lab's 300 ms.
 struct WithBfd<'a> {
@@ -665,6 +686,7 @@ struct WithBfd<'a> {
 
 impl<'a> WithBfd<'a> {
     fn apply(lab: &'a Lab, profile: &str) -> anyhow::Result<Self> {
+        router_bfd_reregister(lab)?;
         let ns = ferrolb::NAMESPACE;
         lab.apply(&format!(
             "apiVersion: metallb.io/v1beta1
