@@ -13,6 +13,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferrolb_runtime::owner::Owner;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 
@@ -28,12 +29,13 @@ pub fn new_key() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The Secret `name` with a new key.
-pub fn secret(name: &str, namespace: &str, key: String) -> Secret {
+/// The Secret `name` with a new key, owned by `owner` (the controller's ServiceAccount).
+pub fn secret(name: &str, namespace: &str, key: String, owner: Option<&Owner>) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
+            owner_references: owner.map(|o| vec![o.reference()]),
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/managed-by".to_string(),
                 "ferrolb-controller".to_string(),
@@ -47,14 +49,17 @@ pub fn secret(name: &str, namespace: &str, key: String) -> Secret {
 }
 
 /// Creates the Secret unless it exists; retries every 5 s until the API server has answered
-/// either way (the speakers wait for it to start).
-pub async fn ensure(client: kube::Client, namespace: String, name: String) {
+/// either way (the speakers wait for it to start). An existing Secret keeps its owner, if any.
+pub async fn ensure(client: kube::Client, namespace: String, name: String, owner: Option<Owner>) {
     let api: Api<Secret> = Api::namespaced(client, &namespace);
     loop {
         let attempt = async {
             let key = new_key()?;
             match api
-                .create(&PostParams::default(), &secret(&name, &namespace, key))
+                .create(
+                    &PostParams::default(),
+                    &secret(&name, &namespace, key, owner.as_ref()),
+                )
                 .await
             {
                 Ok(_) => {
@@ -89,8 +94,12 @@ mod tests {
         assert_eq!(a.len(), 2 * KEY_BYTES);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
-        let s = secret("ferrolb-memberlist", "metallb-system", a.clone());
+        let s = secret("ferrolb-memberlist", "metallb-system", a.clone(), None);
         assert_eq!(s.string_data.unwrap()["secretkey"], a);
         assert_eq!(s.metadata.namespace.as_deref(), Some("metallb-system"));
+        assert_eq!(s.metadata.owner_references, None);
+        let account = Owner::service_account("ferrolb-controller", "uid-7");
+        let s = secret("ferrolb-memberlist", "metallb-system", a, Some(&account));
+        assert_eq!(s.metadata.owner_references, Some(vec![account.reference()]));
     }
 }

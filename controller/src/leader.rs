@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use ferrolb_runtime::owner::Owner;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -106,6 +107,15 @@ impl Elector {
     /// Decides the next step from what the Lease says now.
     pub fn decide(&mut self, lease: Option<&LeaseView>, now: Instant) -> Step {
         let Some(view) = lease else {
+            // A Lease that vanished while another replica held it (deleted by hand, or by the
+            // garbage collector with its owner) may still have a leader acting on its last
+            // renewal: create it only once that renewal could have lapsed, as for a takeover.
+            if let Some((seen, at)) = &self.observed
+                && seen.holder.is_some()
+                && now.saturating_duration_since(*at) < self.duration_of(seen)
+            {
+                return Step::Wait;
+            }
             return Step::Create;
         };
         if view.holder.as_deref() == Some(self.identity.as_str()) {
@@ -122,15 +132,18 @@ impl Elector {
             .as_ref()
             .map(|(_, at)| now.saturating_duration_since(*at))
             .unwrap_or_default();
-        let duration = view
-            .duration
-            .unwrap_or(self.timing.lease_duration)
-            .max(self.timing.lease_duration);
-        if since >= duration {
+        if since >= self.duration_of(view) {
             Step::Takeover
         } else {
             Step::Wait
         }
+    }
+
+    /// How long a holder's renewal counts: what it wrote, never less than our own duration.
+    fn duration_of(&self, view: &LeaseView) -> Duration {
+        view.duration
+            .unwrap_or(self.timing.lease_duration)
+            .max(self.timing.lease_duration)
     }
 
     /// Records a successful create, renew or takeover whose request started at `started`.
@@ -221,20 +234,31 @@ impl Leadership {
 
 /// Runs the election until `shutdown` resolves, then releases the Lease if we hold it.
 pub fn spawn(
-    api: Api<Lease>,
-    name: String,
+    lease: LeaseRef,
     identity: String,
     timing: Timing,
     shutdown: tokio::sync::watch::Receiver<bool>,
     pulse: ferrolb_runtime::health::Pulse,
 ) -> (Leadership, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
-    let handle = tokio::spawn(run(api, name, identity, timing, tx, shutdown, pulse));
+    let handle = tokio::spawn(run(lease, identity, timing, tx, shutdown, pulse));
     (Leadership { rx }, handle)
+}
+
+/// The Lease to elect through.
+pub struct LeaseRef {
+    /// Leases in the controller's namespace.
+    pub api: Api<Lease>,
+    /// The Lease's name.
+    pub name: String,
+    /// Its owner (the controller's ServiceAccount), written whenever this replica writes the
+    /// Lease whole (creating or taking it over).
+    pub owner: Option<Owner>,
 }
 
 fn lease_object(
     name: &str,
+    owner: Option<&Owner>,
     identity: Option<&str>,
     timing: &Timing,
     transitions: i32,
@@ -244,6 +268,7 @@ fn lease_object(
     Lease {
         metadata: ObjectMeta {
             name: Some(name.into()),
+            owner_references: owner.map(|o| vec![o.reference()]),
             resource_version,
             ..Default::default()
         },
@@ -261,14 +286,15 @@ fn lease_object(
 }
 
 async fn run(
-    api: Api<Lease>,
-    name: String,
+    lease: LeaseRef,
     identity: String,
     timing: Timing,
     tx: watch::Sender<Option<Grant>>,
     mut shutdown: watch::Receiver<bool>,
     pulse: ferrolb_runtime::health::Pulse,
 ) {
+    let LeaseRef { api, name, owner } = lease;
+    let owner = owner.as_ref();
     let mut elector = Elector::new(identity.clone(), timing);
     let mut term = 0u64;
     let mut ticker = tokio::time::interval(timing.retry_period);
@@ -310,7 +336,7 @@ async fn run(
             (Step::Create, _) => api
                 .create(
                     &PostParams::default(),
-                    &lease_object(&name, Some(&identity), &timing, 0, None),
+                    &lease_object(&name, owner, Some(&identity), &timing, 0, None),
                 )
                 .await
                 .map(|_| ()),
@@ -335,6 +361,7 @@ async fn run(
                     + 1;
                 let object = lease_object(
                     &name,
+                    owner,
                     Some(&identity),
                     &timing,
                     transitions,
@@ -382,6 +409,7 @@ async fn run(
             .unwrap_or(0);
         let mut released = lease_object(
             &name,
+            owner,
             None,
             &timing,
             transitions,
@@ -501,6 +529,38 @@ mod tests {
             "leader still leading when the contender takes over"
         );
         assert!(until < t);
+    }
+
+    #[test]
+    fn a_vanished_lease_is_not_recreated_before_its_holder_could_have_lapsed() {
+        let mut e = Elector::new("b", T);
+        let t0 = Instant::now();
+        assert_eq!(e.decide(Some(&held_by("a", "1")), t0), Step::Wait);
+        // Deleted (by hand, or with its owner): "a" may still act on its renewal seen at t0.
+        assert_eq!(e.decide(None, t0 + Duration::from_secs(1)), Step::Wait);
+        assert_eq!(e.decide(None, t0 + Duration::from_secs(14)), Step::Wait);
+        assert_eq!(e.decide(None, t0 + Duration::from_secs(15)), Step::Create);
+        // A released Lease that vanishes is created at once: nobody was acting on it.
+        let mut e = Elector::new("b", T);
+        let released = LeaseView {
+            holder: None,
+            renew_marker: Some("x".into()),
+            duration: Some(Duration::from_secs(1)),
+        };
+        assert_eq!(e.decide(Some(&released), t0), Step::Takeover);
+        assert_eq!(e.decide(None, t0), Step::Create);
+    }
+
+    #[test]
+    fn the_lease_names_its_owner() {
+        let account = Owner::service_account("ferrolb-controller", "uid-1");
+        let lease = lease_object("l", Some(&account), Some("a"), &T, 0, None);
+        assert_eq!(
+            lease.metadata.owner_references,
+            Some(vec![account.reference()])
+        );
+        let lease = lease_object("l", None, Some("a"), &T, 0, None);
+        assert_eq!(lease.metadata.owner_references, None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod check_config;
 mod core;
 mod gossip_secret;
 mod leader;
+mod owner;
 mod run;
 mod schedule;
 mod slim;
@@ -93,6 +94,12 @@ struct RunArgs {
     /// This replica's identity in the Lease and in Events (default: hostname and PID).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// The controller's ServiceAccount (in --namespace; the chart passes it from the downward
+    /// API): it becomes the owner of the leader Lease, ConfigurationState `controller` and a
+    /// gossip key Secret the controller creates, so they go with the release. Needs `get` on
+    /// it. Unset (outside a pod): they have no owner.
+    #[arg(long, env = "SERVICE_ACCOUNT_NAME")]
+    service_account: Option<String>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
     listen: SocketAddr,
@@ -145,11 +152,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.metrics_tls.files()?,
         Vec::new(),
     ));
+    let owner = match &args.service_account {
+        Some(account) => owner::service_account(&client, &args.namespace, account).await,
+        None => None,
+    };
     if let Some(name) = args.gossip_secret_name.clone() {
         tokio::spawn(gossip_secret::ensure(
             client.clone(),
             args.namespace.clone(),
             name,
+            owner.clone(),
         ));
     }
     let (leadership, lease_task) = if args.leader_elect {
@@ -159,10 +171,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             retry_period: args.retry_period,
         };
         timing.validate().map_err(anyhow::Error::msg)?;
-        let api = kube::Api::namespaced(client.clone(), &args.namespace);
+        let lease = leader::LeaseRef {
+            api: kube::Api::namespaced(client.clone(), &args.namespace),
+            name: args.lease_name.clone(),
+            owner: owner.clone(),
+        };
         let (l, task) = leader::spawn(
-            api,
-            args.lease_name.clone(),
+            lease,
             identity.clone(),
             timing,
             shutdown_rx.clone(),
@@ -178,6 +193,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lb_class: args.lb_class.clone(),
         identity,
         failpoints: ferrolb_runtime::failpoint::Failpoints::new(args.failpoints.clone()),
+        owner,
     };
     let mut controller = tokio::spawn(run::run(
         client,

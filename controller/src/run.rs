@@ -48,6 +48,9 @@ pub struct Settings {
     /// Failpoints a test may arm (`controller-loop`: stall the work loop;
     /// `controller-loop-panic`: panic in it).
     pub failpoints: ferrolb_runtime::failpoint::Failpoints,
+    /// Owner of ConfigurationState `controller` (the controller's ServiceAccount), so that it
+    /// goes with the release.
+    pub owner: Option<ferrolb_runtime::owner::Owner>,
 }
 
 /// Work items the watches produce.
@@ -439,6 +442,8 @@ pub async fn run(
             },
             namespace: settings.namespace,
             recorder,
+            owner: settings.owner,
+            state_adopted: false,
             written_state: None,
             written_pool_status: HashMap::new(),
             reported_errors: BTreeSet::new(),
@@ -683,6 +688,10 @@ struct ApiWrites {
     namespace: String,
     /// For configuration errors, whose reporting is remembered only once written.
     recorder: Arc<Recorder>,
+    /// Owner of ConfigurationState `controller`.
+    owner: Option<ferrolb_runtime::owner::Owner>,
+    /// Whether this run has made `owner` the owner of a ConfigurationState found existing.
+    state_adopted: bool,
     written_state: Option<(ConfigurationResult, String)>,
     written_pool_status: HashMap<String, IPAddressPoolStatus>,
     reported_errors: BTreeSet<String>,
@@ -814,6 +823,7 @@ impl ApiWrites {
             let object = ConfigurationState {
                 metadata: ObjectMeta {
                     name: Some("controller".into()),
+                    owner_references: self.owner.as_ref().map(|o| vec![o.reference()]),
                     ..Default::default()
                 },
                 spec: ConfigurationStateSpec {},
@@ -821,7 +831,19 @@ impl ApiWrites {
             };
             let created = match api.create(&PostParams::default(), &object).await {
                 Ok(_) => Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                // One an earlier version wrote without an owner, or one whose owner was
+                // replaced: owned from now on (a merge patch replaces the list whole).
+                Err(kube::Error::Api(e)) if e.code == 409 => match &self.owner {
+                    Some(owner) if !self.state_adopted => {
+                        let patch = serde_json::json!({
+                            "metadata": {"ownerReferences": owner.references_json()}
+                        });
+                        api.patch("controller", &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                            .map(|_| self.state_adopted = true)
+                    }
+                    _ => Ok(()),
+                },
                 Err(e) => Err(e),
             };
             let patch = serde_json::json!({"status": {"result": result, "errorSummary": summary}});

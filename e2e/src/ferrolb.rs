@@ -169,6 +169,10 @@ pub fn start_controller_with(
         // controller; named apart from the key the lab's speakers use.
         "--gossip-secret-name",
         CONTROLLER_MADE_GOSSIP_SECRET,
+        // The account whose token it runs with: the owner of its Lease and ConfigurationState,
+        // as in the chart (the RBAC file grants reading it).
+        "--service-account",
+        "ferrolb-controller",
     ])
     .chain(extra)
     .map(|s| s.to_string())

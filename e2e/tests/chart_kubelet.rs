@@ -10,6 +10,7 @@
 //! owns them, as an operator's would), and uninstalls it at its end, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
@@ -564,15 +565,58 @@ async fn speaker_without_net_raw_fails_clearly(lab: &Lab) -> anyhow::Result<()> 
 
 /// `helm uninstall` removes every object of the release: no workload, pod, Secret,
 /// ServiceAccount, RBAC object, Service, webhook or container is left, and the CRDs stay (as
-/// MetalLB's chart keeps its own). What the running components wrote themselves and nothing
-/// owns yet (issue #17's open point: the Leases, ConfigurationState and the status objects) is
-/// listed, and nothing else may be there.
+/// MetalLB's chart keeps its own). What the running components wrote for themselves names an
+/// owner the release removes (the speaker's Pod; the controller's ServiceAccount), so the
+/// garbage collector takes it too: the namespace ends as Kubernetes made it, plus Events and
+/// the configuration the user applied. The Service stays up through the uninstall, so its
+/// status objects go with their owners, not with the Service.
 async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::Result<()> {
     let release = Release::install(lab, &[])?;
     helm_demo::running_and_ready(lab).await?;
     let mut app = TestScope::new(lab, "chart-k-uninstall").await?;
     serve(lab, &mut app, "chart-k-uninstall").await?;
-    drop(app);
+    // Before: each record names its owner.
+    let controller_account = format!("{RELEASE}-controller");
+    wait_for(
+        "the components' records to name their owners",
+        Duration::from_secs(60),
+        || async {
+            let mut wrong = Vec::new();
+            let mut seen = BTreeMap::new();
+            for kind in [
+                "leases",
+                "configurationstates.metallb.io",
+                "servicel2statuses.metallb.io",
+            ] {
+                for (name, owner) in owners(lab, kind).map_err(|e| e.to_string())? {
+                    let want = if kind == "servicel2statuses.metallb.io"
+                        || name.starts_with(&format!("{RELEASE}-speaker-"))
+                    {
+                        "Pod"
+                    } else {
+                        "ServiceAccount"
+                    };
+                    let ok = owner.as_ref().is_some_and(|(k, n)| {
+                        k == want && (want == "Pod" || *n == controller_account)
+                    });
+                    if !ok {
+                        wrong.push(format!("{kind}/{name}: owner {owner:?}, want a {want}"));
+                    }
+                    *seen.entry(kind).or_insert(0) += 1;
+                }
+            }
+            // The leader Lease, three presence Leases, ConfigurationState, one ServiceL2Status.
+            let complete = seen.get("leases").is_some_and(|n| *n >= 4)
+                && seen.contains_key("configurationstates.metallb.io")
+                && seen.contains_key("servicel2statuses.metallb.io");
+            if wrong.is_empty() && complete {
+                Ok(Some(()))
+            } else {
+                Err(format!("{wrong:?}; seen {seen:?}"))
+            }
+        },
+    )
+    .await?;
     drop(release);
     let selector = format!("app.kubernetes.io/instance={RELEASE}");
     // The workloads' pods go after them (deleted in the background, then stopped by their
@@ -599,8 +643,9 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
         !secrets.contains("memberlist"),
         "the gossip Secret stayed: {secrets}"
     );
-    // Everything else in the namespace: what Kubernetes keeps in any namespace, Events, the
-    // configuration the user applied, and the components' own records.
+    // Everything else in the namespace: only what Kubernetes keeps in any namespace, Events
+    // and the configuration the user applied. The garbage collector works after the owners
+    // are gone, so this is awaited.
     let kinds = lab.kubectl(&[
         "api-resources",
         "--namespaced",
@@ -609,7 +654,6 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
         "name",
     ])?;
     let kinds: Vec<&str> = kinds.lines().filter(|k| !k.starts_with("events")).collect();
-    let left = lab.kubectl(&["get", &kinds.join(","), "-n", NAMESPACE, "-o", "name"])?;
     let expected = |name: &str| {
         matches!(
             name,
@@ -617,22 +661,23 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
         ) || name.starts_with("ipaddresspool.metallb.io/")
             || name.starts_with("l2advertisement.metallb.io/")
     };
-    let records = |name: &str| {
-        name.starts_with("lease.coordination.k8s.io/")
-            || name.starts_with("configurationstate.metallb.io/")
-            || name.starts_with("servicel2status.metallb.io/")
-            || name.starts_with("servicebgpstatus.metallb.io/")
-    };
-    let unexpected: Vec<&str> = left
-        .lines()
-        .filter(|n| !expected(n) && !records(n))
-        .collect();
-    ensure!(unexpected.is_empty(), "left in {NAMESPACE}: {unexpected:?}");
-    let kept: Vec<&str> = left.lines().filter(|n| records(n)).collect();
-    println!(
-        "chart-kubelet uninstall: records nothing owns yet: {}",
-        kept.join(" ")
-    );
+    wait_for(
+        &format!("nothing but Kubernetes' own and the user's objects in {NAMESPACE}"),
+        Duration::from_secs(60),
+        || async {
+            let left = lab
+                .kubectl(&["get", &kinds.join(","), "-n", NAMESPACE, "-o", "name"])
+                .map_err(|e| e.to_string())?;
+            let unexpected: Vec<&str> = left.lines().filter(|n| !expected(n)).collect();
+            if unexpected.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("left: {unexpected:?}"))
+            }
+        },
+    )
+    .await?;
+    drop(app);
     let crds = lab.kubectl(&["get", "crds", "-o", "name"])?;
     ensure!(
         crds.contains("ipaddresspools.metallb.io"),
@@ -665,6 +710,37 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
     )
     .await?;
     Ok(())
+}
+
+/// An owner reference's kind and name.
+type OwnerRef = (String, String);
+
+/// The objects of `kind` in the release namespace, each with its first owner.
+fn owners(lab: &Lab, kind: &str) -> anyhow::Result<Vec<(String, Option<OwnerRef>)>> {
+    let list: serde_json::Value =
+        serde_json::from_str(&lab.kubectl(&["get", kind, "-n", NAMESPACE, "-o", "json"])?)
+            .with_context(|| format!("{kind}: kubectl's JSON"))?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            let name = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let owner = o["metadata"]["ownerReferences"][0].as_object().map(|r| {
+                let field = |f: &str| {
+                    r.get(f)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                (field("kind"), field("name"))
+            });
+            (name, owner)
+        })
+        .collect())
 }
 
 fn main() -> std::process::ExitCode {

@@ -1,12 +1,13 @@
 //! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
 //! server with health that reflects the work loop ([`health`]), the Kubernetes client, watches into caches and the one watch of the configuration
 //! ([`watch`]), and Events ([`events`]: a de-duplicating recorder behind a bounded queue), and failpoints that tests arm to
-//! stall a live process ([`failpoint`]), and TLS for that server as an option ([`tls`]). Each binary keeps its own metrics and logic; this crate holds only what would
+//! stall a live process ([`failpoint`]), TLS for that server as an option ([`tls`]), and the owner references that let the garbage collector remove what a component wrote ([`owner`]). Each binary keeps its own metrics and logic; this crate holds only what would
 //! otherwise be copied between them.
 
 pub mod events;
 pub mod failpoint;
 pub mod health;
+pub mod owner;
 pub mod tls;
 pub mod watch;
 

@@ -119,6 +119,12 @@ pub struct Args {
     /// This speaker's Pod (the chart passes it from the downward API).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// This speaker's Pod's UID (the chart passes it from the downward API): with --pod-name,
+    /// the Pod becomes the owner of the presence Lease and the status objects this speaker
+    /// writes, so they go with it (after `helm uninstall` too). Outside a pod the Lease is
+    /// owned by the Node and the status objects by nothing.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
     /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.

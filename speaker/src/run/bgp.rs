@@ -76,26 +76,24 @@ pub struct Bgp {
 }
 
 impl Bgp {
-    /// No sessions yet; starts the ServiceBGPStatus writer for `node` in `namespace`, and
+    /// No sessions yet; starts the ServiceBGPStatus writer in `scope`, and
     /// accepts peers' connections on `listen` (an address that cannot be bound is logged and
     /// left out: the speaker still connects out). An unnumbered peer found on its link
     /// notifies `changed`, so the work loop plans again.
     pub fn new(
         metrics: Metrics,
-        client: kube::Client,
-        namespace: String,
-        node: String,
+        scope: super::status_objects::Scope,
         listen: &[SocketAddr],
-        events: ferrolb_runtime::events::EventQueue,
         changed: Arc<tokio::sync::Notify>,
     ) -> Self {
-        let (sweeper, sweeper_task) = bgp_status::spawn_sweeper(client.clone(), namespace.clone());
-        let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(
-            client,
-            namespace.clone(),
-            node.clone(),
-            events.clone(),
+        let (namespace, node, events) = (
+            scope.namespace.clone(),
+            scope.node.clone(),
+            scope.events.clone(),
         );
+        let (sweeper, sweeper_task) =
+            bgp_status::spawn_sweeper(scope.client.clone(), namespace.clone());
+        let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(scope);
         let mut driver = Driver::new(Arc::new(MetricsObserver(metrics.clone())));
         if !listen.is_empty() {
             let failed = driver.listen(listen);

@@ -115,8 +115,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         gossip.clone(),
         metrics.clone(),
     ));
+    // The Pod owns what this speaker writes for itself (presence Lease, status objects).
+    let owner =
+        ferrolb_runtime::owner::Owner::pod(args.pod_name.as_deref(), args.pod_uid.as_deref());
     let presence = |c: &kube::Client| {
-        presence::Presence::new(c, &args.namespace, &args.presence_group, &args.node_name)
+        presence::Presence::new(
+            c,
+            &args.namespace,
+            &args.presence_group,
+            &args.node_name,
+            owner.clone(),
+        )
     };
     let renewing = tokio::spawn(presence(&client).keep(metrics.clone()));
     let presence = presence(&client);
@@ -132,28 +141,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Always,
         metrics.events_dropped.clone(),
     );
-    let (status_tx, status_task) = status_objects::spawn::<status::Layer2>(
-        client.clone(),
-        args.namespace.clone(),
-        args.node_name.clone(),
-        events.clone(),
-    );
+    let scope = status_objects::Scope {
+        client: client.clone(),
+        namespace: args.namespace.clone(),
+        node: args.node_name.clone(),
+        owner: owner.clone(),
+        events: events.clone(),
+    };
+    let (status_tx, status_task) = status_objects::spawn::<status::Layer2>(scope.clone());
     tracing::info!(node = %args.node_name, namespace = %args.namespace, "ferrolb-speaker starting");
 
     let world = loop_io::World {
         stores,
         gossip: gossip.clone(),
         announcer: announce::Announcer::new(metrics.clone(), args.garp_refresh),
-        bgp: bgp::Bgp::new(
-            metrics.clone(),
-            client.clone(),
-            args.namespace.clone(),
-            args.node_name.clone(),
-            &args.bgp_listen,
-            events.clone(),
-            changed.clone(),
-        )
-        .reporting_to(live.clone()),
+        bgp: bgp::Bgp::new(metrics.clone(), scope, &args.bgp_listen, changed.clone())
+            .reporting_to(live.clone()),
         events: events.clone(),
         namespace: args.namespace.clone(),
     };

@@ -1,9 +1,12 @@
 //! Keeps this speaker's presence Lease (see `ferrolb_speaker::l2::presence`): renewed while the
-//! speaker runs, deleted when it stops cleanly. The Lease is owned by the Node, so deleting the
-//! Node removes it.
+//! speaker runs, deleted when it stops cleanly. The Lease is owned by the speaker's Pod when the
+//! speaker knows it (the chart's downward API), else by the Node, so that deleting the Pod (a
+//! rolling update, `helm uninstall`, whose RBAC goes at the same time and refuses the clean
+//! stop's delete) or the Node removes it.
 
 use std::time::Duration;
 
+use ferrolb_runtime::owner::Owner;
 use ferrolb_speaker::l2::presence::{LABEL, LEASE_SECONDS, RENEW_EVERY, lease_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -22,17 +25,26 @@ pub struct Presence {
     group: String,
     node: String,
     name: String,
+    /// The speaker's Pod, if known.
+    owner: Option<Owner>,
 }
 
 impl Presence {
-    /// The Lease of `node` in `group`, in `namespace`.
-    pub fn new(client: &Client, namespace: &str, group: &str, node: &str) -> Self {
+    /// The Lease of `node` in `group`, in `namespace`, owned by `owner` (else by the Node).
+    pub fn new(
+        client: &Client,
+        namespace: &str,
+        group: &str,
+        node: &str,
+        owner: Option<Owner>,
+    ) -> Self {
         Presence {
             api: Api::namespaced(client.clone(), namespace),
             nodes: Api::all(client.clone()),
             group: group.to_string(),
             node: node.to_string(),
             name: lease_name(group, node),
+            owner,
         }
     }
 
@@ -57,39 +69,25 @@ impl Presence {
     }
 
     async fn renew(&self) -> anyhow::Result<()> {
-        // The Node owns the Lease; without its UID (not yet listed, or no access) the Lease is
-        // written without an owner and only ages out.
-        let owner = self
-            .nodes
-            .get_metadata_opt(&self.node)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|n| {
-                Some(serde_json::json!([{
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node,
-                    "uid": n.meta().uid.clone()?,
-                }]))
-            });
-        let mut metadata = serde_json::json!({
-            "name": self.name,
-            "labels": {LABEL: self.group},
-        });
-        if let Some(owner) = owner {
-            metadata["ownerReferences"] = owner;
-        }
-        let lease = serde_json::json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": metadata,
-            "spec": {
-                "holderIdentity": self.node,
-                "leaseDurationSeconds": LEASE_SECONDS,
-                "renewTime": MicroTime(Timestamp::now()),
-            },
-        });
+        // Outside a pod the Node owns the Lease; without its UID (not yet listed, or no
+        // access) the Lease is written without an owner and only ages out.
+        let owner = match &self.owner {
+            Some(pod) => Some(pod.clone()),
+            None => self
+                .nodes
+                .get_metadata_opt(&self.node)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| Some(Owner::node(&self.node, n.meta().uid.as_deref()?))),
+        };
+        let lease = manifest(
+            &self.name,
+            &self.group,
+            &self.node,
+            owner.as_ref(),
+            MicroTime(Timestamp::now()),
+        );
         self.api
             .patch(
                 &self.name,
@@ -110,5 +108,59 @@ impl Presence {
         if !matches!(done, Ok(Ok(_))) {
             tracing::warn!(lease = %self.name, "could not delete the presence Lease; it ages out");
         }
+    }
+}
+
+/// The Lease as applied: server-side apply, so the owner written last replaces an earlier one
+/// (the previous Pod's, after a restart).
+fn manifest(
+    name: &str,
+    group: &str,
+    node: &str,
+    owner: Option<&Owner>,
+    renewed: MicroTime,
+) -> serde_json::Value {
+    let mut metadata = serde_json::json!({
+        "name": name,
+        "labels": {LABEL: group},
+    });
+    if let Some(owner) = owner {
+        metadata["ownerReferences"] = owner.references_json();
+    }
+    serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": LEASE_SECONDS,
+            "renewTime": renewed,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at() -> MicroTime {
+        MicroTime(Timestamp::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn the_lease_names_its_owner_when_there_is_one() {
+        let pod = Owner::pod(Some("speaker-abcde"), Some("uid-1"));
+        let lease = manifest("ferrolb-speaker-node1", "g", "node1", pod.as_ref(), at());
+        assert_eq!(
+            lease["metadata"]["ownerReferences"],
+            serde_json::json!([{"apiVersion": "v1", "kind": "Pod", "name": "speaker-abcde", "uid": "uid-1"}])
+        );
+        assert_eq!(lease["spec"]["holderIdentity"], "node1");
+        assert_eq!(lease["metadata"]["labels"][LABEL], "g");
+        let lease = manifest("ferrolb-speaker-node1", "g", "node1", None, at());
+        assert!(
+            lease["metadata"].get("ownerReferences").is_none(),
+            "{lease}"
+        );
     }
 }

@@ -4,14 +4,16 @@
 //! way for both: stable names, adopting what a previous run left, deleting what is no longer true,
 //! writing only what changed (so steady-state API writes do not grow with the number of
 //! Services), a `nodeAssigned` Event when the node starts announcing a Service, and writing an
-//! object again when someone else deletes it while it is still true.
+//! object again when someone else deletes it while it is still true. The speaker's Pod, when
+//! known, owns the objects (as MetalLB's speaker Pod owns its own), so they go with it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_runtime::events::{EventQueue, Queued};
+use ferrolb_runtime::owner::Owner;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -72,20 +74,41 @@ pub fn object_name<K: StatusKind>(key: &ServiceKey, node: &str) -> String {
     format!("{}-{hex}", K::PREFIX)
 }
 
+/// Where and as whom a speaker writes its status objects.
+#[derive(Clone)]
+pub struct Scope {
+    /// The API client.
+    pub client: Client,
+    /// The speaker's namespace, where the objects live.
+    pub namespace: String,
+    /// This node.
+    pub node: String,
+    /// The speaker's Pod, owner of the objects, if known.
+    pub owner: Option<Owner>,
+    /// The speaker's Event queue (`nodeAssigned`).
+    pub events: EventQueue,
+}
+
 /// Starts the writer; send the desired state into the returned channel (the latest value wins).
 /// The task ends, after writing the last value, when the sender is dropped.
 pub fn spawn<K: StatusKind>(
-    client: Client,
-    namespace: String,
-    node: String,
-    events: EventQueue,
+    scope: Scope,
 ) -> (watch::Sender<Desired<K>>, tokio::task::JoinHandle<()>) {
+    let Scope {
+        client,
+        namespace,
+        node,
+        owner,
+        events,
+    } = scope;
     let (tx, mut rx) = watch::channel(Desired::<K>::new());
     let handle = tokio::spawn(async move {
         let writer = Writer::<K> {
             api: Api::namespaced(client, &namespace),
             node: Arc::from(node.as_str()),
             events,
+            owner,
+            adopted: Mutex::new(BTreeSet::new()),
         };
         // Objects a previous run of this speaker left: kept if still true, deleted otherwise.
         let mut written: BTreeMap<String, Option<K::Value>> = BTreeMap::new();
@@ -241,6 +264,10 @@ struct Writer<K: StatusKind> {
     api: Api<K::Object>,
     node: Arc<str>,
     events: EventQueue,
+    /// The speaker's Pod, owner of the objects it writes.
+    owner: Option<Owner>,
+    /// Objects found existing (a previous run's) whose owner this run has set.
+    adopted: Mutex<BTreeSet<String>>,
 }
 
 impl<K: StatusKind> Writer<K> {
@@ -340,6 +367,7 @@ impl<K: StatusKind> Writer<K> {
         value: &K::Value,
     ) -> Result<(), kube::Error> {
         let mut object = K::object(name);
+        object.meta_mut().owner_references = self.owner.as_ref().map(|o| vec![o.reference()]);
         object.meta_mut().labels = Some(
             [
                 (NODE_LABEL.to_string(), self.node.to_string()),
@@ -353,7 +381,7 @@ impl<K: StatusKind> Writer<K> {
         );
         match self.api.create(&PostParams::default(), &object).await {
             Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => self.adopt(name).await?,
             Err(e) => return Err(e),
         }
         // A merge patch replaces lists whole, so an interface or peer no longer used disappears.
@@ -364,6 +392,34 @@ impl<K: StatusKind> Writer<K> {
                 &Patch::Merge(serde_json::json!({ "status": K::status(key, &self.node, value) })),
             )
             .await?;
+        Ok(())
+    }
+}
+
+impl<K: StatusKind> Writer<K> {
+    /// Makes this speaker's Pod the owner of an object an earlier run wrote (once per run):
+    /// the earlier Pod is gone or going, and the garbage collector would delete the object
+    /// with it.
+    async fn adopt(&self, name: &str) -> Result<(), kube::Error> {
+        let Some(owner) = &self.owner else {
+            return Ok(());
+        };
+        if self.adopted.lock().is_ok_and(|a| a.contains(name)) {
+            return Ok(());
+        }
+        // A merge patch replaces the list whole: the earlier Pod is no longer named.
+        self.api
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({
+                    "metadata": {"ownerReferences": owner.references_json()}
+                })),
+            )
+            .await?;
+        if let Ok(mut adopted) = self.adopted.lock() {
+            adopted.insert(name.to_string());
+        }
         Ok(())
     }
 }
