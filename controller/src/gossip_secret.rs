@@ -50,8 +50,11 @@ pub fn secret(name: &str, namespace: &str, key: String, owner: Option<&Owner>) -
 
 /// Creates the Secret unless it exists; retries every 5 s until the API server has answered
 /// either way (the speakers wait for it to start). An existing Secret keeps its owner, if any.
+/// Where setting an owner is refused (OwnerReferencesPermissionEnforcement asks for `delete`
+/// on the Secret, which the controller does not have), the Secret is created without one.
 pub async fn ensure(client: kube::Client, namespace: String, name: String, owner: Option<Owner>) {
     let api: Api<Secret> = Api::namespaced(client, &namespace);
+    let mut owner = owner;
     loop {
         let attempt = async {
             let key = new_key()?;
@@ -67,6 +70,11 @@ pub async fn ensure(client: kube::Client, namespace: String, name: String, owner
                     Ok(())
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 403 && owner.is_some() => {
+                    tracing::warn!(secret = %name, error = %e, "creating the gossip key Secret with an owner was refused: creating it without one (it stays after uninstall)");
+                    owner = None;
+                    Err(anyhow::anyhow!("owner refused"))
+                }
                 Err(e) => Err(anyhow::Error::new(e).context(format!(
                     "creating the speakers' gossip key Secret {namespace}/{name}"
                 ))),

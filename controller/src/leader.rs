@@ -9,11 +9,11 @@
 
 use std::time::{Duration, Instant};
 
-use ferrolb_runtime::owner::Owner;
+use ferrolb_runtime::owner::OwnerCell;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::watch;
 
 /// Lease timings.
@@ -90,6 +90,8 @@ pub struct Elector {
     identity: String,
     timing: Timing,
     observed: Option<(LeaseView, Instant)>,
+    /// Since when the Lease has been missing, as we saw it.
+    missing_since: Option<Instant>,
     leading_until: Option<Instant>,
 }
 
@@ -100,6 +102,7 @@ impl Elector {
             identity: identity.into(),
             timing,
             observed: None,
+            missing_since: None,
             leading_until: None,
         }
     }
@@ -108,17 +111,22 @@ impl Elector {
     pub fn decide(&mut self, lease: Option<&LeaseView>, now: Instant) -> Step {
         let Some(view) = lease else {
             // A Lease that vanished while another replica held it (deleted by hand, or by the
-            // garbage collector with its owner) may still have a leader acting on its last
-            // renewal: create it only once that renewal could have lapsed, as for a takeover.
-            if let Some((seen, at)) = &self.observed
+            // garbage collector with its owner) may still have a leader acting on a renewal
+            // made before the deletion, which we may not have seen: create it only a whole
+            // lease duration after we first saw it missing, as for a takeover.
+            let missing_since = *self.missing_since.get_or_insert(now);
+            if let Some((seen, _)) = &self.observed
                 && seen.holder.is_some()
-                && now.saturating_duration_since(*at) < self.duration_of(seen)
+                && now.saturating_duration_since(missing_since) < self.duration_of(seen)
             {
                 return Step::Wait;
             }
             return Step::Create;
         };
+        self.missing_since = None;
         if view.holder.as_deref() == Some(self.identity.as_str()) {
+            // Nobody else leads while we hold it: should it vanish, we create it again at once.
+            self.observed = None;
             return Step::Renew;
         }
         if self.observed.as_ref().is_none_or(|(seen, _)| seen != view) {
@@ -251,14 +259,17 @@ pub struct LeaseRef {
     pub api: Api<Lease>,
     /// The Lease's name.
     pub name: String,
-    /// Its owner (the controller's ServiceAccount), written whenever this replica writes the
-    /// Lease whole (creating or taking it over).
-    pub owner: Option<Owner>,
+    /// Its owner (the controller's ServiceAccount), once known: set by a patch of its own
+    /// after this replica has won or renewed the Lease, never in the election's writes, so
+    /// that a refused owner (OwnerReferencesPermissionEnforcement without `delete`) can never
+    /// stop the election.
+    pub owner: OwnerCell,
 }
 
+/// The Lease as this replica writes it whole; `owners` are the ones it had (kept as they are).
 fn lease_object(
     name: &str,
-    owner: Option<&Owner>,
+    owners: Option<Vec<OwnerReference>>,
     identity: Option<&str>,
     timing: &Timing,
     transitions: i32,
@@ -268,7 +279,7 @@ fn lease_object(
     Lease {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            owner_references: owner.map(|o| vec![o.reference()]),
+            owner_references: owners,
             resource_version,
             ..Default::default()
         },
@@ -294,7 +305,10 @@ async fn run(
     pulse: ferrolb_runtime::health::Pulse,
 ) {
     let LeaseRef { api, name, owner } = lease;
-    let owner = owner.as_ref();
+    // The term in which this replica last tried to set the owner, and whether a refusal was
+    // already logged.
+    let mut owner_tried: Option<u64> = None;
+    let mut owner_refused_logged = false;
     let mut elector = Elector::new(identity.clone(), timing);
     let mut term = 0u64;
     let mut ticker = tokio::time::interval(timing.retry_period);
@@ -336,7 +350,7 @@ async fn run(
             (Step::Create, _) => api
                 .create(
                     &PostParams::default(),
-                    &lease_object(&name, owner, Some(&identity), &timing, 0, None),
+                    &lease_object(&name, None, Some(&identity), &timing, 0, None),
                 )
                 .await
                 .map(|_| ()),
@@ -361,7 +375,7 @@ async fn run(
                     + 1;
                 let object = lease_object(
                     &name,
-                    owner,
+                    lease.metadata.owner_references.clone(),
                     Some(&identity),
                     &timing,
                     transitions,
@@ -384,6 +398,30 @@ async fn run(
                     tracing::info!(lease = %name, identity = %identity, term, "became leader");
                 }
                 let _ = tx.send(Some(Grant { until, term }));
+                // Our owner on the Lease, once per term, in a write of its own.
+                let owners = current
+                    .as_ref()
+                    .and_then(|l| l.metadata.owner_references.as_deref());
+                if let Some(owner) = owner.get()
+                    && !owner.is_sole_owner_in(owners)
+                    && owner_tried != Some(term)
+                {
+                    owner_tried = Some(term);
+                    let patch = serde_json::json!({
+                        "metadata": {"ownerReferences": owner.references_json()}
+                    });
+                    match api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => tracing::debug!(lease = %name, "the Lease names its owner"),
+                        Err(e) if !owner_refused_logged => {
+                            owner_refused_logged = true;
+                            tracing::warn!(lease = %name, error = %e, "setting the Lease's owner failed: it stays after uninstall (needs patch and delete on it)");
+                        }
+                        Err(_) => {}
+                    }
+                }
             }
             // A conflict means someone else wrote the Lease first; the deadline of our last
             // success still bounds how long we act.
@@ -409,7 +447,7 @@ async fn run(
             .unwrap_or(0);
         let mut released = lease_object(
             &name,
-            owner,
+            lease.metadata.owner_references.clone(),
             None,
             &timing,
             transitions,
@@ -536,10 +574,34 @@ mod tests {
         let mut e = Elector::new("b", T);
         let t0 = Instant::now();
         assert_eq!(e.decide(Some(&held_by("a", "1")), t0), Step::Wait);
-        // Deleted (by hand, or with its owner): "a" may still act on its renewal seen at t0.
-        assert_eq!(e.decide(None, t0 + Duration::from_secs(1)), Step::Wait);
-        assert_eq!(e.decide(None, t0 + Duration::from_secs(14)), Step::Wait);
-        assert_eq!(e.decide(None, t0 + Duration::from_secs(15)), Step::Create);
+        // "a" renews unseen at t0+9 s (our reads failed) and the Lease is deleted just after
+        // (by hand, or with its owner): "a" may act until t0+19 s. We first see it missing at
+        // t0+10 s and wait a whole duration from then.
+        let missing = t0 + Duration::from_secs(10);
+        assert_eq!(e.decide(None, missing), Step::Wait);
+        assert_eq!(
+            e.decide(None, missing + Duration::from_secs(14)),
+            Step::Wait
+        );
+        assert_eq!(
+            e.decide(None, missing + Duration::from_secs(15)),
+            Step::Create
+        );
+        // The holder itself creates it again at once.
+        let mut holder = Elector::new("a", T);
+        assert_eq!(holder.decide(Some(&held_by("b", "0")), t0), Step::Wait);
+        assert_eq!(holder.decide(Some(&held_by("a", "1")), t0), Step::Renew);
+        assert_eq!(holder.decide(None, t0), Step::Create);
+        // A Lease seen again resets the missing time.
+        let mut e = Elector::new("b", T);
+        assert_eq!(e.decide(Some(&held_by("a", "1")), t0), Step::Wait);
+        assert_eq!(e.decide(None, t0), Step::Wait);
+        assert_eq!(e.decide(Some(&held_by("a", "2")), missing), Step::Wait);
+        assert_eq!(
+            e.decide(None, t0 + Duration::from_secs(16)),
+            Step::Wait,
+            "missing since 16 s, not since t0"
+        );
         // A released Lease that vanishes is created at once: nobody was acting on it.
         let mut e = Elector::new("b", T);
         let released = LeaseView {
@@ -552,9 +614,9 @@ mod tests {
     }
 
     #[test]
-    fn the_lease_names_its_owner() {
-        let account = Owner::service_account("ferrolb-controller", "uid-1");
-        let lease = lease_object("l", Some(&account), Some("a"), &T, 0, None);
+    fn a_takeover_keeps_the_owners_the_lease_had() {
+        let account = ferrolb_runtime::owner::Owner::service_account("ferrolb-controller", "u");
+        let lease = lease_object("l", Some(vec![account.reference()]), Some("a"), &T, 3, None);
         assert_eq!(
             lease.metadata.owner_references,
             Some(vec![account.reference()])

@@ -152,17 +152,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.metrics_tls.files()?,
         Vec::new(),
     ));
-    let owner = match &args.service_account {
-        Some(account) => owner::service_account(&client, &args.namespace, account).await,
-        None => None,
-    };
+    // The owner of the records the controller writes, learnt in the background.
+    let owner = ferrolb_runtime::owner::OwnerCell::default();
+    let learning = args
+        .service_account
+        .as_deref()
+        .map(|account| owner::learn(&client, &args.namespace, account, owner.clone()));
     if let Some(name) = args.gossip_secret_name.clone() {
-        tokio::spawn(gossip_secret::ensure(
-            client.clone(),
-            args.namespace.clone(),
-            name,
-            owner.clone(),
-        ));
+        let (client, namespace, owner) = (client.clone(), args.namespace.clone(), owner.clone());
+        tokio::spawn(async move {
+            // The Secret is created once: with its owner if that can be learnt.
+            if let Some(learning) = learning {
+                let _ = learning.await;
+            }
+            gossip_secret::ensure(client, namespace, name, owner.get()).await;
+        });
     }
     let (leadership, lease_task) = if args.leader_elect {
         let timing = leader::Timing {

@@ -48,9 +48,9 @@ pub struct Settings {
     /// Failpoints a test may arm (`controller-loop`: stall the work loop;
     /// `controller-loop-panic`: panic in it).
     pub failpoints: ferrolb_runtime::failpoint::Failpoints,
-    /// Owner of ConfigurationState `controller` (the controller's ServiceAccount), so that it
-    /// goes with the release.
-    pub owner: Option<ferrolb_runtime::owner::Owner>,
+    /// Owner of ConfigurationState `controller` (the controller's ServiceAccount, once known),
+    /// so that it goes with the release.
+    pub owner: ferrolb_runtime::owner::OwnerCell,
 }
 
 /// Work items the watches produce.
@@ -443,7 +443,7 @@ pub async fn run(
             namespace: settings.namespace,
             recorder,
             owner: settings.owner,
-            state_adopted: false,
+            state_owned: false,
             written_state: None,
             written_pool_status: HashMap::new(),
             reported_errors: BTreeSet::new(),
@@ -689,9 +689,10 @@ struct ApiWrites {
     /// For configuration errors, whose reporting is remembered only once written.
     recorder: Arc<Recorder>,
     /// Owner of ConfigurationState `controller`.
-    owner: Option<ferrolb_runtime::owner::Owner>,
-    /// Whether this run has made `owner` the owner of a ConfigurationState found existing.
-    state_adopted: bool,
+    owner: ferrolb_runtime::owner::OwnerCell,
+    /// Whether this run has set the owner of ConfigurationState `controller` (or tried and was
+    /// refused: not tried again).
+    state_owned: bool,
     written_state: Option<(ConfigurationResult, String)>,
     written_pool_status: HashMap<String, IPAddressPoolStatus>,
     reported_errors: BTreeSet<String>,
@@ -823,7 +824,6 @@ impl ApiWrites {
             let object = ConfigurationState {
                 metadata: ObjectMeta {
                     name: Some("controller".into()),
-                    owner_references: self.owner.as_ref().map(|o| vec![o.reference()]),
                     ..Default::default()
                 },
                 spec: ConfigurationStateSpec {},
@@ -831,21 +831,33 @@ impl ApiWrites {
             };
             let created = match api.create(&PostParams::default(), &object).await {
                 Ok(_) => Ok(()),
-                // One an earlier version wrote without an owner, or one whose owner was
-                // replaced: owned from now on (a merge patch replaces the list whole).
-                Err(kube::Error::Api(e)) if e.code == 409 => match &self.owner {
-                    Some(owner) if !self.state_adopted => {
-                        let patch = serde_json::json!({
-                            "metadata": {"ownerReferences": owner.references_json()}
-                        });
-                        api.patch("controller", &PatchParams::default(), &Patch::Merge(&patch))
-                            .await
-                            .map(|_| self.state_adopted = true)
-                    }
-                    _ => Ok(()),
-                },
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
                 Err(e) => Err(e),
             };
+            // The owner in a write of its own, once per run: a refusal
+            // (OwnerReferencesPermissionEnforcement without `delete`) never stops the report.
+            // A merge patch replaces the list whole.
+            if created.is_ok()
+                && !self.state_owned
+                && let Some(owner) = self.owner.get()
+            {
+                let patch = serde_json::json!({
+                    "metadata": {"ownerReferences": owner.references_json()}
+                });
+                match api
+                    .patch("controller", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => self.state_owned = true,
+                    Err(kube::Error::Api(e)) if e.code == 403 => {
+                        self.state_owned = true;
+                        tracing::warn!(error = %e, "setting the owner of ConfigurationState controller was refused: it stays after uninstall (needs patch and delete on it)");
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "setting the owner of ConfigurationState controller failed")
+                    }
+                }
+            }
             let patch = serde_json::json!({"status": {"result": result, "errorSummary": summary}});
             match created.and(
                 api.patch_status("controller", &PatchParams::default(), &Patch::Merge(&patch))

@@ -314,13 +314,14 @@ fn rendered_rbac_equals_the_tested_files() -> anyhow::Result<()> {
         let name = format!("edge-ferrolb-{component}");
         for want in rbac_file(component)? {
             let got = find(&docs, kind_of(&want), &name)?;
-            // A rule about the component's own ServiceAccount names the release's account.
+            // A rule about the component's own ServiceAccount or Lease names the release's
+            // (both named like the component).
             let mut rules = want["rules"].clone();
             for rule in rules.as_array_mut().into_iter().flatten() {
-                let own_account = rule["resources"]
+                let own = rule["resources"]
                     .as_array()
-                    .is_some_and(|r| r.iter().any(|r| r == "serviceaccounts"));
-                if own_account && rule.get("resourceNames").is_some() {
+                    .is_some_and(|r| r.iter().any(|r| r == "serviceaccounts" || r == "leases"));
+                if own && rule.get("resourceNames").is_some() {
                     rule["resourceNames"] = json!([name]);
                 }
             }
@@ -356,6 +357,32 @@ fn rendered_rbac_equals_the_tested_files() -> anyhow::Result<()> {
     ensure!(
         find(&docs, "Role", "edge-ferrolb-explain")?["metadata"]["namespace"] == "lb-system",
         "edge-ferrolb-explain: the Role's namespace"
+    );
+    // An account named apart from the release: the ServiceAccount rule names it, the Lease
+    // rule still the release's Lease.
+    let docs = render(
+        "ferrolb",
+        "metallb-system",
+        &["--set", "controller.serviceAccount.name=lb-admin"],
+    )?;
+    let role = find(&docs, "Role", "ferrolb-controller")?;
+    let named = |resource: &str| {
+        role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["resources"] == json!([resource]) && r.get("resourceNames").is_some())
+            .map(|r| r["resourceNames"].clone())
+    };
+    ensure!(
+        named("serviceaccounts") == Some(json!(["lb-admin"])),
+        "serviceaccounts rule: {:?}",
+        named("serviceaccounts")
+    );
+    ensure!(
+        named("leases") == Some(json!(["ferrolb-controller"])),
+        "leases rule: {:?}",
+        named("leases")
     );
     // rbac.create=false renders none.
     let docs = render("ferrolb", "metallb-system", &["--set", "rbac.create=false"])?;
@@ -469,13 +496,6 @@ fn speaker_has_host_network_and_only_net_raw() -> anyhow::Result<()> {
         env["NODE_NAME"].contains("spec.nodeName"),
         "NODE_NAME {}",
         env["NODE_NAME"]
-    );
-    // Its Pod owns its presence Lease and status objects.
-    ensure!(
-        env.get("POD_UID")
-            .is_some_and(|v| v.contains("metadata.uid")),
-        "POD_UID {:?}",
-        env.get("POD_UID")
     );
     ensure!(env["FERROLB_GOSSIP_PORT"] == "7946");
     // Metrics and health on the node's own address, not on every interface of the host network.
@@ -1702,10 +1722,6 @@ async fn start_pod(
                 Some("metadata.namespace") => RELEASE_NS.to_string(),
                 Some("spec.nodeName") => at.node.to_string(),
                 Some("status.hostIP" | "status.podIP") => node_ip.clone(),
-                // No Pod object stands behind this process: an empty UID, so the speaker
-                // keeps its out-of-pod owner (the Node) instead of naming a Pod that does not
-                // exist, which the garbage collector would take as gone.
-                Some("metadata.uid") => String::new(),
                 Some("spec.serviceAccountName") => pod["serviceAccountName"]
                     .as_str()
                     .unwrap_or("default")

@@ -324,6 +324,8 @@ async fn upgrade_rolls_every_pod_and_keeps_the_ip(lab: &Lab) -> anyhow::Result<(
     let mut app = TestScope::new(lab, "chart-k-upgrade").await?;
     let ip = serve(lab, &mut app, "chart-k-upgrade").await?;
     let key = gossip_key(lab)?;
+    let leases = presence_leases(lab)?;
+    ensure!(leases.len() == 3, "presence Leases before: {leases:?}");
     let before: Vec<String> = [pods(lab, "speaker")?, pods(lab, "controller")?]
         .concat()
         .iter()
@@ -402,6 +404,14 @@ async fn upgrade_rolls_every_pod_and_keeps_the_ip(lab: &Lab) -> anyhow::Result<(
     ensure!(
         gossip_key(lab)? == key,
         "the upgrade changed the gossip key"
+    );
+    // The speakers' presence Leases are the same objects: the roll neither deleted them (the
+    // restart hold keeps them for the successors) nor let the garbage collector take them
+    // with the replaced Pods (their owner is the DaemonSet).
+    let now_leases = presence_leases(lab)?;
+    ensure!(
+        now_leases == leases,
+        "presence Leases before the roll {leases:?}, after {now_leases:?}"
     );
     let who = answers(lab, &ip).await?;
     ensure!(who.starts_with("web-"), "answered by {who:?}");
@@ -566,7 +576,7 @@ async fn speaker_without_net_raw_fails_clearly(lab: &Lab) -> anyhow::Result<()> 
 /// `helm uninstall` removes every object of the release: no workload, pod, Secret,
 /// ServiceAccount, RBAC object, Service, webhook or container is left, and the CRDs stay (as
 /// MetalLB's chart keeps its own). What the running components wrote for themselves names an
-/// owner the release removes (the speaker's Pod; the controller's ServiceAccount), so the
+/// owner the release removes (the speakers' DaemonSet; the controller's ServiceAccount), so the
 /// garbage collector takes it too: the namespace ends as Kubernetes made it, plus Events and
 /// the configuration the user applied. The Service stays up through the uninstall, so its
 /// status objects go with their owners, not with the Service.
@@ -575,8 +585,29 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
     helm_demo::running_and_ready(lab).await?;
     let mut app = TestScope::new(lab, "chart-k-uninstall").await?;
     serve(lab, &mut app, "chart-k-uninstall").await?;
-    // Before: each record names its owner.
-    let controller_account = format!("{RELEASE}-controller");
+    // Before: each record names its owner, the live object: the speakers' the DaemonSet
+    // (which a rolling update keeps), the controller's its ServiceAccount.
+    let uid_of = |kind: &str, name: &str| {
+        lab.kubectl(&[
+            "get",
+            kind,
+            name,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+    };
+    let speakers = (
+        "DaemonSet".to_string(),
+        format!("{RELEASE}-speaker"),
+        uid_of("daemonset", &format!("{RELEASE}-speaker"))?,
+    );
+    let account = (
+        "ServiceAccount".to_string(),
+        format!("{RELEASE}-controller"),
+        uid_of("serviceaccount", &format!("{RELEASE}-controller"))?,
+    );
     wait_for(
         "the components' records to name their owners",
         Duration::from_secs(60),
@@ -588,19 +619,19 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
                 "configurationstates.metallb.io",
                 "servicel2statuses.metallb.io",
             ] {
-                for (name, owner) in owners(lab, kind).map_err(|e| e.to_string())? {
+                for r in records(lab, kind).map_err(|e| e.to_string())? {
                     let want = if kind == "servicel2statuses.metallb.io"
-                        || name.starts_with(&format!("{RELEASE}-speaker-"))
+                        || r.name.starts_with(&format!("{RELEASE}-speaker-"))
                     {
-                        "Pod"
+                        &speakers
                     } else {
-                        "ServiceAccount"
+                        &account
                     };
-                    let ok = owner.as_ref().is_some_and(|(k, n)| {
-                        k == want && (want == "Pod" || *n == controller_account)
-                    });
-                    if !ok {
-                        wrong.push(format!("{kind}/{name}: owner {owner:?}, want a {want}"));
+                    if r.owners != [want.clone()] {
+                        wrong.push(format!(
+                            "{kind}/{}: owners {:?}, want {want:?}",
+                            r.name, r.owners
+                        ));
                     }
                     *seen.entry(kind).or_insert(0) += 1;
                 }
@@ -712,34 +743,44 @@ async fn uninstall_removes_the_release_and_keeps_the_crds(lab: &Lab) -> anyhow::
     Ok(())
 }
 
-/// An owner reference's kind and name.
-type OwnerRef = (String, String);
+/// An object the components wrote for themselves, as the API server has it.
+#[derive(Debug)]
+struct Record {
+    name: String,
+    uid: String,
+    /// Its owner references: (kind, name, uid) each.
+    owners: Vec<(String, String, String)>,
+}
 
-/// The objects of `kind` in the release namespace, each with its first owner.
-fn owners(lab: &Lab, kind: &str) -> anyhow::Result<Vec<(String, Option<OwnerRef>)>> {
+/// The objects of `kind` in the release namespace.
+fn records(lab: &Lab, kind: &str) -> anyhow::Result<Vec<Record>> {
     let list: serde_json::Value =
         serde_json::from_str(&lab.kubectl(&["get", kind, "-n", NAMESPACE, "-o", "json"])?)
             .with_context(|| format!("{kind}: kubectl's JSON"))?;
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     Ok(list["items"]
         .as_array()
         .into_iter()
         .flatten()
-        .map(|o| {
-            let name = o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let owner = o["metadata"]["ownerReferences"][0].as_object().map(|r| {
-                let field = |f: &str| {
-                    r.get(f)
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_default()
-                        .to_string()
-                };
-                (field("kind"), field("name"))
-            });
-            (name, owner)
+        .map(|o| Record {
+            name: text(&o["metadata"]["name"]),
+            uid: text(&o["metadata"]["uid"]),
+            owners: o["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| (text(&r["kind"]), text(&r["name"]), text(&r["uid"])))
+                .collect(),
         })
+        .collect())
+}
+
+/// The speakers' presence Leases, by name, with their UIDs.
+fn presence_leases(lab: &Lab) -> anyhow::Result<BTreeMap<String, String>> {
+    Ok(records(lab, "leases")?
+        .into_iter()
+        .filter(|r| r.name.starts_with(&format!("{RELEASE}-speaker-")))
+        .map(|r| (r.name, r.uid))
         .collect())
 }
 

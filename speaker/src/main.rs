@@ -116,15 +116,12 @@ pub struct Args {
     /// `always` (a supervisor that restarts the speaker).
     #[arg(long, env = "FERROLB_RESTART_HOLD_WHEN", value_enum, default_value_t = run::restart::HoldWhen::PodDeleted)]
     pub restart_hold_when: run::restart::HoldWhen,
-    /// This speaker's Pod (the chart passes it from the downward API).
+    /// This speaker's Pod (the chart passes it from the downward API). Its controller (the
+    /// DaemonSet) becomes the owner of the presence Lease and status objects this speaker
+    /// writes, so they go with the release; outside a pod the Lease is owned by the Node and
+    /// the status objects by nothing.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
-    /// This speaker's Pod's UID (the chart passes it from the downward API): with --pod-name,
-    /// the Pod becomes the owner of the presence Lease and the status objects this speaker
-    /// writes, so they go with it (after `helm uninstall` too). Outside a pod the Lease is
-    /// owned by the Node and the status objects by nothing.
-    #[arg(long, env = "POD_UID")]
-    pub pod_uid: Option<String>,
     /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
     /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.

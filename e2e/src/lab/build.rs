@@ -120,7 +120,10 @@ impl Lab {
                 format!("--service-cluster-ip-range={}", t.service_cidrs.join(",")),
                 // Node: what a kubelet may read and write (kubelet nodes); RBAC for the rest.
                 "--authorization-mode=Node,RBAC".into(),
-                "--enable-admission-plugins=NodeRestriction".into(),
+                // OwnerReferencesPermissionEnforcement (on in OpenShift): setting an owner
+                // needs `delete` on the object, which ferrolb's RBAC must grant for its records.
+                "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement"
+                    .into(),
                 // To the kubelets (logs, exec, proxy): by the node's address ("node1" resolves
                 // nowhere), with a client certificate their webhook authorizer accepts.
                 "--kubelet-preferred-address-types=InternalIP".into(),

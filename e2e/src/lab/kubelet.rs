@@ -60,6 +60,13 @@ const PRIVATE_PATHS: &[(&str, &str)] = &[
     ("var-lib-cni", "/var/lib/cni"),
     ("var-log-pods", "/var/log/pods"),
     ("var-log-containers", "/var/log/containers"),
+    // The device plugin registry's socket, whatever --root-dir says: shared, three kubelets
+    // each remove and bind the same kubelet.sock, and one that loses the race fails to start
+    // ("bind: address already in use"; seen in a lab that never came up).
+    (
+        "var-lib-kubelet-device-plugins",
+        "/var/lib/kubelet/device-plugins",
+    ),
 ];
 
 /// One kubelet node's paths.
@@ -469,10 +476,17 @@ impl Lab {
         // The mount points of the nodes' private paths must exist on the host; the ones made here
         // are recorded and removed by `down`.
         for (_, target) in PRIVATE_PATHS {
-            if !Path::new(target).exists() {
+            // Every directory made (parents first), so that `down` removes them all.
+            let missing: Vec<&Path> = Path::new(target)
+                .ancestors()
+                .take_while(|d| !d.exists())
+                .collect();
+            if !missing.is_empty() {
                 std::fs::create_dir_all(target)
                     .with_context(|| format!("creating the mount point {target}"))?;
-                state.host_dirs.push((*target).to_string());
+                for dir in missing.iter().rev() {
+                    state.host_dirs.push(dir.display().to_string());
+                }
                 state.save(&self.dir)?;
             }
         }

@@ -115,9 +115,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         gossip.clone(),
         metrics.clone(),
     ));
-    // The Pod owns what this speaker writes for itself (presence Lease, status objects).
-    let owner =
-        ferrolb_runtime::owner::Owner::pod(args.pod_name.as_deref(), args.pod_uid.as_deref());
+    // The Pod's DaemonSet owns what this speaker writes for itself (presence Lease, status
+    // objects), learnt in the background.
+    let owner = ferrolb_runtime::owner::OwnerCell::default();
+    if let Some(pod) = args.pod_name.clone() {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client.clone(), &args.namespace);
+        tokio::spawn(ferrolb_runtime::owner::learn(
+            owner.clone(),
+            "the speaker's Pod",
+            move || {
+                let (pods, pod) = (pods.clone(), pod.clone());
+                async move {
+                    let meta = pods.get_metadata(&pod).await?;
+                    Ok(ferrolb_runtime::owner::Owner::for_pod(&meta.metadata))
+                }
+            },
+        ));
+    }
     let presence = |c: &kube::Client| {
         presence::Presence::new(
             c,

@@ -1,12 +1,12 @@
 //! Keeps this speaker's presence Lease (see `ferrolb_speaker::l2::presence`): renewed while the
-//! speaker runs, deleted when it stops cleanly. The Lease is owned by the speaker's Pod when the
-//! speaker knows it (the chart's downward API), else by the Node, so that deleting the Pod (a
-//! rolling update, `helm uninstall`, whose RBAC goes at the same time and refuses the clean
-//! stop's delete) or the Node removes it.
+//! speaker runs, deleted when it stops cleanly. The Lease is owned by the speaker's DaemonSet
+//! once the speaker has read it from its Pod, else by the Node, so that deleting the DaemonSet
+//! (`helm uninstall`, whose RBAC goes at the same time and refuses the clean stop's delete) or
+//! the Node removes it, while a rolling update, which keeps the DaemonSet, does not.
 
 use std::time::Duration;
 
-use ferrolb_runtime::owner::Owner;
+use ferrolb_runtime::owner::{Owner, OwnerCell};
 use ferrolb_speaker::l2::presence::{LABEL, LEASE_SECONDS, RENEW_EVERY, lease_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -25,18 +25,19 @@ pub struct Presence {
     group: String,
     node: String,
     name: String,
-    /// The speaker's Pod, if known.
-    owner: Option<Owner>,
+    /// The speaker's DaemonSet, once known.
+    owner: OwnerCell,
 }
 
 impl Presence {
-    /// The Lease of `node` in `group`, in `namespace`, owned by `owner` (else by the Node).
+    /// The Lease of `node` in `group`, in `namespace`, owned by `owner` once known (until then
+    /// by the Node).
     pub fn new(
         client: &Client,
         namespace: &str,
         group: &str,
         node: &str,
-        owner: Option<Owner>,
+        owner: OwnerCell,
     ) -> Self {
         Presence {
             api: Api::namespaced(client.clone(), namespace),
@@ -71,8 +72,8 @@ impl Presence {
     async fn renew(&self) -> anyhow::Result<()> {
         // Outside a pod the Node owns the Lease; without its UID (not yet listed, or no
         // access) the Lease is written without an owner and only ages out.
-        let owner = match &self.owner {
-            Some(pod) => Some(pod.clone()),
+        let owner = match self.owner.get() {
+            Some(daemonset) => Some(daemonset),
             None => self
                 .nodes
                 .get_metadata_opt(&self.node)
@@ -149,11 +150,11 @@ mod tests {
 
     #[test]
     fn the_lease_names_its_owner_when_there_is_one() {
-        let pod = Owner::pod(Some("speaker-abcde"), Some("uid-1"));
-        let lease = manifest("ferrolb-speaker-node1", "g", "node1", pod.as_ref(), at());
+        let node = Owner::node("node1", "uid-1");
+        let lease = manifest("ferrolb-speaker-node1", "g", "node1", Some(&node), at());
         assert_eq!(
             lease["metadata"]["ownerReferences"],
-            serde_json::json!([{"apiVersion": "v1", "kind": "Pod", "name": "speaker-abcde", "uid": "uid-1"}])
+            serde_json::json!([{"apiVersion": "v1", "kind": "Node", "name": "node1", "uid": "uid-1"}])
         );
         assert_eq!(lease["spec"]["holderIdentity"], "node1");
         assert_eq!(lease["metadata"]["labels"][LABEL], "g");

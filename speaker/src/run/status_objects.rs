@@ -4,8 +4,9 @@
 //! way for both: stable names, adopting what a previous run left, deleting what is no longer true,
 //! writing only what changed (so steady-state API writes do not grow with the number of
 //! Services), a `nodeAssigned` Event when the node starts announcing a Service, and writing an
-//! object again when someone else deletes it while it is still true. The speaker's Pod, when
-//! known, owns the objects (as MetalLB's speaker Pod owns its own), so they go with it.
+//! object again when someone else deletes it while it is still true. The speaker's DaemonSet,
+//! once known, owns the objects, so they go with the release but stay through a rolling update
+//! (MetalLB's are owned by the speaker Pod, so each roll deletes and rewrites them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_runtime::events::{EventQueue, Queued};
-use ferrolb_runtime::owner::Owner;
+use ferrolb_runtime::owner::{Owner, OwnerCell};
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -83,8 +84,8 @@ pub struct Scope {
     pub namespace: String,
     /// This node.
     pub node: String,
-    /// The speaker's Pod, owner of the objects, if known.
-    pub owner: Option<Owner>,
+    /// The speaker's DaemonSet, owner of the objects, once known.
+    pub owner: OwnerCell,
     /// The speaker's Event queue (`nodeAssigned`).
     pub events: EventQueue,
 }
@@ -264,9 +265,9 @@ struct Writer<K: StatusKind> {
     api: Api<K::Object>,
     node: Arc<str>,
     events: EventQueue,
-    /// The speaker's Pod, owner of the objects it writes.
-    owner: Option<Owner>,
-    /// Objects found existing (a previous run's) whose owner this run has set.
+    /// The speaker's DaemonSet, owner of the objects it writes.
+    owner: OwnerCell,
+    /// Objects this run has written with the owner, or given it.
     adopted: Mutex<BTreeSet<String>>,
 }
 
@@ -366,8 +367,9 @@ impl<K: StatusKind> Writer<K> {
         key: &ServiceKey,
         value: &K::Value,
     ) -> Result<(), kube::Error> {
+        let owner = self.owner.get();
         let mut object = K::object(name);
-        object.meta_mut().owner_references = self.owner.as_ref().map(|o| vec![o.reference()]);
+        object.meta_mut().owner_references = owner.as_ref().map(|o| vec![o.reference()]);
         object.meta_mut().labels = Some(
             [
                 (NODE_LABEL.to_string(), self.node.to_string()),
@@ -380,8 +382,16 @@ impl<K: StatusKind> Writer<K> {
             .into(),
         );
         match self.api.create(&PostParams::default(), &object).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => self.adopt(name).await?,
+            Ok(_) => {
+                if owner.is_some() {
+                    self.adopted_now(name);
+                }
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                if let Some(owner) = &owner {
+                    self.adopt(name, owner).await?;
+                }
+            }
             Err(e) => return Err(e),
         }
         // A merge patch replaces lists whole, so an interface or peer no longer used disappears.
@@ -397,13 +407,9 @@ impl<K: StatusKind> Writer<K> {
 }
 
 impl<K: StatusKind> Writer<K> {
-    /// Makes this speaker's Pod the owner of an object an earlier run wrote (once per run):
-    /// the earlier Pod is gone or going, and the garbage collector would delete the object
-    /// with it.
-    async fn adopt(&self, name: &str) -> Result<(), kube::Error> {
-        let Some(owner) = &self.owner else {
-            return Ok(());
-        };
+    /// Gives `owner` an object found existing (an earlier run's, or one written before the
+    /// owner was known), once per run.
+    async fn adopt(&self, name: &str, owner: &Owner) -> Result<(), kube::Error> {
         if self.adopted.lock().is_ok_and(|a| a.contains(name)) {
             return Ok(());
         }
@@ -417,10 +423,14 @@ impl<K: StatusKind> Writer<K> {
                 })),
             )
             .await?;
+        self.adopted_now(name);
+        Ok(())
+    }
+
+    fn adopted_now(&self, name: &str) {
         if let Ok(mut adopted) = self.adopted.lock() {
             adopted.insert(name.to_string());
         }
-        Ok(())
     }
 }
 
