@@ -92,6 +92,8 @@ pub struct Elector {
     observed: Option<(LeaseView, Instant)>,
     /// Since when the Lease has been missing, as we saw it.
     missing_since: Option<Instant>,
+    /// Whether we have ever seen the Lease held (by anyone, ourselves included).
+    seen_held: bool,
     leading_until: Option<Instant>,
 }
 
@@ -103,6 +105,7 @@ impl Elector {
             timing,
             observed: None,
             missing_since: None,
+            seen_held: false,
             leading_until: None,
         }
     }
@@ -110,23 +113,27 @@ impl Elector {
     /// Decides the next step from what the Lease says now.
     pub fn decide(&mut self, lease: Option<&LeaseView>, now: Instant) -> Step {
         let Some(view) = lease else {
-            // A Lease that vanished while another replica held it (deleted by hand, or by the
-            // garbage collector with its owner) may still have a leader acting on a renewal
-            // made before the deletion, which we may not have seen: create it only a whole
-            // lease duration after we first saw it missing, as for a takeover.
+            // A Lease that vanished after we saw it held (deleted by hand, or by the garbage
+            // collector with its owner) may still have a leader acting on a renewal made
+            // before the deletion, which we may not have seen: create it only a whole lease
+            // duration after we first saw it missing, as for a takeover. At once while we
+            // lead (nobody else can), or when we never saw it held (start-up).
             let missing_since = *self.missing_since.get_or_insert(now);
-            if let Some((seen, _)) = &self.observed
-                && seen.holder.is_some()
-                && now.saturating_duration_since(missing_since) < self.duration_of(seen)
+            let duration = match &self.observed {
+                Some((seen, _)) => self.duration_of(seen),
+                None => self.timing.lease_duration,
+            };
+            if self.seen_held
+                && !self.is_leading(now)
+                && now.saturating_duration_since(missing_since) < duration
             {
                 return Step::Wait;
             }
             return Step::Create;
         };
         self.missing_since = None;
+        self.seen_held |= view.holder.is_some();
         if view.holder.as_deref() == Some(self.identity.as_str()) {
-            // Nobody else leads while we hold it: should it vanish, we create it again at once.
-            self.observed = None;
             return Step::Renew;
         }
         if self.observed.as_ref().is_none_or(|(seen, _)| seen != view) {
@@ -305,9 +312,9 @@ async fn run(
     pulse: ferrolb_runtime::health::Pulse,
 ) {
     let LeaseRef { api, name, owner } = lease;
-    // The term in which this replica last tried to set the owner, and whether a refusal was
-    // already logged.
-    let mut owner_tried: Option<u64> = None;
+    // The term and owner for which this replica set the owner or was refused, and whether a
+    // refusal was already logged.
+    let mut owner_done: Option<(u64, String)> = None;
     let mut owner_refused_logged = false;
     let mut elector = Elector::new(identity.clone(), timing);
     let mut term = 0u64;
@@ -404,22 +411,35 @@ async fn run(
                     .and_then(|l| l.metadata.owner_references.as_deref());
                 if let Some(owner) = owner.get()
                     && !owner.is_sole_owner_in(owners)
-                    && owner_tried != Some(term)
+                    && owner_done.as_ref() != Some(&(term, owner.reference().uid))
                 {
-                    owner_tried = Some(term);
                     let patch = serde_json::json!({
                         "metadata": {"ownerReferences": owner.references_json()}
                     });
-                    match api
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                    {
-                        Ok(_) => tracing::debug!(lease = %name, "the Lease names its owner"),
-                        Err(e) if !owner_refused_logged => {
-                            owner_refused_logged = true;
-                            tracing::warn!(lease = %name, error = %e, "setting the Lease's owner failed: it stays after uninstall (needs patch and delete on it)");
+                    // Bounded: the next renewal must not wait on it.
+                    let patched = tokio::time::timeout(
+                        timing.retry_period,
+                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                    )
+                    .await;
+                    match patched {
+                        Ok(Ok(_)) => {
+                            owner_done = Some((term, owner.reference().uid));
+                            tracing::debug!(lease = %name, "the Lease names its owner");
                         }
-                        Err(_) => {}
+                        Ok(Err(kube::Error::Api(e))) if e.code == 403 => {
+                            owner_done = Some((term, owner.reference().uid));
+                            if !owner_refused_logged {
+                                owner_refused_logged = true;
+                                tracing::warn!(lease = %name, error = %e, "setting the Lease's owner was refused: it stays after uninstall (needs patch and delete on it)");
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(lease = %name, error = %e, "setting the Lease's owner failed; trying again")
+                        }
+                        Err(_) => {
+                            tracing::debug!(lease = %name, "setting the Lease's owner timed out; trying again")
+                        }
                     }
                 }
             }
@@ -587,11 +607,27 @@ mod tests {
             e.decide(None, missing + Duration::from_secs(15)),
             Step::Create
         );
-        // The holder itself creates it again at once.
+        // The holder itself, while it leads, creates it again at once; once its grant has
+        // lapsed (cut off, stalled) it waits like anyone: another may lead by then.
         let mut holder = Elector::new("a", T);
         assert_eq!(holder.decide(Some(&held_by("b", "0")), t0), Step::Wait);
         assert_eq!(holder.decide(Some(&held_by("a", "1")), t0), Step::Renew);
-        assert_eq!(holder.decide(None, t0), Step::Create);
+        holder.succeeded(t0);
+        assert_eq!(
+            holder.decide(None, t0 + Duration::from_secs(1)),
+            Step::Create
+        );
+        let mut lapsed = Elector::new("a", T);
+        assert_eq!(lapsed.decide(Some(&held_by("a", "1")), t0), Step::Renew);
+        lapsed.succeeded(t0);
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(lapsed.decide(None, later), Step::Wait);
+        assert_eq!(
+            lapsed.decide(None, later + Duration::from_secs(15)),
+            Step::Create
+        );
+        // Never seen held (a first start): created at once.
+        assert_eq!(Elector::new("c", T).decide(None, t0), Step::Create);
         // A Lease seen again resets the missing time.
         let mut e = Elector::new("b", T);
         assert_eq!(e.decide(Some(&held_by("a", "1")), t0), Step::Wait);

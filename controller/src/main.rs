@@ -130,6 +130,10 @@ fn duration(text: &str) -> Result<Duration, String> {
     ferrolb_config::validate::parse_go_duration(text)
 }
 
+/// How long the gossip key Secret waits for its owner to be learnt before it is created
+/// without one.
+const GOSSIP_OWNER_WAIT: Duration = Duration::from_secs(15);
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = ferrolb_runtime::kube_client(args.kubeconfig.as_deref()).await?;
     let identity = args.identity.clone().unwrap_or_else(|| {
@@ -154,16 +158,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
     // The owner of the records the controller writes, learnt in the background.
     let owner = ferrolb_runtime::owner::OwnerCell::default();
-    let learning = args
-        .service_account
-        .as_deref()
-        .map(|account| owner::learn(&client, &args.namespace, account, owner.clone()));
+    if let Some(account) = args.service_account.as_deref() {
+        owner::learn(&client, &args.namespace, account, owner.clone());
+    }
     if let Some(name) = args.gossip_secret_name.clone() {
         let (client, namespace, owner) = (client.clone(), args.namespace.clone(), owner.clone());
+        let learning = args.service_account.is_some();
         tokio::spawn(async move {
-            // The Secret is created once: with its owner if that can be learnt.
-            if let Some(learning) = learning {
-                let _ = learning.await;
+            // The Secret is created once: with its owner if that is learnt soon (speakers of a
+            // first install wait for the Secret).
+            if learning {
+                let _ = tokio::time::timeout(GOSSIP_OWNER_WAIT, owner.settled()).await;
             }
             gossip_secret::ensure(client, namespace, name, owner.get()).await;
         });

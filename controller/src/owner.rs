@@ -7,14 +7,9 @@ use ferrolb_runtime::owner::{Owner, OwnerCell};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::{Api, Client};
 
-/// Learns the ServiceAccount `name` in `namespace` into `cell`, in the background (see
-/// [`ferrolb_runtime::owner::learn`]); the task ends once it is known or refused.
-pub fn learn(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    cell: OwnerCell,
-) -> tokio::task::JoinHandle<()> {
+/// Keeps `cell` holding the ServiceAccount `name` in `namespace`, in the background (see
+/// [`ferrolb_runtime::owner::learn`]).
+pub fn learn(client: &Client, namespace: &str, name: &str, cell: OwnerCell) {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let name = name.to_string();
     tokio::spawn(async move {
@@ -30,5 +25,5 @@ pub fn learn(
             }
         })
         .await;
-    })
+    });
 }

@@ -443,7 +443,7 @@ pub async fn run(
             namespace: settings.namespace,
             recorder,
             owner: settings.owner,
-            state_owned: false,
+            state_owner: None,
             written_state: None,
             written_pool_status: HashMap::new(),
             reported_errors: BTreeSet::new(),
@@ -690,9 +690,8 @@ struct ApiWrites {
     recorder: Arc<Recorder>,
     /// Owner of ConfigurationState `controller`.
     owner: ferrolb_runtime::owner::OwnerCell,
-    /// Whether this run has set the owner of ConfigurationState `controller` (or tried and was
-    /// refused: not tried again).
-    state_owned: bool,
+    /// The owner (UID) this run has set on ConfigurationState `controller`, or was refused.
+    state_owner: Option<String>,
     written_state: Option<(ConfigurationResult, String)>,
     written_pool_status: HashMap<String, IPAddressPoolStatus>,
     reported_errors: BTreeSet<String>,
@@ -834,30 +833,6 @@ impl ApiWrites {
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
                 Err(e) => Err(e),
             };
-            // The owner in a write of its own, once per run: a refusal
-            // (OwnerReferencesPermissionEnforcement without `delete`) never stops the report.
-            // A merge patch replaces the list whole.
-            if created.is_ok()
-                && !self.state_owned
-                && let Some(owner) = self.owner.get()
-            {
-                let patch = serde_json::json!({
-                    "metadata": {"ownerReferences": owner.references_json()}
-                });
-                match api
-                    .patch("controller", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => self.state_owned = true,
-                    Err(kube::Error::Api(e)) if e.code == 403 => {
-                        self.state_owned = true;
-                        tracing::warn!(error = %e, "setting the owner of ConfigurationState controller was refused: it stays after uninstall (needs patch and delete on it)");
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "setting the owner of ConfigurationState controller failed")
-                    }
-                }
-            }
             let patch = serde_json::json!({"status": {"result": result, "errorSummary": summary}});
             match created.and(
                 api.patch_status("controller", &PatchParams::default(), &Patch::Merge(&patch))
@@ -867,6 +842,33 @@ impl ApiWrites {
                 Ok(()) => self.written_state = Some((result, summary)),
                 Err(e) => {
                     tracing::warn!(error = %e, "writing ConfigurationState controller failed")
+                }
+            }
+        }
+        // The owner in a write of its own, once per run and owner, whenever a report passes
+        // (so also when the owner is learnt after the first one): a refusal
+        // (OwnerReferencesPermissionEnforcement without `delete`) never stops the report. A
+        // merge patch replaces the list whole.
+        if self.written_state.is_some()
+            && let Some(owner) = self.owner.get()
+            && self.state_owner.as_deref() != Some(owner.reference().uid.as_str())
+        {
+            let api: Api<ConfigurationState> =
+                Api::namespaced(self.writer.client.clone(), &self.namespace);
+            let patch = serde_json::json!({
+                "metadata": {"ownerReferences": owner.references_json()}
+            });
+            match api
+                .patch("controller", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => self.state_owner = Some(owner.reference().uid),
+                Err(kube::Error::Api(e)) if e.code == 403 => {
+                    self.state_owner = Some(owner.reference().uid);
+                    tracing::warn!(error = %e, "setting the owner of ConfigurationState controller was refused: it stays after uninstall (needs patch and delete on it)");
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "setting the owner of ConfigurationState controller failed")
                 }
             }
         }

@@ -2,14 +2,16 @@
 //! garbage collector deletes them with their owner, so that `helm uninstall` leaves none behind.
 //!
 //! Owners are learnt from the API server after start-up ([`learn`] into an [`OwnerCell`]), so a
-//! slow or absent API server never holds a component's start up, and a record written before
-//! the owner is known gets it later.
+//! slow or absent API server never holds a component's start up; writers give records written
+//! before the owner was known their owner once it is, and an owner made again under its name is
+//! learnt again.
 
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use tokio::sync::watch;
 
 /// An owner for the objects a component writes.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,58 +92,118 @@ impl Owner {
     }
 }
 
-/// An owner learnt after start-up: empty until [`learn`] has read it.
-#[derive(Clone, Debug, Default)]
-pub struct OwnerCell(Arc<RwLock<Option<Owner>>>);
+/// What is known of an owner that [`learn`] reads.
+#[derive(Clone, Debug, PartialEq)]
+enum Learnt {
+    /// Not read yet (the API server has not answered).
+    Pending,
+    /// Read: the owner.
+    Known(Owner),
+    /// There is none to be had (refused, missing, or gone).
+    Unavailable,
+}
 
-impl OwnerCell {
-    /// The owner, once known.
-    pub fn get(&self) -> Option<Owner> {
-        self.0.read().ok().and_then(|o| o.clone())
-    }
+/// An owner learnt after start-up and kept up to date by [`learn`]; writers read it when they
+/// write and may wait for it to change.
+#[derive(Clone, Debug)]
+pub struct OwnerCell(Arc<watch::Sender<Learnt>>);
 
-    fn set(&self, owner: Owner) {
-        if let Ok(mut slot) = self.0.write() {
-            *slot = Some(owner);
-        }
+impl Default for OwnerCell {
+    fn default() -> Self {
+        OwnerCell(Arc::new(watch::Sender::new(Learnt::Pending)))
     }
 }
 
-/// Longest wait between two reads.
+impl OwnerCell {
+    /// The owner, while known.
+    pub fn get(&self) -> Option<Owner> {
+        match &*self.0.borrow() {
+            Learnt::Known(owner) => Some(owner.clone()),
+            Learnt::Pending | Learnt::Unavailable => None,
+        }
+    }
+
+    /// A receiver that sees every change of the owner.
+    pub fn subscribe(&self) -> watch::Receiver<impl Sized + use<>> {
+        self.0.subscribe()
+    }
+
+    /// Waits until the owner has been read or found unavailable (at once when it has been).
+    pub async fn settled(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|l| *l != Learnt::Pending).await;
+    }
+
+    fn set(&self, learnt: Learnt) {
+        self.0.send_if_modified(|now| {
+            let changed = *now != learnt;
+            *now = learnt;
+            changed
+        });
+    }
+}
+
+/// Longest wait between two reads while the owner is not known.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 /// How long one read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a known owner is read again: one deleted and made again under its name (a GitOps
+/// tool replacing it) has a new UID, and records naming the old one would be deleted by the
+/// garbage collector over and over.
+pub const REFRESH: Duration = Duration::from_secs(300);
 
-/// Reads the owner with `read` until it answers, into `cell`, backing off from 1 s to a minute.
-/// `Ok(None)` (no owner to be had) or a refusal (403: no permission; 404: the object is
-/// missing) ends it with a warning naming `what`: the records then keep their owners of
-/// before, and nothing else changes.
+/// Keeps `cell` holding the owner `read` returns, for as long as the task runs: until the
+/// first answer every 1 s to a minute, then every [`REFRESH`]. `Ok(None)` or a refusal (403: no
+/// permission; 404: the object is missing) makes it unavailable, with a warning naming `what`
+/// the first time: records are then written without it, and nothing else changes.
 pub async fn learn<F, Fut>(cell: OwnerCell, what: &str, read: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<Option<Owner>, kube::Error>>,
 {
     let mut wait = Duration::from_secs(1);
+    let mut warned = false;
     loop {
-        match tokio::time::timeout(READ_TIMEOUT, read()).await {
+        let answer = tokio::time::timeout(READ_TIMEOUT, read()).await;
+        let unavailable = |why: String, warned: &mut bool| {
+            if !*warned {
+                *warned = true;
+                tracing::warn!("{what}: {why}; its records get no owner and stay after uninstall");
+            }
+            cell.set(Learnt::Unavailable);
+        };
+        match answer {
             Ok(Ok(Some(owner))) => {
-                tracing::debug!(owner = ?owner.reference(), "{what}: owner learnt");
-                cell.set(owner);
-                return;
+                if cell.get().as_ref() != Some(&owner) {
+                    tracing::debug!(owner = ?owner.reference(), "{what}: owner learnt");
+                }
+                cell.set(Learnt::Known(owner));
+                warned = false;
+                wait = REFRESH;
             }
             Ok(Ok(None)) => {
-                tracing::warn!("{what}: no owner to name; its records stay after uninstall");
-                return;
+                unavailable("no owner to name".into(), &mut warned);
+                wait = REFRESH;
             }
             Ok(Err(kube::Error::Api(e))) if e.code == 403 || e.code == 404 => {
-                tracing::warn!(error = %e, "{what}: cannot read the owner; its records get none and stay after uninstall");
-                return;
+                unavailable(format!("cannot read the owner ({e})"), &mut warned);
+                wait = REFRESH;
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, ?wait, "{what}: reading the owner failed"),
-            Err(_) => tracing::debug!(?wait, "{what}: reading the owner timed out"),
+            // A known owner stays known through a failed read.
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, ?wait, "{what}: reading the owner failed");
+                if cell.get().is_none() {
+                    wait = (wait * 2).min(MAX_WAIT);
+                }
+            }
+            Err(_) => {
+                tracing::debug!(?wait, "{what}: reading the owner timed out");
+                if cell.get().is_none() {
+                    wait = (wait * 2).min(MAX_WAIT);
+                }
+            }
         }
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(MAX_WAIT);
     }
 }
 
@@ -230,35 +292,61 @@ mod tests {
 
     // Paused time: the back-off sleeps pass at once.
     #[tokio::test(start_paused = true)]
-    async fn learning_retries_until_the_owner_is_read_and_stops_on_a_refusal() {
+    async fn learning_retries_until_the_owner_is_read_then_refreshes_it() {
+        use std::sync::atomic::{AtomicU32, Ordering};
         let cell = OwnerCell::default();
-        let calls = std::sync::atomic::AtomicU32::new(0);
-        learn(cell.clone(), "test", || {
-            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                if n < 3 {
-                    Err(kube::Error::LinesCodecMaxLineLengthExceeded)
-                } else {
-                    Ok(Some(Owner::pod("p", "u")))
-                }
-            }
-        })
-        .await;
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
-        assert_eq!(cell.get(), Some(Owner::pod("p", "u")));
+        let calls = Arc::new(AtomicU32::new(0));
+        let task = {
+            let (cell, calls) = (cell.clone(), calls.clone());
+            tokio::spawn(async move {
+                learn(cell, "test", || {
+                    let n = calls.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        match n {
+                            0..3 => Err(kube::Error::LinesCodecMaxLineLengthExceeded),
+                            3 => Ok(Some(Owner::pod("p", "u1"))),
+                            // Made again under its name: a new UID.
+                            _ => Ok(Some(Owner::pod("p", "u2"))),
+                        }
+                    }
+                })
+                .await
+            })
+        };
+        cell.settled().await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            4,
+            "three failures, then the answer"
+        );
+        assert_eq!(cell.get(), Some(Owner::pod("p", "u1")));
+        let mut changes = cell.subscribe();
+        changes.borrow_and_update();
+        tokio::time::sleep(REFRESH + Duration::from_secs(1)).await;
+        assert!(
+            changes.has_changed().unwrap_or(false),
+            "the refresh is seen"
+        );
+        assert_eq!(cell.get(), Some(Owner::pod("p", "u2")));
+        task.abort();
+    }
 
-        let refused = OwnerCell::default();
-        let calls = std::sync::atomic::AtomicU32::new(0);
-        learn(refused.clone(), "test", || {
-            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async {
-                Err(kube::Error::Api(Box::new(
-                    kube::core::Status::failure("forbidden", "Forbidden").with_code(403),
-                )))
-            }
-        })
-        .await;
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-        assert_eq!(refused.get(), None);
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_owner_is_unavailable_at_once() {
+        let cell = OwnerCell::default();
+        let task = {
+            let cell = cell.clone();
+            tokio::spawn(async move {
+                learn(cell, "test", || async {
+                    Err(kube::Error::Api(Box::new(
+                        kube::core::Status::failure("forbidden", "Forbidden").with_code(403),
+                    )))
+                })
+                .await
+            })
+        };
+        cell.settled().await;
+        assert_eq!(cell.get(), None);
+        task.abort();
     }
 }

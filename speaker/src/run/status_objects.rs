@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrolb_config::allocator::ServiceKey;
@@ -109,8 +110,11 @@ pub fn spawn<K: StatusKind>(
             node: Arc::from(node.as_str()),
             events,
             owner,
-            adopted: Mutex::new(BTreeSet::new()),
+            adopted: Mutex::new(Adopted::default()),
+            owner_refused: AtomicBool::new(false),
         };
+        // A newly learnt (or re-learnt) owner is given to what is already written.
+        let mut owner_changes = writer.owner.subscribe();
         // Objects a previous run of this speaker left: kept if still true, deleted otherwise.
         let mut written: BTreeMap<String, Option<K::Value>> = BTreeMap::new();
         match writer
@@ -157,6 +161,7 @@ pub fn spawn<K: StatusKind>(
             };
             loop {
                 tokio::select! {
+                    Ok(()) = owner_changes.changed() => break,
                     changed = rx.changed() => {
                         if changed.is_err() {
                             // Sender gone (shutdown): write the last value and stop.
@@ -268,7 +273,9 @@ struct Writer<K: StatusKind> {
     /// The speaker's DaemonSet, owner of the objects it writes.
     owner: OwnerCell,
     /// Objects this run has written with the owner, or given it.
-    adopted: Mutex<BTreeSet<String>>,
+    adopted: Mutex<Adopted>,
+    /// Whether a refusal to set the owner was logged (once).
+    owner_refused: AtomicBool,
 }
 
 impl<K: StatusKind> Writer<K> {
@@ -304,6 +311,19 @@ impl<K: StatusKind> Writer<K> {
                 Err(e) => {
                     complete = false;
                     tracing::warn!(kind = K::KIND, object = %name, error = %e, "deleting");
+                }
+            }
+        }
+        // Objects written before the owner was known (or by an earlier run, or for an owner
+        // made again under its name) get it now.
+        if let Some(owner) = self.owner.get() {
+            for (name, value) in written.iter() {
+                if value.is_some()
+                    && wanted.contains_key(name)
+                    && let Err(e) = self.adopt(name, &owner).await
+                {
+                    complete = false;
+                    tracing::debug!(kind = K::KIND, object = %name, error = %e, "setting the owner");
                 }
             }
         }
@@ -381,10 +401,19 @@ impl<K: StatusKind> Writer<K> {
             ]
             .into(),
         );
-        match self.api.create(&PostParams::default(), &object).await {
+        let created = match self.api.create(&PostParams::default(), &object).await {
+            // OwnerReferencesPermissionEnforcement without `delete`: written without an owner.
+            Err(kube::Error::Api(e)) if e.code == 403 && owner.is_some() => {
+                self.refused(&e);
+                object.meta_mut().owner_references = None;
+                self.api.create(&PostParams::default(), &object).await
+            }
+            other => other,
+        };
+        match created {
             Ok(_) => {
-                if owner.is_some() {
-                    self.adopted_now(name);
+                if let Some(owner) = &owner {
+                    self.adopted_now(name, owner);
                 }
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -408,13 +437,15 @@ impl<K: StatusKind> Writer<K> {
 
 impl<K: StatusKind> Writer<K> {
     /// Gives `owner` an object found existing (an earlier run's, or one written before the
-    /// owner was known), once per run.
+    /// owner was known), once per run and owner. A refusal is logged once and not tried again:
+    /// it never stops the status writes.
     async fn adopt(&self, name: &str, owner: &Owner) -> Result<(), kube::Error> {
-        if self.adopted.lock().is_ok_and(|a| a.contains(name)) {
+        if self.adopted.lock().is_ok_and(|a| a.has(name, owner)) {
             return Ok(());
         }
-        // A merge patch replaces the list whole: the earlier Pod is no longer named.
-        self.api
+        // A merge patch replaces the list whole: an earlier owner is no longer named.
+        let patched = self
+            .api
             .patch(
                 name,
                 &PatchParams::default(),
@@ -422,15 +453,51 @@ impl<K: StatusKind> Writer<K> {
                     "metadata": {"ownerReferences": owner.references_json()}
                 })),
             )
-            .await?;
-        self.adopted_now(name);
+            .await;
+        match patched {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 403 => self.refused(&e),
+            // Gone meanwhile: the next write creates it with its owner.
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        self.adopted_now(name, owner);
         Ok(())
     }
 
-    fn adopted_now(&self, name: &str) {
+    fn adopted_now(&self, name: &str, owner: &Owner) {
         if let Ok(mut adopted) = self.adopted.lock() {
-            adopted.insert(name.to_string());
+            adopted.insert(name, owner);
         }
+    }
+
+    fn refused(&self, e: &kube::core::Status) {
+        if !self.owner_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(kind = K::KIND, error = %e, "setting the status objects' owner was refused (needs delete on them): they stay after uninstall");
+        }
+    }
+}
+
+/// The objects given the current owner: forgotten when the owner changes (made again under
+/// its name, with a new UID).
+#[derive(Default)]
+struct Adopted {
+    owner_uid: String,
+    names: BTreeSet<String>,
+}
+
+impl Adopted {
+    fn has(&self, name: &str, owner: &Owner) -> bool {
+        self.owner_uid == owner.reference().uid && self.names.contains(name)
+    }
+
+    fn insert(&mut self, name: &str, owner: &Owner) {
+        let uid = owner.reference().uid;
+        if self.owner_uid != uid {
+            self.owner_uid = uid;
+            self.names.clear();
+        }
+        self.names.insert(name.to_string());
     }
 }
 
@@ -451,6 +518,23 @@ mod tests {
     use super::*;
     use crate::run::bgp_status::Bgp;
     use crate::run::status::Layer2;
+
+    #[test]
+    fn adoption_is_forgotten_when_the_owner_is_made_again() {
+        let first = Owner::pod("ds", "uid-1");
+        let again = Owner::pod("ds", "uid-2");
+        let mut adopted = Adopted::default();
+        assert!(!adopted.has("l2-a", &first));
+        adopted.insert("l2-a", &first);
+        adopted.insert("l2-b", &first);
+        assert!(adopted.has("l2-a", &first) && adopted.has("l2-b", &first));
+        assert!(
+            !adopted.has("l2-a", &again),
+            "a new UID needs the object patched again"
+        );
+        adopted.insert("l2-a", &again);
+        assert!(adopted.has("l2-a", &again) && !adopted.has("l2-b", &again));
+    }
 
     #[test]
     fn object_names_are_stable_short_and_per_node() {
