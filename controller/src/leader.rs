@@ -13,7 +13,7 @@ use ferrolb_runtime::owner::OwnerCell;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PatchParams, PostParams};
 use tokio::sync::watch;
 
 /// Lease timings.
@@ -413,13 +413,10 @@ async fn run(
                     && !owner.is_sole_owner_in(owners)
                     && owner_done.as_ref() != Some(&(term, owner.reference().uid))
                 {
-                    let patch = serde_json::json!({
-                        "metadata": {"ownerReferences": owner.references_json()}
-                    });
                     // Bounded: the next renewal must not wait on it.
                     let patched = tokio::time::timeout(
                         timing.retry_period,
-                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                        api.patch(&name, &PatchParams::default(), &owner.merge_patch()),
                     )
                     .await;
                     match patched {

@@ -855,11 +855,8 @@ impl ApiWrites {
         {
             let api: Api<ConfigurationState> =
                 Api::namespaced(self.writer.client.clone(), &self.namespace);
-            let patch = serde_json::json!({
-                "metadata": {"ownerReferences": owner.references_json()}
-            });
             match api
-                .patch("controller", &PatchParams::default(), &Patch::Merge(&patch))
+                .patch("controller", &PatchParams::default(), &owner.merge_patch())
                 .await
             {
                 Ok(_) => self.state_owner = Some(owner.reference().uid),

@@ -81,6 +81,14 @@ impl Owner {
         references.is_some_and(|r| r.len() == 1 && r[0].uid == self.0.uid)
     }
 
+    /// A merge patch making this the object's only owner (a merge patch replaces the list
+    /// whole, so an earlier owner is no longer named).
+    pub fn merge_patch(&self) -> kube::api::Patch<serde_json::Value> {
+        kube::api::Patch::Merge(serde_json::json!({
+            "metadata": {"ownerReferences": self.references_json()}
+        }))
+    }
+
     /// `metadata.ownerReferences` as JSON, for patches and server-side apply.
     pub fn references_json(&self) -> serde_json::Value {
         serde_json::json!([{
@@ -228,16 +236,32 @@ mod tests {
         assert_eq!(parsed, vec![owner.reference()]);
     }
 
-    #[test]
-    fn a_pods_controller_becomes_a_plain_owner() {
-        let controller = OwnerReference {
+    /// A speaker Pod's controller reference, as the DaemonSet controller writes it.
+    fn daemonset() -> OwnerReference {
+        OwnerReference {
             api_version: "apps/v1".into(),
             kind: "DaemonSet".into(),
             name: "ferrolb-speaker".into(),
             uid: "ds-1".into(),
             controller: Some(true),
             block_owner_deletion: Some(true),
-        };
+        }
+    }
+
+    #[test]
+    fn a_merge_patch_names_only_this_owner() {
+        let owner = Owner::pod("p", "u");
+        match owner.merge_patch() {
+            kube::api::Patch::Merge(v) => {
+                assert_eq!(v["metadata"]["ownerReferences"], owner.references_json())
+            }
+            other => panic!("not a merge patch: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pods_controller_becomes_a_plain_owner() {
+        let controller = daemonset();
         let owner = Owner::of(&controller).reference();
         assert_eq!(
             (
@@ -261,14 +285,7 @@ mod tests {
             Owner::for_pod(&pod),
             Some(Owner::pod("ferrolb-speaker-x7k2p", "pod-1"))
         );
-        let daemonset = OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "DaemonSet".into(),
-            name: "ferrolb-speaker".into(),
-            uid: "ds-1".into(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        };
+        let daemonset = daemonset();
         let other = OwnerReference {
             controller: None,
             uid: "other".into(),

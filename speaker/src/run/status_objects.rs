@@ -446,13 +446,7 @@ impl<K: StatusKind> Writer<K> {
         // A merge patch replaces the list whole: an earlier owner is no longer named.
         let patched = self
             .api
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({
-                    "metadata": {"ownerReferences": owner.references_json()}
-                })),
-            )
+            .patch(name, &PatchParams::default(), &owner.merge_patch())
             .await;
         match patched {
             Ok(_) => {}
