@@ -6,9 +6,12 @@
 //!   run here is reported as ignored (with the reason), never as passed; a panic is a failure.
 //! * [`model`]: builders for `ferrolb_config::model` objects with plain defaults, so a test
 //!   states only what matters to it.
+//! * [`objects`]: builders for the Kubernetes objects ferrolb reads (Service, Node,
+//!   EndpointSlice, Lease) instead of JSON fixtures.
 // A kit for tests: a failed step is a failed test, so it panics with what went wrong.
 #![allow(clippy::expect_used)]
 
 pub mod model;
 pub mod netns;
+pub mod objects;
 pub mod trial;
