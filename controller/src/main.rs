@@ -127,7 +127,8 @@ struct RunArgs {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    ferrolb_config::validate::parse_go_duration(text)
+    // As text: clap shows it whatever error type the parser has.
+    ferrolb_config::validate::parse_go_duration(text).map_err(|e| e.to_string())
 }
 
 /// How long the gossip key Secret waits for its owner to be learnt before it is created
