@@ -1,5 +1,8 @@
-//! ferrolb's configuration core: the MetalLB-compatible CRD types, validation of a namespace's
-//! objects into one internal model, and the IP allocator. Pure: no I/O, no async.
+//! ferrolb's configuration core and IP allocator.
+//!
+//! The MetalLB-compatible CRD types, validation of a namespace's objects into one internal model,
+//! and the allocator that assigns Services their addresses from the validated pools. Pure: no
+//! I/O, no async.
 
 pub mod address;
 pub mod allocator;

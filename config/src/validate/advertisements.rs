@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::communities::parse_community;
 use super::{Kind, NodeInfo, ObjectRef, Report, by_age, compile_selectors, share_a_node};
 use crate::address::Family;
-use crate::crd::{BGPAdvertisement, BGPPeer, IPAddressPool, L2Advertisement};
+use crate::crd::{BGPAdvertisement, BGPAdvertisementSpec, BGPPeer, IPAddressPool, L2Advertisement};
 use crate::model::{self, CommunityValue, Pool, PoolSelection};
 use crate::selector::Selector;
 
@@ -219,76 +219,9 @@ pub(super) fn validate_bgp(
             pool_objects,
         );
 
-        let v4 = u8::try_from(spec.aggregation_length)
-            .ok()
-            .filter(|l| *l <= 32);
-        let v6 = u8::try_from(spec.aggregation_length_v6)
-            .ok()
-            .filter(|l| *l <= 128);
-        if v4.is_none() {
-            report.error(
-                &me,
-                "spec.aggregationLength",
-                format!("{} is outside 0-32", spec.aggregation_length),
-            );
-        }
-        if v6.is_none() {
-            report.error(
-                &me,
-                "spec.aggregationLengthV6",
-                format!("{} is outside 0-128", spec.aggregation_length_v6),
-            );
-        }
         let covered: Vec<&Pool> = pools.values().filter(|p| pool_sel.covers(p)).collect();
-        for (family, field, len) in [
-            (Family::V4, "spec.aggregationLength", v4),
-            (Family::V6, "spec.aggregationLengthV6", v6),
-        ] {
-            let Some(len) = len else { continue };
-            for pool in &covered {
-                if let Some(prefix) = shortest_aggregation(pool, family).filter(|p| len < *p) {
-                    report.error(
-                        &me,
-                        field,
-                        format!(
-                            "{len} is shorter than /{prefix}, the prefix of an {family} address entry of pool {:?}: the aggregate would cover addresses outside the pool",
-                            pool.name
-                        ),
-                    );
-                }
-            }
-        }
-        if !spec.service_selectors.is_empty() && (v4 != Some(32) || v6 != Some(128)) {
-            report.error(
-                &me,
-                "spec.serviceSelectors",
-                "cannot be combined with an aggregationLength other than 32 or an aggregationLengthV6 other than 128",
-            );
-        }
-
-        let mut communities = BTreeSet::new();
-        for (i, text) in spec.communities.iter().enumerate() {
-            let value = if text.contains(':') {
-                parse_community(text)
-            } else {
-                aliases
-                    .get(text)
-                    .copied()
-                    .ok_or_else(|| format!("{text:?} is neither a community value (a:b, large:a:b:c) nor an alias defined in a Community object"))
-            };
-            match value {
-                Ok(v) => {
-                    if !communities.insert(v) {
-                        report.error(
-                            &me,
-                            format!("spec.communities[{i}]"),
-                            format!("duplicate community {text:?}"),
-                        );
-                    }
-                }
-                Err(e) => report.error(&me, format!("spec.communities[{i}]"), e),
-            }
-        }
+        let (v4, v6) = aggregation_lengths(report, &me, spec, &covered);
+        let communities = communities(report, &me, &spec.communities, aliases);
         let peers = unique_names(report, &me, "spec.peers", "peer", &spec.peers);
         // An error, as for pool names.
         for (i, name) in spec.peers.iter().enumerate() {
@@ -313,39 +246,142 @@ pub(super) fn validate_bgp(
             peers,
             service_selectors,
         };
-        if let Some(mine) = candidate.local_pref {
-            for other in accepted.values() {
-                let Some(theirs) = other.local_pref.filter(|t| *t != mine) else {
-                    continue;
-                };
-                // Per pool both cover, as MetalLB checks it: different aggregation lengths
-                // announce different prefixes, which cannot conflict.
-                let pools_overlap = covered
-                    .iter()
-                    .any(|p| other.pools.covers(p) && !aggregation_differs(p, &candidate, other));
-                let peers_overlap = candidate.peers.is_empty()
-                    || other.peers.is_empty()
-                    || !candidate.peers.is_disjoint(&other.peers);
-                if pools_overlap
-                    && peers_overlap
-                    && share_a_node(nodes, &candidate.node_selectors, &other.node_selectors)
-                {
-                    report.error(
-                        &me,
-                        "spec.localPref",
-                        format!(
-                            "{mine} conflicts with localPref {theirs} of the older BGPAdvertisement {:?}, which advertises the same pool to the same peers from the same nodes",
-                            other.name
-                        ),
-                    );
-                }
-            }
-        }
+        check_local_pref(report, &me, &candidate, &covered, &accepted, nodes);
         if !report.failed_since(mark) {
             accepted.insert(me.name.clone(), candidate);
         }
     }
     accepted
+}
+
+/// The aggregation lengths (`None` where out of range), checked against the pools the
+/// advertisement covers and against its service selectors.
+fn aggregation_lengths(
+    report: &mut Report,
+    me: &ObjectRef,
+    spec: &BGPAdvertisementSpec,
+    covered: &[&Pool],
+) -> (Option<u8>, Option<u8>) {
+    let v4 = u8::try_from(spec.aggregation_length)
+        .ok()
+        .filter(|l| *l <= 32);
+    let v6 = u8::try_from(spec.aggregation_length_v6)
+        .ok()
+        .filter(|l| *l <= 128);
+    if v4.is_none() {
+        report.error(
+            me,
+            "spec.aggregationLength",
+            format!("{} is outside 0-32", spec.aggregation_length),
+        );
+    }
+    if v6.is_none() {
+        report.error(
+            me,
+            "spec.aggregationLengthV6",
+            format!("{} is outside 0-128", spec.aggregation_length_v6),
+        );
+    }
+    for (family, field, len) in [
+        (Family::V4, "spec.aggregationLength", v4),
+        (Family::V6, "spec.aggregationLengthV6", v6),
+    ] {
+        let Some(len) = len else { continue };
+        for pool in covered {
+            if let Some(prefix) = shortest_aggregation(pool, family).filter(|p| len < *p) {
+                report.error(
+                    me,
+                    field,
+                    format!(
+                        "{len} is shorter than /{prefix}, the prefix of an {family} address entry of pool {:?}: the aggregate would cover addresses outside the pool",
+                        pool.name
+                    ),
+                );
+            }
+        }
+    }
+    if !spec.service_selectors.is_empty() && (v4 != Some(32) || v6 != Some(128)) {
+        report.error(
+            me,
+            "spec.serviceSelectors",
+            "cannot be combined with an aggregationLength other than 32 or an aggregationLengthV6 other than 128",
+        );
+    }
+    (v4, v6)
+}
+
+/// The advertisement's communities: values or aliases, each at most once.
+fn communities(
+    report: &mut Report,
+    me: &ObjectRef,
+    texts: &[String],
+    aliases: &BTreeMap<String, CommunityValue>,
+) -> BTreeSet<CommunityValue> {
+    let mut communities = BTreeSet::new();
+    for (i, text) in texts.iter().enumerate() {
+        let value = if text.contains(':') {
+            parse_community(text).map_err(|e| e.to_string())
+        } else {
+            aliases
+                .get(text)
+                .copied()
+                .ok_or_else(|| format!("{text:?} is neither a community value (a:b, large:a:b:c) nor an alias defined in a Community object"))
+        };
+        match value {
+            Ok(v) => {
+                if !communities.insert(v) {
+                    report.error(
+                        me,
+                        format!("spec.communities[{i}]"),
+                        format!("duplicate community {text:?}"),
+                    );
+                }
+            }
+            Err(e) => report.error(me, format!("spec.communities[{i}]"), e),
+        }
+    }
+    communities
+}
+
+/// A localPref must not differ from that of an older accepted advertisement announcing the same
+/// prefix to the same peers from the same nodes: the peer could not tell which one holds.
+fn check_local_pref(
+    report: &mut Report,
+    me: &ObjectRef,
+    candidate: &model::BgpAdvertisement,
+    covered: &[&Pool],
+    accepted: &BTreeMap<String, model::BgpAdvertisement>,
+    nodes: Option<&[NodeInfo]>,
+) {
+    let Some(mine) = candidate.local_pref else {
+        return;
+    };
+    for other in accepted.values() {
+        let Some(theirs) = other.local_pref.filter(|t| *t != mine) else {
+            continue;
+        };
+        // Per pool both cover, as MetalLB checks it: different aggregation lengths
+        // announce different prefixes, which cannot conflict.
+        let pools_overlap = covered
+            .iter()
+            .any(|p| other.pools.covers(p) && !aggregation_differs(p, candidate, other));
+        let peers_overlap = candidate.peers.is_empty()
+            || other.peers.is_empty()
+            || !candidate.peers.is_disjoint(&other.peers);
+        if pools_overlap
+            && peers_overlap
+            && share_a_node(nodes, &candidate.node_selectors, &other.node_selectors)
+        {
+            report.error(
+                me,
+                "spec.localPref",
+                format!(
+                    "{mine} conflicts with localPref {theirs} of the older BGPAdvertisement {:?}, which advertises the same pool to the same peers from the same nodes",
+                    other.name
+                ),
+            );
+        }
+    }
 }
 
 /// MetalLB refuses to advertise IPv6 addresses to a peer whose BFD profile enables echo mode:

@@ -6,24 +6,31 @@ use super::{Kind, ObjectRef, Report, by_age};
 use crate::crd::Community;
 use crate::model::CommunityValue;
 
+/// A text that is not a community value; each variant holds the text as given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommunityError {
+    /// `large:` followed by something other than three 32-bit numbers.
+    #[error("{0:?} is not a large community large:a:b:c with each part 0-4294967295")]
+    Large(String),
+    /// Neither `a:b` with two 16-bit numbers nor a `large:` value.
+    #[error("{0:?} is not a community a:b with each part 0-65535, nor large:a:b:c")]
+    Standard(String),
+}
+
 /// Parses `a:b` (16-bit parts) or `large:a:b:c` (32-bit parts).
-pub fn parse_community(text: &str) -> Result<CommunityValue, String> {
+pub fn parse_community(text: &str) -> Result<CommunityValue, CommunityError> {
     if let Some(rest) = text.strip_prefix("large:") {
         let parts: Vec<&str> = rest.split(':').collect();
         let parsed: Option<Vec<u32>> = parts.iter().map(|p| p.parse::<u32>().ok()).collect();
         return match parsed.as_deref() {
             Some([a, b, c]) => Ok(CommunityValue::Large(*a, *b, *c)),
-            _ => Err(format!(
-                "{text:?} is not a large community large:a:b:c with each part 0-4294967295"
-            )),
+            _ => Err(CommunityError::Large(text.to_string())),
         };
     }
     let parsed: Option<Vec<u16>> = text.split(':').map(|p| p.parse::<u16>().ok()).collect();
     match parsed.as_deref() {
         Some([a, b]) => Ok(CommunityValue::Standard(*a, *b)),
-        _ => Err(format!(
-            "{text:?} is not a community a:b with each part 0-65535, nor large:a:b:c"
-        )),
+        _ => Err(CommunityError::Standard(text.to_string())),
     }
 }
 
@@ -56,7 +63,7 @@ pub(super) fn validate(
                         );
                     }
                 }
-                Err(e) => report.error(&me, format!("spec.communities[{i}].value"), e),
+                Err(e) => report.error(&me, format!("spec.communities[{i}].value"), e.to_string()),
             }
             if let Some((_, owner)) = aliases.get(&alias.name) {
                 report.error(
@@ -121,6 +128,14 @@ mod tests {
         ] {
             assert!(parse_community(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_community("large:1:2"),
+            Err(CommunityError::Large("large:1:2".to_string()))
+        );
+        assert_eq!(
+            parse_community("1:2:3"),
+            Err(CommunityError::Standard("1:2:3".to_string()))
+        );
     }
 
     #[test]

@@ -2,9 +2,20 @@
 
 use std::time::Duration;
 
+/// A text that is not a Go duration: malformed, negative, with an unknown unit, or too long for
+/// a [`Duration`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a duration such as 90s, 1m30s or 500ms")]
+pub struct DurationError {
+    /// The text as given.
+    pub text: String,
+}
+
 /// Parses a Go duration string. Negative durations are refused.
-pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration such as 90s, 1m30s or 500ms");
+pub fn parse_go_duration(text: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError {
+        text: text.to_string(),
+    };
     if text == "0" {
         return Ok(Duration::ZERO);
     }
@@ -64,5 +75,13 @@ mod tests {
         for bad in ["", "90", "s", "-1s", "1x", "1.2.3s", "1 s"] {
             assert!(parse_go_duration(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_error_names_the_text() {
+        assert_eq!(
+            parse_go_duration("1x").map_err(|e| e.to_string()),
+            Err("\"1x\" is not a duration such as 90s, 1m30s or 500ms".to_string())
+        );
     }
 }

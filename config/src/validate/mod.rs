@@ -21,7 +21,7 @@ use crate::crd::{
 use crate::model::Config;
 use crate::selector::{Labels, Selector};
 
-pub use duration::parse_go_duration;
+pub use duration::{DurationError, parse_go_duration};
 
 /// The kinds of configuration objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -339,69 +339,56 @@ pub(crate) fn share_a_node(nodes: Option<&[NodeInfo]>, a: &[Selector], b: &[Sele
     }
 }
 
+/// The objects of one kind that count: those in ferrolb's namespace, each name once. Objects
+/// outside it are ignored with a warning, as MetalLB ignores them.
+fn ours<T: kube::Resource + Clone>(
+    report: &mut Report,
+    ns: &str,
+    kind: Kind,
+    objects: &[T],
+) -> Vec<T> {
+    let mine: Vec<T> = objects
+        .iter()
+        .filter(|o| {
+            let object = ObjectRef::of(kind, o.meta());
+            if object.namespace == ns {
+                return true;
+            }
+            report.warn(
+                &object,
+                "metadata.namespace",
+                format!("ignored: ferrolb reads its configuration only from namespace {ns:?}"),
+            );
+            false
+        })
+        .cloned()
+        .collect();
+    // In one namespace by now: a name is unique per kind.
+    unique_names(report, kind, mine)
+}
+
 /// Validates every object of `objects` into one model.
 pub fn validate(objects: &Objects) -> Validated {
     let mut report = Report::default();
     let mut left_out = BTreeSet::new();
     let ns = objects.namespace.as_str();
 
-    // Objects outside our namespace are ignored, as MetalLB ignores them.
-    let mut in_namespace = |kind: Kind, meta: &ObjectMeta| -> bool {
-        let object = ObjectRef::of(kind, meta);
-        if object.namespace == ns {
-            return true;
-        }
-        report.warn(
-            &object,
-            "metadata.namespace",
-            format!("ignored: ferrolb reads its configuration only from namespace {ns:?}"),
-        );
-        false
-    };
-    let pools: Vec<IPAddressPool> = objects
-        .pools
-        .iter()
-        .filter(|o| in_namespace(Kind::IPAddressPool, &o.metadata))
-        .cloned()
-        .collect();
-    let l2: Vec<L2Advertisement> = objects
-        .l2_advertisements
-        .iter()
-        .filter(|o| in_namespace(Kind::L2Advertisement, &o.metadata))
-        .cloned()
-        .collect();
-    let bgp: Vec<BGPAdvertisement> = objects
-        .bgp_advertisements
-        .iter()
-        .filter(|o| in_namespace(Kind::BGPAdvertisement, &o.metadata))
-        .cloned()
-        .collect();
-    let peers: Vec<BGPPeer> = objects
-        .peers
-        .iter()
-        .filter(|o| in_namespace(Kind::BGPPeer, &o.metadata))
-        .cloned()
-        .collect();
-    let communities: Vec<Community> = objects
-        .communities
-        .iter()
-        .filter(|o| in_namespace(Kind::Community, &o.metadata))
-        .cloned()
-        .collect();
-    let bfd: Vec<BFDProfile> = objects
-        .bfd_profiles
-        .iter()
-        .filter(|o| in_namespace(Kind::BFDProfile, &o.metadata))
-        .cloned()
-        .collect();
-
-    // Objects are in one namespace by now: a name is unique per kind.
-    let pools = unique_names(&mut report, Kind::IPAddressPool, pools);
-    let l2 = unique_names(&mut report, Kind::L2Advertisement, l2);
-    let bgp = unique_names(&mut report, Kind::BGPAdvertisement, bgp);
-    let peers = unique_names(&mut report, Kind::BGPPeer, peers);
-    let communities = unique_names(&mut report, Kind::Community, communities);
-    let bfd = unique_names(&mut report, Kind::BFDProfile, bfd);
+    let pools = ours(&mut report, ns, Kind::IPAddressPool, &objects.pools);
+    let l2 = ours(
+        &mut report,
+        ns,
+        Kind::L2Advertisement,
+        &objects.l2_advertisements,
+    );
+    let bgp = ours(
+        &mut report,
+        ns,
+        Kind::BGPAdvertisement,
+        &objects.bgp_advertisements,
+    );
+    let peers = ours(&mut report, ns, Kind::BGPPeer, &objects.peers);
+    let communities = ours(&mut report, ns, Kind::Community, &objects.communities);
+    let bfd = ours(&mut report, ns, Kind::BFDProfile, &objects.bfd_profiles);
 
     let mut config = Config {
         communities: communities::validate(&mut report, &communities),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{
     Kind, NodeInfo, ObjectRef, Report, by_age, compile_selectors, parse_go_duration, share_a_node,
 };
-use crate::crd::{BFDProfile, BGPPeer, DynamicAsn};
+use crate::crd::{BFDProfile, BGPPeer, BGPPeerSpec, DynamicAsn};
 use crate::model::{BfdProfile, Peer, PeerAsn, PeerPassword, PeerTarget};
 
 /// MetalLB's default hold time when neither timer is set.
@@ -66,7 +66,7 @@ fn parse_timer(
     match parse_go_duration(text) {
         Ok(d) => Some(d),
         Err(e) => {
-            report.error(me, field, e);
+            report.error(me, field, e.to_string());
             None
         }
     }
@@ -135,7 +135,56 @@ fn validate_one(
             "must be set to our AS number (1-4294967295)",
         );
     }
-    let peer_asn = match (s.peer_asn, s.dynamic_asn) {
+    let peer_asn = peer_asn(report, me, s);
+    let target = peer_target(report, me, s);
+    let source_address = parse_ip(
+        report,
+        me,
+        "spec.sourceAddress",
+        s.source_address.as_deref(),
+    );
+    let router_id = router_id(report, me, s.router_id.as_deref());
+    let (hold_time, keepalive_time, connect_time) = session_timers(report, me, s);
+    if s.peer_port == 0 {
+        report.error(me, "spec.peerPort", "must be 1-16384");
+    }
+    let password = password(report, me, s, namespace);
+    check_bfd_reference(report, me, s, bfd_objects, bfd_profiles);
+    let node_selectors = compile_selectors(report, me, "spec.nodeSelectors", &s.node_selectors);
+    let peer = Peer {
+        name: me.name.clone(),
+        my_asn: s.my_asn,
+        peer_asn: peer_asn.unwrap_or(PeerAsn::External),
+        target: target.unwrap_or(PeerTarget::Interface(String::new())),
+        source_address,
+        port: s.peer_port,
+        hold_time,
+        keepalive_time,
+        connect_time,
+        router_id,
+        node_selectors,
+        password,
+        bfd_profile: s.bfd_profile.clone(),
+        ebgp_multi_hop: s.ebgp_multi_hop.unwrap_or(false),
+        vrf: s.vrf.clone().filter(|v| !v.is_empty()),
+        graceful_restart: s.enable_graceful_restart,
+        local_asn: s.local_asn,
+        dual_stack_address_family: s.dual_stack_address_family.unwrap_or(false),
+        disable_mp: s.disable_mp.unwrap_or(false),
+    };
+    if peer_asn.is_some() && peer.ebgp_multi_hop && peer.is_ibgp() {
+        report.error(
+            me,
+            "spec.ebgpMultiHop",
+            "is for eBGP sessions; this session is iBGP (the peer is in our AS)",
+        );
+    }
+    (!report.failed_since(mark)).then_some(peer)
+}
+
+/// The peer's AS: exactly one of `peerASN` (non-zero) and `dynamicASN`.
+fn peer_asn(report: &mut Report, me: &ObjectRef, s: &BGPPeerSpec) -> Option<PeerAsn> {
+    match (s.peer_asn, s.dynamic_asn) {
         (Some(_), Some(_)) => {
             report.error(
                 me,
@@ -155,8 +204,12 @@ fn validate_one(
         (Some(asn), None) => Some(PeerAsn::Fixed(asn)),
         (None, Some(DynamicAsn::Internal)) => Some(PeerAsn::Internal),
         (None, Some(DynamicAsn::External)) => Some(PeerAsn::External),
-    };
-    let target = match (&s.peer_address, &s.interface) {
+    }
+}
+
+/// Where the session goes: exactly one of `peerAddress` and `interface` (unnumbered).
+fn peer_target(report: &mut Report, me: &ObjectRef, s: &BGPPeerSpec) -> Option<PeerTarget> {
+    match (&s.peer_address, &s.interface) {
         (Some(_), Some(_)) => {
             report.error(
                 me,
@@ -177,27 +230,30 @@ fn validate_one(
             parse_ip(report, me, "spec.peerAddress", Some(addr)).map(PeerTarget::Address)
         }
         (None, Some(ifname)) => Some(PeerTarget::Interface(ifname.clone())),
-    };
-    let source_address = parse_ip(
-        report,
-        me,
-        "spec.sourceAddress",
-        s.source_address.as_deref(),
-    );
-    let router_id = match s.router_id.as_deref() {
-        None => None,
-        Some(text) => match text.parse::<Ipv4Addr>() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                report.error(
-                    me,
-                    "spec.routerID",
-                    format!("{text:?} is not a router ID (an IPv4 address such as 10.0.0.1)"),
-                );
-                None
-            }
-        },
-    };
+    }
+}
+
+fn router_id(report: &mut Report, me: &ObjectRef, text: Option<&str>) -> Option<Ipv4Addr> {
+    let text = text?;
+    match text.parse::<Ipv4Addr>() {
+        Ok(id) => Some(id),
+        Err(_) => {
+            report.error(
+                me,
+                "spec.routerID",
+                format!("{text:?} is not a router ID (an IPv4 address such as 10.0.0.1)"),
+            );
+            None
+        }
+    }
+}
+
+/// Hold, keepalive and connect times, each checked against its range.
+fn session_timers(
+    report: &mut Report,
+    me: &ObjectRef,
+    s: &BGPPeerSpec,
+) -> (Duration, Duration, Option<Duration>) {
     let hold = parse_timer(report, me, "spec.holdTime", s.hold_time.as_deref());
     let keepalive = parse_timer(
         report,
@@ -216,10 +272,18 @@ fn validate_one(
             format!("{c:?} is outside 1s-65535s"),
         );
     }
-    if s.peer_port == 0 {
-        report.error(me, "spec.peerPort", "must be 1-16384");
-    }
-    let password = match (&s.password, &s.password_secret) {
+    (hold_time, keepalive_time, connect_time)
+}
+
+/// The TCP MD5 password: inline (at most [`MAX_PASSWORD_BYTES`]) or from a Secret in ferrolb's
+/// own namespace, never both.
+fn password(
+    report: &mut Report,
+    me: &ObjectRef,
+    s: &BGPPeerSpec,
+    namespace: &str,
+) -> Option<PeerPassword> {
+    match (&s.password, &s.password_secret) {
         (Some(_), Some(_)) => {
             report.error(
                 me,
@@ -263,7 +327,17 @@ fn validate_one(
             })
         }
         (None, None) => None,
-    };
+    }
+}
+
+/// A named BFD profile must be an accepted one; the error says whether it is missing or invalid.
+fn check_bfd_reference(
+    report: &mut Report,
+    me: &ObjectRef,
+    s: &BGPPeerSpec,
+    bfd_objects: &[BFDProfile],
+    bfd_profiles: &BTreeMap<String, BfdProfile>,
+) {
     if let Some(profile) = &s.bfd_profile
         && !bfd_profiles.contains_key(profile)
     {
@@ -281,36 +355,6 @@ fn validate_one(
             format!("BFDProfile {profile:?} {why}"),
         );
     }
-    let node_selectors = compile_selectors(report, me, "spec.nodeSelectors", &s.node_selectors);
-    let peer = Peer {
-        name: me.name.clone(),
-        my_asn: s.my_asn,
-        peer_asn: peer_asn.unwrap_or(PeerAsn::External),
-        target: target.unwrap_or(PeerTarget::Interface(String::new())),
-        source_address,
-        port: s.peer_port,
-        hold_time,
-        keepalive_time,
-        connect_time,
-        router_id,
-        node_selectors,
-        password,
-        bfd_profile: s.bfd_profile.clone(),
-        ebgp_multi_hop: s.ebgp_multi_hop.unwrap_or(false),
-        vrf: s.vrf.clone().filter(|v| !v.is_empty()),
-        graceful_restart: s.enable_graceful_restart,
-        local_asn: s.local_asn,
-        dual_stack_address_family: s.dual_stack_address_family.unwrap_or(false),
-        disable_mp: s.disable_mp.unwrap_or(false),
-    };
-    if peer_asn.is_some() && peer.ebgp_multi_hop && peer.is_ibgp() {
-        report.error(
-            me,
-            "spec.ebgpMultiHop",
-            "is for eBGP sessions; this session is iBGP (the peer is in our AS)",
-        );
-    }
-    (!report.failed_since(mark)).then_some(peer)
 }
 
 /// Validates peers; a peer conflicting with an older accepted peer on a shared node is left out.
