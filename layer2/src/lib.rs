@@ -18,12 +18,15 @@
 //!   longer each time it flaps.
 //! - [`quorum`] decides whether this node may own IPs and who the candidates are;
 //!   [`tenure`] how long an owner may keep answering, from the others' acknowledgements.
-//! - [`liveness`] encodes and checks the speakers' authenticated heartbeats and keeps the table
-//!   of live speakers that owner choice runs over.
+//! - [`heartbeat`] encodes, signs and checks the speakers' heartbeats, under a ring of keys;
+//!   [`replay`] tells a new heartbeat from a replayed or forged one; [`liveness`] keeps the
+//!   table of live speakers that the quorum rule and owner choice run over.
 
 pub mod damping;
+pub mod heartbeat;
 pub mod liveness;
 pub mod owner;
 pub mod packet;
 pub mod quorum;
+pub mod replay;
 pub mod tenure;

@@ -161,7 +161,7 @@ pub fn decide(
 pub fn seen_ready(
     me: &str,
     verdict: &Verdict,
-    acks: &BTreeMap<String, crate::liveness::Heard>,
+    acks: &BTreeMap<String, crate::heartbeat::Heard>,
 ) -> bool {
     verdict
         .candidates
@@ -415,7 +415,7 @@ mod tests {
 
     #[test]
     fn claiming_waits_until_every_other_candidate_has_heard_this_node_ready() {
-        use crate::liveness::Heard;
+        use crate::heartbeat::Heard;
         let eth0: BTreeSet<String> = ["eth0".to_string()].into();
         let report = |hears: &[&str]| Report {
             fresh: true,

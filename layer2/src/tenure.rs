@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::liveness::Heard;
+use crate::heartbeat::Heard;
 
 /// Heartbeats remembered: ample for any timeout over interval ratio the speaker accepts (an
 /// acknowledgement older than the failure timeout bounds nothing anyway).

@@ -15,7 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use ferrolb_layer2::liveness::{Heartbeat, Membership};
+use ferrolb_layer2::heartbeat::Heartbeat;
+use ferrolb_layer2::liveness::Membership;
 use ferrolb_layer2::tenure::{SentLog, Starvation, tenure};
 use ferrolb_layer2::{owner, quorum};
 use proptest::prelude::*;

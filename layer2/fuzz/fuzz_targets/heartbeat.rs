@@ -11,7 +11,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrolb_layer2::liveness::{Heard, Heartbeat, KeyRing, Membership};
+use ferrolb_layer2::heartbeat::{Heard, Heartbeat, KeyRing};
+use ferrolb_layer2::liveness::Membership;
 use ferrolb_layer2::quorum;
 use ferrolb_layer2::tenure::{self, SentLog};
 use hmac::{Hmac, Mac};
@@ -21,7 +22,7 @@ use sha2::Sha256;
 const KEY: &[u8] = b"fuzz key, at least 16 bytes";
 /// The current key of a rotation whose next key is [`KEY`].
 const OTHER: &[u8] = b"another fuzz key, 16 bytes";
-/// Bytes of the truncated tag (layer2/src/liveness.rs).
+/// Bytes of the truncated tag (layer2/src/heartbeat.rs).
 const TAG_LEN: usize = 16;
 
 fn signed(body: Vec<u8>) -> Vec<u8> {
@@ -101,8 +102,8 @@ fuzz_target!(|data: &[u8]| {
             let now = start + Duration::from_millis(10 * i as u64);
             let skew = u64::from(chunk.get(1).copied().unwrap_or(0));
             let _ = members.receive(beat.clone(), now, beat.unix_ms.wrapping_add(skew * 1000));
-            let _ = members.alive(now);
-            let _ = members.next_expiry(now);
+            let _ = members.hears(now);
+            let _ = members.next_silence(now);
             let known = (0..4)
                 .map(|n| format!("node{n}"))
                 .chain(["self".to_string()])
@@ -129,7 +130,7 @@ fuzz_target!(|data: &[u8]| {
     } else if mode & 4 == 0 {
         signed(body.to_vec())
     } else {
-        // The current version's magic (layer2/src/liveness.rs), so the body reaches the parser.
+        // The current version's magic (layer2/src/heartbeat.rs), so the body reaches the parser.
         signed([b"FLB\x03".as_slice(), body].concat())
     };
     let Ok(beat) = Heartbeat::decode(&datagram, KEY) else {
@@ -146,5 +147,5 @@ fuzz_target!(|data: &[u8]| {
         "decode then encode changed the bytes"
     );
     let _ = members.receive(beat.clone(), start, beat.unix_ms);
-    let _ = members.alive(start);
+    let _ = members.hears(start);
 });
