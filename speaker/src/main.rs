@@ -2,142 +2,13 @@
 //!
 //! One speaker runs on every node (host network). In layer 2 mode the speakers agree on one
 //! owner per IP through heartbeats and rendezvous hashing, and the owner answers ARP and NDP for
-//! it. The pure parts live in the library; `run` is the I/O around them.
+//! it; in BGP mode every eligible node advertises routes. Everything is in the library
+//! (`ferrolb_speaker::run`); this is the command line around it.
 
-mod run;
-
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
-use ferrolb_runtime::LogFormat;
-
-/// ferrolb's speaker: announces Service IPs from this node (layer 2: ARP and NDP).
-///
-/// Every option can also be set through the environment variable shown.
-#[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
-pub struct Args {
-    /// This node's name (the Node object); in a Pod, from the downward API (spec.nodeName).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: String,
-    /// Namespace of the metallb.io configuration objects and of the status objects.
-    #[arg(
-        long,
-        short = 'n',
-        env = "FERROLB_NAMESPACE",
-        default_value = "metallb-system"
-    )]
-    pub namespace: String,
-    /// Serve only Services with this spec.loadBalancerClass (default: Services without a class).
-    #[arg(long, env = "FERROLB_LB_CLASS")]
-    pub lb_class: Option<String>,
-    /// Kubeconfig file (default: in-cluster config, or $KUBECONFIG / ~/.kube/config).
-    #[arg(long, env = "FERROLB_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
-    pub listen: SocketAddr,
-    /// Serve /metrics, /healthz and /readyz on this IP instead of `--listen`'s (same port). The
-    /// chart passes the node's own address: the speaker runs in the host network, and binding
-    /// every interface would serve metrics on the LAN the LoadBalancer IPs face.
-    #[arg(long, env = "FERROLB_LISTEN_IP")]
-    pub listen_ip: Option<std::net::IpAddr>,
-    /// Serve the live report `kubectl ferrolb explain` reads (GET /explain/v1alpha1, next to
-    /// /metrics and as reachable): which node owns each layer 2 IP and who would take over,
-    /// this speaker's quorum, its BGP sessions and the routes sent. Turn it off where even that
-    /// much must not be readable from the node network.
-    #[arg(long, env = "FERROLB_EXPLAIN_REPORT", default_value_t = true, action = clap::ArgAction::Set)]
-    pub explain_report: bool,
-    /// TLS for /metrics, /healthz and /readyz (off unless both files are given).
-    #[command(flatten)]
-    pub metrics_tls: ferrolb_runtime::tls::TlsArgs,
-    /// Name prefix of the speakers' presence Leases (`<prefix>-<node>`, labelled
-    /// `ferrolb.io/speaker-presence=<prefix>`); speakers of one release share it, and a quorum
-    /// counts the speakers that do.
-    #[arg(
-        long,
-        env = "FERROLB_PRESENCE_GROUP",
-        default_value = "ferrolb-speaker"
-    )]
-    pub presence_group: String,
-    /// UDP port of the heartbeats between speakers (open it between nodes).
-    #[arg(long, env = "FERROLB_GOSSIP_PORT", default_value_t = 7946)]
-    pub gossip_port: u16,
-    /// File holding the key that authenticates heartbeats (the same on every node; mount it
-    /// from a Secret): the whole file but trailing whitespace. At least 16 bytes.
-    #[arg(long, env = "FERROLB_GOSSIP_KEY_FILE")]
-    pub gossip_key_file: PathBuf,
-    /// File holding the next gossip key during a key rotation (the Secret's `nextkey`):
-    /// heartbeats signed with it are accepted too. Absent or empty: no next key. Both files are
-    /// re-read every few seconds, so a changed Secret takes effect without a restart.
-    #[arg(long, env = "FERROLB_GOSSIP_NEXT_KEY_FILE")]
-    pub gossip_next_key_file: Option<PathBuf>,
-    /// How often each speaker sends a heartbeat to every other speaker (Go duration).
-    #[arg(long, env = "FERROLB_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = duration)]
-    pub heartbeat_interval: Duration,
-    /// A speaker not heard for this long counts as dead and its IPs move (Go duration). Failover
-    /// takes about this long; at least three heartbeat intervals.
-    #[arg(long, env = "FERROLB_FAILURE_TIMEOUT", default_value = "500ms", value_parser = duration)]
-    pub failure_timeout: Duration,
-    /// Interface name prefixes never announced on (comma-separated; replaces the default list).
-    #[arg(
-        long,
-        env = "FERROLB_IGNORE_INTERFACES",
-        value_delimiter = ',',
-        default_values_t = ferrolb_speaker::l2::interfaces::DEFAULT_IGNORED_PREFIXES
-            .iter()
-            .map(|s| s.to_string())
-    )]
-    pub ignore_interfaces: Vec<String>,
-    /// Re-send gratuitous ARP / unsolicited NA for owned IPs this often after the takeover
-    /// burst (Go duration; 0s: never), so a client or switch that missed a takeover, or kept an
-    /// entry from before it, is corrected within this time. 60 s stays well inside the usual
-    /// 300 s MAC-table ageing of switches (docs/decisions/0015).
-    #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "60s", value_parser = duration)]
-    pub garp_refresh: Duration,
-    /// Flap damping: after losing its quorum, this node waits 2 s (doubling per loss within a
-    /// minute, up to 30 s) before it may own layer 2 IPs again, so that an owner whose heartbeats
-    /// are lost in bursts does not move its IPs back and forth (docs/decisions/0015).
-    #[arg(long, env = "FERROLB_FLAP_DAMPING", default_value_t = true, action = clap::ArgAction::Set)]
-    pub flap_damping: bool,
-    /// A speaker stopped to be replaced (see --restart-hold-when) asks the others to keep it the
-    /// owner of its IPs for this long instead of taking them over, so a rolling update does not
-    /// move every IP away and back (each move breaks the connections kube-proxy tracks on the
-    /// node); its successor takes them up once ready. Also how long this speaker keeps a
-    /// replaced peer's IPs. Meanwhile ARP/NDP for those IPs goes unanswered (established clients
-    /// keep their entries). 0s: IPs move at once on every stop (Go duration).
-    #[arg(long, env = "FERROLB_RESTART_HOLD", default_value = "10s", value_parser = duration)]
-    pub restart_hold: Duration,
-    /// When a stop is a replacement: `pod-deleted` (this speaker's Pod, --pod-name, is being
-    /// deleted, as in a rolling update; a node shutting down does not delete its pods) or
-    /// `always` (a supervisor that restarts the speaker).
-    #[arg(long, env = "FERROLB_RESTART_HOLD_WHEN", value_enum, default_value_t = run::restart::HoldWhen::PodDeleted)]
-    pub restart_hold_when: run::restart::HoldWhen,
-    /// This speaker's Pod (the chart passes it from the downward API). Its controller (the
-    /// DaemonSet) becomes the owner of the presence Lease and status objects this speaker
-    /// writes, so they go with the release; outside a pod the Lease is owned by the Node and
-    /// the status objects by nothing.
-    #[arg(long, env = "POD_NAME")]
-    pub pod_name: Option<String>,
-    /// Accept BGP connections from configured peers on these addresses (comma-separated, e.g.
-    /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
-    /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.
-    #[arg(long, env = "FERROLB_BGP_LISTEN", value_delimiter = ',')]
-    pub bgp_listen: Vec<std::net::SocketAddr>,
-    /// Log format.
-    #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// Log level (or a tracing filter); RUST_LOG overrides it.
-    #[arg(long, env = "FERROLB_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    ferrolb_config::validate::parse_go_duration(text)
-}
+use ferrolb_speaker::args::Args;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -150,5 +21,5 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    ferrolb_runtime::block_on_main(run::run(args))
+    ferrolb_runtime::block_on_main(ferrolb_speaker::run::run(args))
 }

@@ -1,6 +1,6 @@
 //! The writer of per-node status objects (MetalLB's status API): one object per Service this node
-//! announces, for layer 2 (ServiceL2Status, [`super::status`]) and BGP (ServiceBGPStatus,
-//! [`super::bgp_status`]). Each kind says how its object looks; the writer does the rest the same
+//! announces, for layer 2 (ServiceL2Status, [`crate::l2::status`]) and BGP (ServiceBGPStatus,
+//! [`crate::bgp::status`]). Each kind says how its object looks; the writer does the rest the same
 //! way for both: stable names, adopting what a previous run left, deleting what is no longer true,
 //! writing only what changed (so steady-state API writes do not grow with the number of
 //! Services), a `nodeAssigned` Event when the node starts announcing a Service, and writing an
@@ -510,8 +510,8 @@ pub fn service_reference(key: &ServiceKey, uid: Option<String>) -> ObjectReferen
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::bgp_status::Bgp;
-    use crate::run::status::Layer2;
+    use crate::bgp::status::Bgp;
+    use crate::l2::status::Layer2;
 
     #[test]
     fn adoption_is_forgotten_when_the_owner_is_made_again() {

@@ -5,13 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::l2::presence::selector;
+use crate::view::{trim_node, trim_service, trim_slice};
 use ferrolb_config::model::{Config, PeerPassword};
 use ferrolb_config::validate::{NodeInfo, Validated, validate};
 use ferrolb_runtime::watch::{
     Change, ConfigChange, ConfigStores, Continue, reflect, reflect_abortable,
 };
-use ferrolb_speaker::l2::presence::selector;
-use ferrolb_speaker::view::{trim_node, trim_service, trim_slice};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

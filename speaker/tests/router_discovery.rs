@@ -17,8 +17,8 @@ use ferrolb_config::model::{PeerAsn, PeerTarget};
 
 use ferrolb_layer2::packet::ndp::ALL_NODES;
 use ferrolb_layer2::packet::{MacAddr, RouterAdvertisement, router_advertisement};
-use ferrolb_speaker::bgp::driver::discovery::{Discovery, Found, Link};
 use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, OnLink, PeerSettings};
+use ferrolb_speaker::bgp::unnumbered::discovery::{Discovery, Found, Link};
 use ferrolb_testkit::model;
 use ferrolb_testkit::netns::{self, Netns};
 use ferrolb_testkit::trial;

@@ -4,7 +4,7 @@
 //! [`Bfd::apply`] takes the whole desired set of sessions: new ones start, changed profiles are
 //! applied with a poll sequence (the session stays Up), removed ones say AdminDown once and go.
 //! Each session's [`Status`] is published on a watch channel ([`Bfd::status`]), which the BGP
-//! sessions follow ([`super::gate`]).
+//! sessions follow ([`super::follow`]).
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;

@@ -41,7 +41,7 @@ pub enum Verdict {
 /// The pure rule, fed every status change of the peer's BFD session (`None`: the peer has no
 /// BFD session any more).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Gate {
+pub struct HoldDown {
     /// BFD has been Up since the last Stop (or since the start).
     was_up: bool,
     /// The BGP session is stopped by us and waits for BFD.
@@ -55,7 +55,7 @@ pub struct Gate {
     released_at: Option<Instant>,
 }
 
-impl Gate {
+impl HoldDown {
     /// The verdict for a new status at `now`, if any.
     pub fn update(&mut self, status: Option<Status>, now: Instant) -> Option<Verdict> {
         let Some(status) = status else {
@@ -105,7 +105,7 @@ impl Gate {
         None
     }
 
-    /// When [`Gate::on_timer`] has something to do.
+    /// When [`HoldDown::on_timer`] has something to do.
     pub fn deadline(&self) -> Option<Instant> {
         self.release_at
     }
@@ -130,11 +130,11 @@ impl Gate {
 /// restarting the BGP session.
 pub type Link = watch::Receiver<Option<watch::Receiver<Status>>>;
 
-/// Follows the BFD session on a [`Link`] and yields the [`Gate`]'s verdicts.
+/// Follows the BFD session on a [`Link`] and yields the [`HoldDown`]'s verdicts.
 pub struct Follower {
     link: Link,
     current: Option<watch::Receiver<Status>>,
-    gate: Gate,
+    hold: HoldDown,
     /// The link's sender is gone: only the current session (if any) is followed.
     link_closed: bool,
 }
@@ -146,14 +146,14 @@ impl Follower {
         Follower {
             link,
             current,
-            gate: Gate::default(),
+            hold: HoldDown::default(),
             link_closed: false,
         }
     }
 
     /// Whether the BGP session is held down, waiting for BFD.
     pub fn holding(&self) -> bool {
-        self.gate.holding()
+        self.hold.holding()
     }
 
     /// Waits for the next verdict (forever when none comes).
@@ -172,7 +172,7 @@ impl Follower {
                     None => std::future::pending().await,
                 }
             };
-            let deadline = self.gate.deadline();
+            let deadline = self.hold.deadline();
             let released = async {
                 match deadline {
                     Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
@@ -189,15 +189,15 @@ impl Follower {
                     // Another session (or none): what the old one did no longer counts, and a
                     // session held for the old one is released.
                     let now = Instant::now();
-                    let released = self.gate.update(None, now);
+                    let released = self.hold.update(None, now);
                     let status = self.current.as_mut().map(|rx| *rx.borrow_and_update());
-                    if let Some(v) = released.or(self.gate.update(status, now)) {
+                    if let Some(v) = released.or(self.hold.update(status, now)) {
                         return v;
                     }
                     continue;
                 }
                 () = released => {
-                    match self.gate.on_timer(Instant::now()) {
+                    match self.hold.on_timer(Instant::now()) {
                         Some(v) => return v,
                         None => continue,
                     }
@@ -211,7 +211,7 @@ impl Follower {
                     }
                 }
             };
-            if let Some(v) = self.gate.update(status, Instant::now()) {
+            if let Some(v) = self.hold.update(status, Instant::now()) {
                 return v;
             }
         }
@@ -226,7 +226,7 @@ mod tests {
 
     use super::*;
 
-    impl Gate {
+    impl HoldDown {
         /// `update` at a fixed instant, far from any hold-down's end.
         fn update_now(&mut self, status: Option<Status>) -> Option<Verdict> {
             self.update(status, Instant::now())
@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn the_wait_for_bfd_is_bounded_and_grows_with_flaps() {
         let t0 = Instant::now();
-        let mut g = Gate::default();
+        let mut g = HoldDown::default();
         let up = status(State::Up, State::Up);
         let down = status(State::Down, State::Down);
         g.update(up, t0);
@@ -290,7 +290,7 @@ mod tests {
     /// An Up missed between two Downs (the watch channel kept only the last) still counts.
     #[test]
     fn a_missed_up_still_counts() {
-        let mut g = Gate::default();
+        let mut g = HoldDown::default();
         assert_eq!(g.update_now(after(0, State::Down)), None);
         assert_eq!(g.update_now(after(1, State::Down)), Some(Verdict::Stop));
         assert_eq!(g.update_now(after(2, State::Up)), Some(Verdict::Start));
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn down_after_up_stops_and_up_starts_again() {
-        let mut g = Gate::default();
+        let mut g = HoldDown::default();
         // Never up: BGP is not held back.
         assert_eq!(g.update_now(status(State::Down, State::Down)), None);
         assert_eq!(g.update_now(status(State::Init, State::Down)), None);
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn admin_down_is_not_a_failure() {
-        let mut g = Gate::default();
+        let mut g = HoldDown::default();
         g.update_now(status(State::Up, State::Up));
         assert_eq!(g.update_now(status(State::Down, State::AdminDown)), None);
         // And afterwards a plain Down, without an Up in between, is no failure either.
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn bfd_removed_releases_a_held_session() {
-        let mut g = Gate::default();
+        let mut g = HoldDown::default();
         g.update_now(status(State::Up, State::Up));
         assert_eq!(
             g.update_now(status(State::Down, State::Down)),
@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(g.update_now(None), None);
     }
 
-    /// The follower sees status changes and a swapped session, and reports the gate's verdicts.
+    /// The follower sees status changes and a swapped session, and reports the hold-down's verdicts.
     #[tokio::test]
     async fn follower_follows_swapped_sessions() {
         let (session_tx, session_rx) = watch::channel(Status::default());

@@ -5,11 +5,14 @@
 //! - [`driver`] owns the sockets (UDP 3784 single hop, 4784 multihop, each session sending from
 //!   its own port in 49152–65535 with TTL 255) and the clock, in one tokio task, and publishes
 //!   each session's [`Status`] on a watch channel.
-//! - [`gate`] is how a BGP session follows its BFD session: down at once when BFD goes down,
+//! - [`follow`] is how a BGP session follows its BFD session: down at once when BFD goes down,
 //!   back only once BFD is Up again.
+//! - [`sessions`] is BFD in the work loop: the sessions the running BGP sessions ask for,
+//!   handed to the driver, and the driver's reports turned into metrics and Events.
 
 pub mod driver;
-pub mod gate;
+pub mod follow;
+pub(crate) mod sessions;
 mod socket;
 pub mod table;
 

@@ -8,15 +8,15 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::bfd::driver::{Bfd, Observer, Options};
+use crate::bfd::table::Refused;
+use crate::bfd::{SessionKey, Settings, Unsupported, state_name};
+use crate::bgp::driver::Driver;
 use ferrolb_bfd::packet::{Diagnostic, State};
 use ferrolb_config::model::{Config, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
-use ferrolb_speaker::bfd::driver::{Bfd, Observer, Options};
-use ferrolb_speaker::bfd::table::Refused;
-use ferrolb_speaker::bfd::{SessionKey, Settings, Unsupported, state_name};
-use ferrolb_speaker::bgp::driver::Driver;
 
-use super::metrics::{Metrics, bfd_label};
+use crate::metrics::{Metrics, bfd_label};
 
 /// The BFD sessions some BGP sessions ask for.
 #[derive(Debug, Default)]
@@ -217,7 +217,7 @@ fn peer_event(
         reason,
         message,
         action: "BFD",
-        regarding: super::bgp::bgp_peer_ref(namespace, name),
+        regarding: crate::bgp::step::bgp_peer_ref(namespace, name),
     }
 }
 

@@ -1,23 +1,21 @@
-//! BGP-4 for the speaker: the I/O and the planning around the pure protocol core.
-//!
-//! The codec, the session state machine and the Adj-RIB-Out are in the `ferrolb-bgp` crate,
-//! which depends on no async runtime and no Kubernetes crate (docs/decisions/0010). This module
-//! holds what does:
+//! BGP for the speaker: everything around the pure protocol core `ferrolb-bgp` (codec, session
+//! state machine, Adj-RIB-Out; no async runtime, no Kubernetes: docs/decisions/0010).
 //!
 //! - [`plan`] decides, from the configuration, the Services and the Nodes, what this node
-//!   advertises to each peer. Pure, but it reads ferrolb-config's model and the speaker's view of
-//!   Kubernetes objects, so it stays here.
+//!   advertises to each peer. Pure, but it reads ferrolb-config's model and the speaker's view
+//!   of Kubernetes objects, so it stays here.
 //! - [`driver`] is the I/O: one tokio task per peer owning its TCP connection, timers and
-//!   socket options (TTL, TCP MD5), and `driver::discovery`, which finds an unnumbered peer on
-//!   its link.
-//! - [`unnumbered`] decides when to advertise ourselves on an unnumbered link and who the peer
-//!   is (pure).
-//!
-//! [`packet`], [`fsm`] and [`adj_out`] re-export `ferrolb-bgp`'s modules, so the speaker's paths
-//! (`ferrolb_speaker::bgp::packet`, ...) keep working; new code should use `ferrolb_bgp` directly.
+//!   socket options (TTL, TCP MD5), and the listener for incoming sessions.
+//! - [`unnumbered`] finds the peer of a BGPPeer that names an interface: the rules (pure), the
+//!   Router Advertisement socket, and the discovery tasks the work loop runs per link.
+//! - [`vrf`] reads a VRF's addresses, for the next hops of a BGPPeer in a VRF.
+//! - [`step`] is BGP's step in the work loop: the plan turned into sessions and routes for the
+//!   driver, each session's BFD wired in ([`crate::bfd`]), metrics, and the live report.
+//! - [`status`] writes what this node advertises into ServiceBGPStatus objects.
 
 pub mod driver;
 pub mod plan;
+pub(crate) mod status;
+pub(crate) mod step;
 pub mod unnumbered;
-
-pub use ferrolb_bgp::{adj_out, fsm, packet};
+pub(crate) mod vrf;

@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use super::status_objects::{NODE_LABEL, StatusKind};
+use crate::status_objects::{NODE_LABEL, StatusKind};
 
 /// What the node advertises: by Service, the BGPPeers it goes to.
 pub type Desired = BTreeMap<ServiceKey, BTreeSet<String>>;

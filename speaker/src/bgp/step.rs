@@ -7,17 +7,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bgp::driver::{Driver, Observer, PeerSettings, SettingsError};
+use crate::bgp::plan::{self, Inputs};
+use crate::view::{NodeView, ServiceView};
 use ferrolb_config::model::{Config, PeerPassword, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
-use ferrolb_speaker::bgp::driver::{Driver, Observer, PeerSettings, SettingsError};
-use ferrolb_speaker::bgp::plan::{self, Inputs};
-use ferrolb_speaker::view::{NodeView, ServiceView};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use tokio::sync::watch;
 
-use super::bgp_status;
-use super::metrics::{AnnouncedLabels, Metrics, peer_label};
-use super::unnumbered::LinkState;
+use crate::bgp::status as bgp_status;
+use crate::bgp::unnumbered::links::LinkState;
+use crate::metrics::{AnnouncedLabels, Metrics, peer_label};
 
 /// Why a BGPPeer is not running on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,14 +47,14 @@ enum Problem {
 pub struct Bgp {
     driver: Driver,
     /// The BFD sessions the BGP sessions follow.
-    bfd: super::bfd::BfdSessions,
+    bfd: crate::bfd::sessions::BfdSessions,
     /// Peers already reported as unusable, with the reason, so each is reported once while it
     /// lasts.
     reported: BTreeSet<(String, String)>,
     /// BGPPeers whose `vrf` this node lacks, with the VRF, each reported once while it lasts.
     missing_vrfs: BTreeSet<(String, String)>,
     /// Peer discovery on the interfaces of unnumbered BGPPeers.
-    links: super::unnumbered::Links,
+    links: crate::bgp::unnumbered::links::Links,
     /// Where the Events about BGPPeers go.
     events: EventQueue,
     /// The namespace of the BGPPeers (the speaker's).
@@ -72,7 +72,7 @@ pub struct Bgp {
     sweeper: watch::Sender<Option<BTreeSet<String>>>,
     sweeper_task: tokio::task::JoinHandle<()>,
     /// The live report `kubectl ferrolb explain` reads.
-    live: super::live::Live,
+    live: crate::report::live::Live,
 }
 
 impl Bgp {
@@ -82,7 +82,7 @@ impl Bgp {
     /// notifies `changed`, so the work loop plans again.
     pub fn new(
         metrics: Metrics,
-        scope: super::status_objects::Scope,
+        scope: crate::status_objects::Scope,
         listen: &[SocketAddr],
         changed: Arc<tokio::sync::Notify>,
     ) -> Self {
@@ -93,13 +93,13 @@ impl Bgp {
         );
         let (sweeper, sweeper_task) =
             bgp_status::spawn_sweeper(scope.client.clone(), namespace.clone());
-        let (status, status_task) = super::status_objects::spawn::<bgp_status::Bgp>(scope);
+        let (status, status_task) = crate::status_objects::spawn::<bgp_status::Bgp>(scope);
         let mut driver = Driver::new(Arc::new(MetricsObserver(metrics.clone())));
         if !listen.is_empty() {
             let failed = driver.listen(listen);
             tracing::info!(listening = ?driver.listening(), failed = failed.len(), "accepting BGP connections from configured peers");
         }
-        let bfd = super::bfd::BfdSessions::new(
+        let bfd = crate::bfd::sessions::BfdSessions::new(
             metrics.clone(),
             events.clone(),
             namespace.clone(),
@@ -110,7 +110,7 @@ impl Bgp {
             bfd,
             reported: BTreeSet::new(),
             missing_vrfs: BTreeSet::new(),
-            links: super::unnumbered::Links::new(changed),
+            links: crate::bgp::unnumbered::links::Links::new(changed),
             events,
             namespace,
             node,
@@ -120,12 +120,12 @@ impl Bgp {
             status_task,
             sweeper,
             sweeper_task,
-            live: super::live::Live::new(""),
+            live: crate::report::live::Live::new(""),
         }
     }
 
     /// Reports what it plans and the sessions' states to `live` (the speaker's live report).
-    pub fn reporting_to(mut self, live: super::live::Live) -> Self {
+    pub fn reporting_to(mut self, live: crate::report::live::Live) -> Self {
         self.live = live;
         self
     }
@@ -228,7 +228,7 @@ impl Bgp {
                 Ok(mut settings) => {
                     // An unnumbered session's next hops are link-local whatever its VRF.
                     if let Some(vrf) = settings.connect.vrf.clone().filter(|_| on_link.is_none()) {
-                        let in_vrf = super::vrf::addresses(&vrf);
+                        let in_vrf = crate::bgp::vrf::addresses(&vrf);
                         if in_vrf.is_empty() {
                             // The session still starts: it retries (and says why) until the
                             // VRF appears.
@@ -293,7 +293,7 @@ impl Bgp {
             .iter()
             .map(|(name, n)| (name.clone(), n.why.clone()))
             .collect();
-        let mut peers = ferrolb_speaker::report::bgp_peers(config, plan, &why, services);
+        let mut peers = crate::report::bgp_peers(config, plan, &why, services);
         for p in &mut peers {
             if let Some(PeerTarget::Interface(i)) = config.peers.get(&p.name).map(|p| &p.target)
                 && let Some(LinkState::Found(on_link)) = links.get(i)

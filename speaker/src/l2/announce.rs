@@ -8,15 +8,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::l2::interfaces::Interface;
+use crate::l2::plan::Announcement;
+use crate::l2::socket::{MulticastMembership, PacketSocket};
 use ferrolb_layer2::packet::{
     self, MacAddr, Request, arp_reply, gratuitous_arp_reply, gratuitous_arp_request,
     neighbor_advertisement, solicited_node_multicast, unsolicited_neighbor_advertisement,
 };
-use ferrolb_speaker::l2::interfaces::Interface;
-use ferrolb_speaker::l2::plan::Announcement;
-use ferrolb_speaker::l2::socket::{MulticastMembership, PacketSocket};
 
-use super::metrics::{Metrics, ip_label};
+use crate::metrics::{Metrics, ip_label};
 
 /// When the takeover burst sends, counted from the takeover: at once, then while switches and
 /// hosts that missed the first frames still matter.

@@ -23,7 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use ferrolb_layer2::damping::Damping;
-use ferrolb_layer2::liveness::{Heard, Member};
+use ferrolb_layer2::heartbeat::Heard;
+use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::quorum::{self, Report, Verdict};
 use ferrolb_layer2::tenure::{Starvation, Tenure};
 
@@ -45,6 +46,14 @@ pub struct Timing {
     pub mandate: Duration,
     /// Whether flap damping applies (rule 5).
     pub flap_damping: bool,
+}
+
+/// How long answering stays allowed after a check ([`Timing::mandate`]): the failure timeout
+/// minus two heartbeat intervals, at least one interval.
+pub fn mandate_for(failure_timeout: Duration, heartbeat_interval: Duration) -> Duration {
+    failure_timeout
+        .saturating_sub(heartbeat_interval * 2)
+        .max(heartbeat_interval)
 }
 
 /// What one membership check reads: the known speakers, the heartbeat table, this node's
@@ -204,6 +213,16 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_mandate_lapses_before_the_others_take_over() {
+        // Defaults: peers take over 500 ms after the last heartbeat, which is at most one
+        // interval older than the last renewal.
+        assert_eq!(mandate_for(ms(500), ms(100)), ms(300));
+        assert!(mandate_for(ms(500), ms(100)) + ms(100) < ms(500));
+        // Never shorter than one interval, so the checks between steps can keep it.
+        assert_eq!(mandate_for(ms(300), ms(100)), ms(100));
     }
 
     fn timing() -> Timing {

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ferrolb_layer2::liveness::{Heartbeat, HeartbeatError, KeyRing, Membership};
+use ferrolb_layer2::heartbeat::{Heartbeat, HeartbeatError, KeyRing};
+use ferrolb_layer2::liveness::Membership;
 use ferrolb_layer2::quorum::Report;
 use ferrolb_layer2::tenure::{SentLog, Tenure};
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 
-use super::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// What this speaker says about itself.
 #[derive(Clone, Debug, Default)]
@@ -93,7 +94,7 @@ fn boot_id() -> u64 {
 /// Who a heartbeat says its sender hears, and whether each said `ready` (not the sequence
 /// numbers, which move with every heartbeat).
 fn heard_summary(
-    hears: &BTreeMap<String, ferrolb_layer2::liveness::Heard>,
+    hears: &BTreeMap<String, ferrolb_layer2::heartbeat::Heard>,
 ) -> BTreeMap<String, bool> {
     hears.iter().map(|(n, h)| (n.clone(), h.ready)).collect()
 }
@@ -244,14 +245,14 @@ impl Gossip {
     pub fn tenure(
         &self,
         known: &BTreeSet<String>,
-        acks: &BTreeMap<String, ferrolb_layer2::liveness::Heard>,
+        acks: &BTreeMap<String, ferrolb_layer2::heartbeat::Heard>,
     ) -> Tenure {
         let sent = lock(&self.sent);
         ferrolb_layer2::tenure::tenure(&self.node, known, acks, &sent, self.timeout)
     }
 
     /// What each peer's latest heartbeat says of this boot's heartbeats.
-    pub fn acks(&self) -> BTreeMap<String, ferrolb_layer2::liveness::Heard> {
+    pub fn acks(&self) -> BTreeMap<String, ferrolb_layer2::heartbeat::Heard> {
         lock(&self.membership).acks(self.boot)
     }
 

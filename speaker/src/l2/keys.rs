@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolb_layer2::liveness::{KeyError, KeyRing, MIN_KEY_LEN};
+use ferrolb_layer2::heartbeat::{KeyError, KeyRing, MIN_KEY_LEN};
 
-use super::gossip::Gossip;
-use super::metrics::Metrics;
+use crate::l2::gossip::Gossip;
+use crate::metrics::Metrics;
 
 /// How often the key files are read. A Secret change reaches the volume after the kubelet's
 /// sync (up to a minute or so); a few seconds more is noise, and two small reads are cheap.

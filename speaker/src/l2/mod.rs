@@ -1,26 +1,33 @@
-//! Layer 2 mode: answering ARP and NDP for the Service IPs this node owns.
+//! Layer 2 mode: answering ARP and NDP for the Service IPs this node owns, around the pure core
+//! `ferrolb-layer2` (frames, owner choice, liveness, quorum; no async runtime, no Kubernetes:
+//! docs/decisions/0010, 0011, 0015).
 //!
-//! The frames, the owner choice and the liveness table are in the `ferrolb-layer2` crate, which
-//! depends on no async runtime and no Kubernetes crate (docs/decisions/0010, 0011). This module
-//! holds what does: [`plan`] decides which node owns each IP from the same inputs on every node
-//! (reading ferrolb-config's model and the speaker's view of Kubernetes objects), with
-//! [`owner`]'s rendezvous hashing over the live speakers that [`liveness`] tracks;
-//! [`presence`] reads the known speakers from their presence Leases, the set the quorum rule
-//! (`ferrolb_layer2::quorum`) counts majorities of; [`step`] is the work loop's step as pure
-//! code; [`readiness`] is what `/readyz` says (it paces rolling updates); [`interfaces`] says
-//! which interfaces may announce; [`socket`] is the AF_PACKET socket that reads requests and
-//! sends the replies [`packet`] builds.
+//! Who may own, decided from the same inputs on every node:
+//! - [`presence`]: the known speakers, from their presence Leases (the set the quorum rule
+//!   counts majorities of), and this speaker's own Lease kept renewed.
+//! - [`gossip`]: the heartbeats between speakers over UDP, signed with the keys [`keys`]
+//!   reloads; [`gate`]: who may own IPs and until when this node may answer.
+//! - [`plan`]: which node owns each IP (rendezvous hashing over the live members); [`step`]:
+//!   the work loop's layer 2 step as pure code; [`readiness`]: what `/readyz` says (it paces
+//!   rolling updates); [`restart`]: whether a stopping speaker is being replaced.
 //!
-//! [`packet`], [`owner`] and [`liveness`] re-export `ferrolb-layer2`'s modules, so the speaker's
-//! paths (`ferrolb_speaker::l2::packet`, ...) keep working; new code should use
-//! `ferrolb_layer2` directly.
+//! Answering:
+//! - [`interfaces`]: the node's interfaces and which of them may announce; [`socket`]: the
+//!   AF_PACKET socket; [`announce`]: one responder per interface answering for the owned IPs.
+//! - [`status`]: what this node announces, written into ServiceL2Status objects.
+//!
+//! [`work`] is layer 2's part of the work loop: the membership check and the layer 2 step.
 
+pub(crate) mod announce;
 pub mod gate;
+pub(crate) mod gossip;
 pub mod interfaces;
+pub(crate) mod keys;
 pub mod plan;
 pub mod presence;
 pub mod readiness;
+pub mod restart;
 pub mod socket;
+pub(crate) mod status;
 pub mod step;
-
-pub use ferrolb_layer2::{liveness, owner, packet};
+pub(crate) mod work;

@@ -1,6 +1,6 @@
 //! Tells the cluster what this node announces in layer 2 mode: a ServiceL2Status object per
 //! Service it owns (MetalLB's status API) and a `nodeAssigned` Event when it takes one, through
-//! the shared writer in [`super::status_objects`]. One node owns a Service's IPs, so taking a
+//! the shared writer in [`crate::status_objects`]. One node owns a Service's IPs, so taking a
 //! Service deletes the objects other nodes left.
 
 use ferrolb_config::allocator::ServiceKey;
@@ -9,10 +9,10 @@ use ferrolb_config::crd::{
 };
 use ferrolb_runtime::events::{EventQueue, Queued};
 
-use super::status_objects::{StatusKind, service_reference};
+use crate::status_objects::{StatusKind, service_reference};
 
 /// What the node announces, by Service (the pure step decides it).
-pub use ferrolb_speaker::l2::step::{Owned, Reported as Desired};
+pub use crate::l2::step::{Owned, Reported as Desired};
 
 /// ServiceL2Status, as the shared writer writes it.
 pub struct Layer2;

@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::bgp::driver::PeerStatus;
+use crate::l2::interfaces::Interface;
+use crate::l2::plan::Plan;
+use crate::report::{self, Standing};
+use crate::view::ServiceView;
 use ferrolb_explain::speaker_report::{
     BgpReport, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport,
 };
-use ferrolb_speaker::bgp::driver::PeerStatus;
-use ferrolb_speaker::l2::interfaces::Interface;
-use ferrolb_speaker::l2::plan::Plan;
-use ferrolb_speaker::report::{self, Standing};
-use ferrolb_speaker::view::ServiceView;
 use tokio::sync::watch;
 
 /// The shared report; cheap to clone.

@@ -1,7 +1,10 @@
 //! The speaker's live report (`ferrolb_explain::speaker_report`) from what one step of the work
 //! loop decided: the layer 2 plan with its takeover order, the quorum verdict, and the BGP plan
 //! with what each peer gets and why. Pure, so what `kubectl ferrolb explain` is told is tested
-//! against the plans themselves.
+//! against the plans themselves. [`live`] keeps the latest step's decisions and renders the
+//! report when someone asks.
+
+pub(crate) mod live;
 
 use std::collections::{BTreeMap, BTreeSet};
 

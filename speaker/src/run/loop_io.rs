@@ -10,21 +10,26 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::l2::interfaces::Interface;
+use crate::l2::plan::Announcement;
+use crate::view::{NodeView, ServiceView};
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::Config;
 use ferrolb_config::validate::Validated;
-use ferrolb_layer2::liveness::{Heard, Member};
+use ferrolb_layer2::heartbeat::Heard;
+use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::quorum::Report;
 use ferrolb_layer2::tenure::Tenure;
 use ferrolb_runtime::events::EventQueue;
-use ferrolb_speaker::l2::interfaces::Interface;
-use ferrolb_speaker::l2::plan::Announcement;
-use ferrolb_speaker::view::{NodeView, ServiceView};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::{announce, bgp, gossip, status, watch};
+use crate::bgp::step::Bgp;
+use crate::l2::announce::Announcer;
+use crate::l2::gossip::Gossip;
+use crate::l2::status;
+use crate::watch;
 
 /// What the heartbeat table says at one instant, for the gate.
 pub struct Heartbeats {
@@ -88,9 +93,9 @@ pub(crate) trait LoopIo {
 /// and the Event queue.
 pub(crate) struct World {
     pub stores: watch::Stores,
-    pub gossip: Arc<gossip::Gossip>,
-    pub announcer: announce::Announcer,
-    pub bgp: bgp::Bgp,
+    pub gossip: Arc<Gossip>,
+    pub announcer: Announcer,
+    pub bgp: Bgp,
     pub events: EventQueue,
     /// The speaker's namespace (the Secrets BGPPeers name are read there).
     pub namespace: String,

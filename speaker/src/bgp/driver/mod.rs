@@ -15,7 +15,6 @@
 //! socket we connect from, is not started (nor dialled, nor accepted) and [`Driver::apply`]
 //! returns it with the reason; every later `apply` tries again.
 
-pub mod discovery;
 mod listen;
 mod session;
 pub mod socket;
@@ -67,7 +66,7 @@ pub struct PeerSettings {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
     /// An unnumbered peer (`interface`) whose address is not known yet: it is found on the
-    /// link by [`discovery`], then given to [`PeerSettings::from_peer_on_link`].
+    /// link by [`crate::bgp::unnumbered::discovery`], then given to [`PeerSettings::from_peer_on_link`].
     #[error("no BGP peer found on interface {0} yet (no router advertisement heard)")]
     NotFoundOnLink(String),
     /// No `routerID` and the node has no IPv4 address to use instead.
@@ -581,7 +580,7 @@ impl Driver {
 
     /// Makes `peer`'s BGP session follow the BFD session `bfd` (its key and status channel;
     /// none: no BFD): stopped at once when BFD goes down, started again when it is Up
-    /// ([`crate::bfd::gate`]). Changing it does not restart the BGP session.
+    /// ([`crate::bfd::follow`]). Changing it does not restart the BGP session.
     pub fn follow_bfd(
         &mut self,
         peer: &str,

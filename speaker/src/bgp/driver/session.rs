@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::{Observer, PeerSettings, PeerStatus, socket};
-use crate::bfd::gate::{self, Verdict};
+use crate::bfd::follow::{self, Verdict};
 use ferrolb_bgp::adj_out::{self, AdjRibOut, SessionContext};
 use ferrolb_bgp::fsm::{self, Action, Event, Initiator, OPEN_HOLD_TIME, Session, State, Timer};
 use ferrolb_bgp::packet::{AfiSafi, CodecContext, Message, Update};
@@ -252,10 +252,10 @@ pub(super) async fn run(
     status: watch::Sender<PeerStatus>,
     mut stop: watch::Receiver<bool>,
     mut incoming: mpsc::Receiver<TcpStream>,
-    bfd: gate::Link,
+    bfd: follow::Link,
     observer: Arc<dyn Observer>,
 ) {
-    let mut bfd = gate::Follower::new(bfd);
+    let mut bfd = follow::Follower::new(bfd);
     let session = match Session::new(settings.fsm.clone()) {
         Ok(s) => s,
         Err(e) => {

@@ -2,7 +2,7 @@
 //! ICMPv6 socket bound to the interface sends our Router Advertisements (lifetime 0: FRR learns
 //! its neighbour only from RAs, and we must be nobody's default router) and one Router
 //! Solicitation, answers solicitations, and takes the link-local source of every valid Router
-//! Advertisement as the peer. The decisions are in [`crate::bgp::unnumbered`]; the messages in
+//! Advertisement as the peer. The decisions are in [`super`]; the messages in
 //! `ferrolb_layer2::packet::router_discovery`.
 
 use std::io::{self, IoSliceMut};
@@ -23,7 +23,7 @@ use nix::sys::socket::{self as nix_socket, ControlMessageOwned, MsgFlags, Sockad
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::sync::watch;
 
-use crate::bgp::unnumbered::{Heard, LinkPeer, Schedule};
+use super::{Heard, LinkPeer, Schedule};
 
 /// The link a peer is looked for on.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,9 +14,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferrolb_speaker::bgp::driver::OnLink;
-use ferrolb_speaker::bgp::driver::discovery::{Discovery, Link};
-use ferrolb_speaker::l2::interfaces::parse_mac;
+use crate::bgp::driver::OnLink;
+use crate::bgp::unnumbered::discovery::{Discovery, Link};
+use crate::l2::interfaces::parse_mac;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 

@@ -1,6 +1,7 @@
-//! BGP unnumbered (a BGPPeer with `interface`): the decisions of finding the peer on a link, as
-//! FRR does it (docs/decisions/0020-bgp-unnumbered.md). Pure: the clock is passed in, the
-//! socket is in [`super::driver::discovery`].
+//! BGP unnumbered (a BGPPeer with `interface`): finding the peer on a link, as FRR does it
+//! (docs/decisions/0020-bgp-unnumbered.md). The decisions here are pure (the clock is passed
+//! in); [`discovery`] is the ICMPv6 socket that sends and reads Router Advertisements, and
+//! [`links`] runs discovery in the work loop on every interface a BGPPeer names.
 //!
 //! - [`Schedule`]: when to send our Router Advertisements (lifetime 0, so we are nobody's
 //!   default router): four 1 s apart when the link comes up, then every 10 s, FRR's interval;
@@ -8,6 +9,9 @@
 //! - [`LinkPeer`]: the peer is the link-local source of the newest valid Router Advertisement,
 //!   as in FRR (one neighbour per interface); sources that keep alternating are counted, since
 //!   unnumbered is for point-to-point links and two routers on one is a wiring mistake.
+
+pub mod discovery;
+pub(crate) mod links;
 
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};

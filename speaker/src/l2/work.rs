@@ -1,0 +1,366 @@
+//! Layer 2's part of the work loop: the membership check (who may own IPs now, and until when
+//! this node may answer) and the layer 2 step (the plan carried out by the responders, with its
+//! Events, metrics and live report). The rules are pure and live beside this module ([`gate`],
+//! [`plan`], [`step`]); this is the state between steps and the I/O through
+//! [`LoopIo`](crate::run::loop_io::LoopIo).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_config::model::Config;
+use ferrolb_layer2::liveness::Member;
+
+use crate::l2::interfaces::Interface;
+use crate::l2::plan::{self, Inputs, ServiceOutcome};
+use crate::l2::presence::known as known_speakers;
+use crate::l2::status::Desired;
+use crate::l2::{gate, readiness, step};
+use crate::metrics::{AnnouncedLabels, Metrics};
+use crate::report::live::{Layer2Step, Live};
+use crate::report::{self, Standing};
+use crate::run::loop_io::{Heartbeats, LoopIo};
+use crate::view::NodeView;
+
+/// Who may own IPs, from [`Layer2::check`].
+pub(crate) struct Membership {
+    /// The interfaces that may announce.
+    pub usable: BTreeMap<String, Interface>,
+    /// The Nodes, reduced to what planning reads.
+    pub nodes: BTreeMap<String, NodeView>,
+    /// The speakers that may own IPs, this node included when it may.
+    pub members: BTreeMap<String, Member>,
+    /// Whether this node claims IPs now.
+    pub claims: bool,
+    /// Until when this node may answer for what it owns: the mandate after this check, cut
+    /// short by the tenure (`ferrolb_layer2::tenure`); `None`: not at all now.
+    pub answer_until: Option<Instant>,
+    /// What the check found, for the live report.
+    pub standing: Standing,
+}
+
+/// What the layer 2 step reads of this speaker's settings.
+pub(crate) struct Settings {
+    /// This node's name.
+    pub me: String,
+    /// Interface name prefixes never announced on.
+    pub ignore_interfaces: Vec<String>,
+    /// The gate's timers.
+    pub timing: gate::Timing,
+}
+
+/// Layer 2's state between steps.
+pub(crate) struct Layer2 {
+    settings: Settings,
+    /// Who may own IPs, and until when this node may answer.
+    gate: gate::Gate,
+    /// Whether the last check claimed with a lapsed tenure (to log the changes).
+    tenure_lapsed: bool,
+    /// What the last membership check found, for `/readyz` (and to log changes).
+    state: readiness::Layer2State,
+    /// Whether an L2Advertisement selects this node, as of the last membership check.
+    announces: bool,
+    /// Whether the last check let this node act (for logging the changes).
+    acted: bool,
+    /// The members the last plan was made with.
+    planned_members: BTreeMap<String, Member>,
+    /// `metallb_speaker_announced` label sets currently set.
+    pub(crate) announced: BTreeSet<(ServiceKey, IpAddr)>,
+    /// Announcement failures already reported with an Event.
+    failures: step::FailureLog,
+    metrics: Metrics,
+    /// The live report `kubectl ferrolb explain` reads.
+    live: Live,
+}
+
+impl Layer2 {
+    /// The state of a speaker that has just started.
+    pub fn new(settings: Settings, metrics: Metrics, live: Live) -> Self {
+        Layer2 {
+            gate: gate::Gate::new(settings.timing),
+            settings,
+            tenure_lapsed: false,
+            state: readiness::Layer2State::default(),
+            announces: true,
+            acted: false,
+            planned_members: BTreeMap::new(),
+            announced: BTreeSet::new(),
+            failures: step::FailureLog::default(),
+            metrics,
+            live,
+        }
+    }
+
+    /// When the gate next needs a check without any event (a settle or hold time ending).
+    pub fn wake_at(&self, now: Instant) -> Option<Instant> {
+        self.gate.wake_at(now)
+    }
+
+    /// What `/readyz` says now (`readiness`); called once the caches are synced.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        readiness::readiness(true, self.announces, self.state)
+    }
+
+    /// Who may own IPs now (the quorum rule, settling and the claim delay), and the inputs
+    /// that go with it. Cheap: no planning. `config` is the last configuration read, if any.
+    pub async fn check<Io: LoopIo>(
+        &mut self,
+        io: &mut Io,
+        config: Option<&Config>,
+        links: &BTreeMap<String, Interface>,
+        now: Instant,
+    ) -> Membership {
+        // Owned: the steps below borrow `self` mutably.
+        let me = self.settings.me.clone();
+        let me = me.as_str();
+        let usable: BTreeMap<String, Interface> = links
+            .iter()
+            .filter(|(_, i)| i.usable(&self.settings.ignore_interfaces))
+            .map(|(n, i)| (n.clone(), i.clone()))
+            .collect();
+        let usable_names: BTreeSet<String> = usable.keys().cloned().collect();
+        let nodes: BTreeMap<String, NodeView> = io
+            .nodes()
+            .iter()
+            .map(|n| NodeView::from_node(n))
+            .map(|v| (v.name.clone(), v))
+            .collect();
+        // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
+        // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
+        io.set_peers(
+            nodes
+                .values()
+                .filter(|n| n.name != me)
+                .filter_map(|n| n.addresses.first().copied())
+                .collect(),
+            nodes.keys().cloned().collect(),
+        );
+        // Who may own IPs, this node included, and until when it may answer: the gate's rules,
+        // from the known speakers, the heartbeat table and the acknowledgements.
+        let known = known_speakers(&io.presence());
+        let Heartbeats {
+            reports,
+            acks,
+            tenure,
+        } = io.heartbeats(&known, now);
+        let o = self.gate.check(
+            gate::Inputs {
+                me,
+                known: &known,
+                reports: &reports,
+                acks: &acks,
+                tenure,
+                usable: &usable_names,
+            },
+            now,
+        );
+        self.log_changes(&o, known.len(), reports.len(), now);
+        io.say(o.acts, usable_names).await;
+        self.count(&o, known.len(), reports.len());
+        self.state = o.state;
+        // Before the first configuration is read, count layer 2 as announcing here: the doubt
+        // goes the way that keeps a rolling update waiting.
+        self.announces =
+            config.is_none_or(|config| readiness::announces_here(config, nodes.get(me)));
+        let standing = Standing {
+            may_own: o.acts,
+            quorum: o.verdict.quorum,
+            known: known.len(),
+            heard: reports.len(),
+            held_back: o.held_until.is_some(),
+        };
+        Membership {
+            usable,
+            nodes,
+            members: o.members,
+            claims: o.claims,
+            answer_until: o.answer_until,
+            standing,
+        }
+    }
+
+    /// Logs what changed in the gate's outcome since the last check.
+    fn log_changes(&mut self, o: &gate::Outcome, known: usize, heard: usize, now: Instant) {
+        if o.starved {
+            tracing::warn!(
+                "this node's heartbeats reach the other speakers too late to prove it is heard: handing its layer 2 IPs over"
+            );
+        }
+        if o.held_until.is_some() != self.state.held {
+            match o.held_until {
+                Some(until) => tracing::warn!(
+                    hold = ?until.saturating_duration_since(now),
+                    "quorum regained after a loss: holding back from owning layer 2 IPs for a while (flap damping)"
+                ),
+                None => tracing::info!("flap damping over: this node may own layer 2 IPs again"),
+            }
+        }
+        if self.gate.waiting_to_claim() {
+            tracing::debug!("waiting for every candidate to hear this node ready before claiming");
+        }
+        if o.acts != self.acted {
+            if o.acts {
+                tracing::info!(known, heard, "quorum: this node may own layer 2 IPs");
+            } else if o.state.settled {
+                tracing::warn!(
+                    known,
+                    heard,
+                    quorum = o.verdict.quorum,
+                    heard_by_majority = o.verdict.up,
+                    "no quorum: this node gives up its layer 2 IPs until it hears, and is heard by, a majority of the known speakers"
+                );
+            }
+            self.acted = o.acts;
+        }
+        if o.tenure_lapsed() != self.tenure_lapsed {
+            if o.tenure_lapsed() {
+                // Debug: under lossy heartbeats this changes many times a second; the metric
+                // counts it.
+                tracing::debug!(
+                    "tenure lapsed: not answering for this node's layer 2 IPs until the other speakers' acknowledgements of its heartbeats catch up"
+                );
+            } else {
+                tracing::debug!("tenure back: answering for this node's layer 2 IPs again");
+            }
+            self.tenure_lapsed = o.tenure_lapsed();
+        }
+    }
+
+    /// Sets the membership metrics from the gate's outcome.
+    fn count(&self, o: &gate::Outcome, known: usize, heard: usize) {
+        self.metrics.damped.set(i64::from(o.held_until.is_some()));
+        self.metrics.quorum.set(i64::from(o.verdict.acts()));
+        self.metrics
+            .speakers_known
+            .set(i64::try_from(known).unwrap_or(i64::MAX));
+        self.metrics
+            .peers_alive
+            .set(i64::try_from(heard).unwrap_or(i64::MAX));
+        if o.tenure_lapsed() {
+            self.metrics.tenure_lapsed.inc();
+        }
+    }
+
+    /// The periodic check between steps: when the members are still those the last plan was
+    /// made with, renews the mandate to answer (see `announce::Mandate`) and returns true;
+    /// otherwise returns false, and the loop plans again.
+    pub async fn still_valid<Io: LoopIo>(
+        &mut self,
+        io: &mut Io,
+        config: Option<&Config>,
+        links: &BTreeMap<String, Interface>,
+        now: Instant,
+    ) -> bool {
+        let m = self.check(io, config, links, now).await;
+        if m.members != self.planned_members {
+            return false;
+        }
+        if m.claims {
+            io.renew(m.answer_until.unwrap_or(now));
+        }
+        true
+    }
+
+    /// The layer 2 step: plans who owns each IP, has the responders answer for this node's,
+    /// reports failures once, and sets the metrics and the live report. Returns what this node
+    /// reports in ServiceL2Status.
+    pub fn step<Io: LoopIo>(
+        &mut self,
+        io: &mut Io,
+        config: &Config,
+        membership: Membership,
+        views: step::Views,
+        now: Instant,
+    ) -> Desired {
+        let Membership {
+            usable,
+            nodes,
+            members,
+            claims,
+            answer_until,
+            standing,
+        } = membership;
+        let step::Views {
+            services: views,
+            uids,
+        } = views;
+        // Owned: the steps below borrow `self` mutably.
+        let me = self.settings.me.clone();
+        let me = me.as_str();
+        let plan = plan::plan(
+            Inputs {
+                config,
+                nodes: &nodes,
+                members: &members,
+                me,
+            },
+            &views,
+        );
+        if claims {
+            io.renew(answer_until.unwrap_or(now));
+        }
+        self.planned_members = members.clone();
+        let failures = io.announce(&plan.announce, &usable);
+        for (interface, error) in &failures {
+            tracing::warn!(%interface, %error, "cannot announce");
+        }
+        for report in self.failures.new_reports(&plan, &failures) {
+            io.announce_failed(
+                &report.service,
+                uids.get(&report.service).cloned().flatten(),
+                report.message,
+            );
+        }
+        let desired = step::reported(&plan, &uids);
+        self.set_announced(step::announced(&plan));
+        let unannounced = plan
+            .services
+            .values()
+            .filter(|o| matches!(o, ServiceOutcome::Unannounced(_)))
+            .count();
+        tracing::debug!(
+            services = plan.services.len(),
+            unannounced,
+            owned = plan.announce.len(),
+            members = members.len(),
+            "planned"
+        );
+        // Handed over as they are: the report is built only when someone asks for it.
+        self.live.set_layer2(Layer2Step {
+            node: report::node_state(nodes.get(me)),
+            plan,
+            standing,
+            members: members.into_keys().collect(),
+            interfaces: usable,
+            services: views,
+        });
+        desired
+    }
+
+    /// Sets `metallb_speaker_announced` for what this node announces now, and removes the
+    /// label sets of what it no longer does.
+    fn set_announced(&mut self, announced: BTreeSet<(ServiceKey, IpAddr)>) {
+        for (key, ip) in self.announced.difference(&announced) {
+            self.metrics
+                .announced
+                .remove(&self.announced_labels(key, *ip));
+        }
+        for (key, ip) in &announced {
+            self.metrics
+                .announced
+                .get_or_create(&self.announced_labels(key, *ip))
+                .set(1);
+        }
+        self.announced = announced;
+    }
+
+    fn announced_labels(&self, key: &ServiceKey, ip: IpAddr) -> AnnouncedLabels {
+        vec![
+            ("service", key.to_string()),
+            ("protocol", "layer2".to_string()),
+            ("node", self.settings.me.clone()),
+            ("ip", ip.to_string()),
+        ]
+    }
+}
