@@ -33,7 +33,8 @@ use ferrolb_e2e::probe::Report;
 use ferrolb_e2e::process;
 use ferrolb_e2e::router::vtysh;
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
+use ferrolb_e2e::service::{ingress_ips, wait_ips};
+use ferrolb_testkit::objects::service;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 
@@ -299,13 +300,11 @@ async fn run(lab: &Lab, cases: &[&Case], trials: usize) -> anyhow::Result<()> {
     scope.deploy("seed", &["node1"]).await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "probe",
-            serde_json::json!({
-                "metadata": {"annotations": {"metallb.io/address-pool": "bench-bgp"}},
-                "spec": {"selector": {"app": "seed"},
-                "ports": [{"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"}]}}),
-        )?,
+        &service("probe")
+            .annotation("metallb.io/address-pool", "bench-bgp")
+            .selector("app", "seed")
+            .named_port("udp", 8081, 8081, "UDP")
+            .build(),
     )
     .await?;
     let ip = ingress_ips(&wait_ips(&api, "probe", 1).await?).remove(0);

@@ -117,7 +117,8 @@ async fn start_serving(
 ) -> anyhow::Result<Stopped> {
     let controller = Stopped(ferrolb::start_controller(lab, kubeconfig, identity, port)?);
     let probe = format!("warmup-{identity}");
-    api.create(&PostParams::default(), &service(&probe)).await?;
+    api.create(&PostParams::default(), &service(&probe).build())
+        .await?;
     wait_all(seen, &[probe], "the controller to serve").await?;
     Ok(controller)
 }

@@ -45,7 +45,8 @@ use ferrolb_e2e::ferrolb;
 use ferrolb_e2e::probe::{Held, Report};
 use ferrolb_e2e::process;
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
+use ferrolb_e2e::service::{ingress_ips, wait_ips};
+use ferrolb_testkit::objects::service;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
@@ -220,12 +221,12 @@ async fn run(
     scope.deploy("seed", &["node1"]).await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "probe",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "seed"},
-                "ports": [{"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"},
-                    {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
-        )?,
+        &service("probe")
+            .ip_family_policy("RequireDualStack")
+            .selector("app", "seed")
+            .named_port("udp", 8081, 8081, "UDP")
+            .named_port("http", 80, 8080, "TCP")
+            .build(),
     )
     .await?;
     let ips = ingress_ips(&wait_ips(&api, "probe", 2).await?);

@@ -32,7 +32,8 @@ use ferrolb_e2e::bench::{
 use ferrolb_e2e::ferrolb::{self, Deployment, NAMESPACE};
 use ferrolb_e2e::metallb::MetalLb;
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
+use ferrolb_e2e::service::{ingress_ips, wait_ips};
+use ferrolb_testkit::objects::service;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -183,11 +184,10 @@ async fn scenarios(lab: &Lab, running: &Running, lab_writes: f64) -> anyhow::Res
     scope.deploy("seed", &["node1"]).await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "probe",
-            serde_json::json!({"spec": {"selector": {"app": "seed"},
-                "ports": [{"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"}]}}),
-        )?,
+        &service("probe")
+            .selector("app", "seed")
+            .named_port("udp", 8081, 8081, "UDP")
+            .build(),
     )
     .await?;
     let ip = ingress_ips(&wait_ips(&api, "probe", 1).await?).remove(0);
@@ -366,25 +366,11 @@ spec:
 /// systems announce a Cluster-policy Service only while it has one), ignored by kube-proxy (its
 /// rules are not what is measured, and 10,000 Services would keep it busy for minutes).
 fn prefix_service(name: &str) -> Service {
-    let mut s = ferrolb_e2e::bench::service(name);
-    s.metadata.labels = Some(
-        [(
-            "service.kubernetes.io/service-proxy-name".to_string(),
-            "none".to_string(),
-        )]
-        .into(),
-    );
-    s.metadata.annotations = Some(
-        [(
-            "metallb.io/address-pool".to_string(),
-            "prefixes".to_string(),
-        )]
-        .into(),
-    );
-    if let Some(spec) = s.spec.as_mut() {
-        spec.selector = Some([("app".to_string(), "probe".to_string())].into());
-    }
-    s
+    ferrolb_e2e::bench::service(name)
+        .label("service.kubernetes.io/service-proxy-name", "none")
+        .annotation("metallb.io/address-pool", "prefixes")
+        .selector("app", "probe")
+        .build()
 }
 
 /// `FERROLB_BENCH_PREFIXES` Services with IPs and endpoints, then the BGPPeer: how long after the

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferrolb_testkit::objects::{self, ServiceBuilder};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
@@ -115,26 +116,13 @@ pub fn trials(default: usize) -> usize {
 // Services created and timed until their IP shows: the controller bench and versus_metallb.
 
 /// A LoadBalancer Service `name` with one TCP port and no NodePorts.
-pub fn service(name: &str) -> Service {
-    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
-    Service {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            // No NodePorts: 10,000 Services would exhaust the 2,768 of the default range.
-            allocate_load_balancer_node_ports: Some(false),
-            ports: Some(vec![ServicePort {
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
+pub fn service(name: &str) -> ServiceBuilder {
+    objects::service(name).port(80, "TCP").with(|s| {
+        // No NodePorts: 10,000 Services would exhaust the 2,768 of the default range.
+        s.spec
+            .get_or_insert_default()
+            .allocate_load_balancer_node_ports = Some(false);
+    })
 }
 
 /// The map of a [`Seen`], also after a panic elsewhere (the map stays valid).
@@ -216,7 +204,7 @@ pub async fn create_all(
             let api = api.clone();
             async move {
                 let at = Instant::now();
-                api.create(&PostParams::default(), &service(&name))
+                api.create(&PostParams::default(), &service(&name).build())
                     .await
                     .map(|_| (name, at))
             }

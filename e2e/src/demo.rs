@@ -75,7 +75,7 @@ async fn start(lab_exe: &Path) -> anyhow::Result<Lab> {
 async fn serve(
     lab: &Lab,
     ns: &str,
-    annotations: serde_json::Value,
+    annotations: &[(&str, &str)],
 ) -> anyhow::Result<(Service, Vec<String>, String)> {
     let client = lab.client().await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -104,12 +104,11 @@ async fn serve(
         }
     }
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    let svc: Service = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "demo", "annotations": annotations},
-        "spec": {"type": "LoadBalancer", "ipFamilyPolicy": "PreferDualStack", "selector": {"app": "demo"},
-                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
-    }))?;
+    let svc = crate::service::lb_service("demo")
+        .annotations(annotations.iter().copied())
+        .ip_family_policy("PreferDualStack")
+        .selector("app", "demo")
+        .build();
     services
         .patch(
             "demo",
@@ -215,7 +214,7 @@ pub(crate) async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
         "demo",
         &["198.18.200.0/28", "fd00:18::c8:0/124"],
     ))?;
-    let (_, ips, _) = serve(lab, DEMO_NS, serde_json::json!({})).await?;
+    let (_, ips, _) = serve(lab, DEMO_NS, &[]).await?;
 
     let owner = crate::service::wait_l2_owner(lab, DEMO_NS, "demo").await?;
     let mac = lab.mac_of(&owner)?;
@@ -344,12 +343,7 @@ async fn run_bgp(lab: &Lab) -> anyhow::Result<()> {
         "==> BGPPeer demo-router (AS 64500, BFDProfile demo), pool demo-bgp, BGPAdvertisement"
     );
     lab.apply(&bgp_objects())?;
-    let (_, ips, _) = serve(
-        lab,
-        "demo-bgp",
-        serde_json::json!({"metallb.io/address-pool": "demo-bgp"}),
-    )
-    .await?;
+    let (_, ips, _) = serve(lab, "demo-bgp", &[("metallb.io/address-pool", "demo-bgp")]).await?;
     let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
     // Every node may announce (externalTrafficPolicy Cluster): the router installs one next hop
     // per node for each IP.

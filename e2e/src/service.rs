@@ -2,32 +2,15 @@
 
 use std::time::Duration;
 
+use ferrolb_testkit::objects::{ServiceBuilder, service};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 
 use crate::cluster::wait_for;
 
-/// A LoadBalancer Service `name` (HTTP port 80 to the pods' 8080, UDP 8081 to 8081) with
-/// `extra` merged over it (JSON merge: objects merge, anything else replaces).
-pub fn lb_service(name: &str, extra: serde_json::Value) -> anyhow::Result<Service> {
-    let mut base = serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
-    });
-    merge(&mut base, extra);
-    Ok(serde_json::from_value(base)?)
-}
-
-/// JSON merge of `b` into `a`.
-pub fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-    match (a, b) {
-        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
+/// A LoadBalancer Service `name` with HTTP port 80 to the pods' 8080, for a test to add to.
+pub fn lb_service(name: &str) -> ServiceBuilder {
+    service(name).named_port("http", 80, 8080, "TCP")
 }
 
 /// The IPs in a Service's `status.loadBalancer.ingress`.

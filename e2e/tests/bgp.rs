@@ -16,8 +16,9 @@ use ferrolb_e2e::router::{
     wait_advertised_by, wait_http_pods, wait_installed,
 };
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
+use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
+use ferrolb_testkit::objects::ServiceBuilder;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
 use libtest_mimic::Arguments;
@@ -115,13 +116,12 @@ async fn wait_statuses(lab: &Lab, ns: &str, name: &str, nodes: &[&str]) -> anyho
     .await
 }
 
-/// A LoadBalancer Service from the suite's pool (a lab kept up may hold other pools).
-fn bgp_service(name: &str, mut extra: serde_json::Value) -> anyhow::Result<Service> {
-    merge(
-        &mut extra,
-        serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "bgp"}}}),
-    );
-    lb_service(name, extra)
+/// A LoadBalancer Service selecting app `web`, from the suite's pool (a lab kept up may hold
+/// other pools).
+fn bgp_service(name: &str) -> ServiceBuilder {
+    lb_service(name)
+        .annotation("metallb.io/address-pool", "bgp")
+        .selector("app", "web")
 }
 
 async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
@@ -140,14 +140,7 @@ async fn serve_web(
     let mut scope = TestScope::new(lab, namespace).await?;
     scope.deploy("web", nodes).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
+    create(&api, bgp_service("web").build()).await?;
     let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
     scope.wait_ready_endpoints("web", nodes.len()).await?;
     Ok((scope, api, ip))
@@ -163,10 +156,9 @@ async fn cluster_policy_all_nodes_and_reachable(ctx: Ctx) -> anyhow::Result<()> 
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     create(
         &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
+        bgp_service("web")
+            .ip_family_policy("RequireDualStack")
+            .build(),
     )
     .await?;
     let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
@@ -224,10 +216,7 @@ async fn local_policy_only_nodes_with_pods(ctx: Ctx) -> anyhow::Result<()> {
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     create(
         &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": "web"}}}),
-        )?,
+        bgp_service("web").external_traffic_policy("Local").build(),
     )
     .await?;
     let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
@@ -991,10 +980,9 @@ async fn dual_stack_address_family_decides_the_families(ctx: Ctx) -> anyhow::Res
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     create(
         &api,
-        bgp_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
+        bgp_service("web")
+            .ip_family_policy("RequireDualStack")
+            .build(),
     )
     .await?;
     let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
@@ -1317,15 +1305,11 @@ spec:
     let mut scope = TestScope::new(lab, "bgp-unnumbered").await?;
     scope.deploy("web", &["node1", "node2"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    let mut svc = lb_service(
-        "web",
-        serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-    )?;
-    svc.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("metallb.io/address-pool".into(), "unnumbered".into());
-    create(&api, svc).await?;
+    let svc = lb_service("web")
+        .ip_family_policy("RequireDualStack")
+        .selector("app", "web")
+        .annotation("metallb.io/address-pool", "unnumbered");
+    create(&api, svc.build()).await?;
     let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
     scope.wait_ready_endpoints("web", 2).await?;
     let node1_ll = lab.exec(

@@ -1902,14 +1902,12 @@ async fn answers(lab: &Lab, ip: &str) -> anyhow::Result<String> {
     .await
 }
 
+/// Service `name` selecting app `web`, as JSON for `kubectl apply`.
 fn lb_service(name: &str) -> String {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": APP_NS},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
-                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
-    })
-    .to_string()
+    let svc = ferrolb_e2e::service::lb_service(name)
+        .namespace(APP_NS)
+        .selector("app", "web");
+    json!(svc.build()).to_string()
 }
 
 /// helm install, then the controller and one speaker per node as processes from the rendered

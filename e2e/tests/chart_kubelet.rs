@@ -19,6 +19,7 @@ use ferrolb_e2e::ferrolb::NAMESPACE;
 use ferrolb_e2e::helm::{self, RELEASE};
 use ferrolb_e2e::lab::bin_dir;
 use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::lb_service;
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_e2e::{Lab, Options, bench, helm_demo};
 use libtest_mimic::Arguments;
@@ -68,13 +69,13 @@ async fn serve(lab: &Lab, app: &mut TestScope, namespace: &str) -> anyhow::Resul
     ))?;
     app.deploy("web", &["node1", "node2"]).await?;
     lab.apply(
-        &json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "web", "namespace": namespace},
-            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [
-                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
-                {"name": "udp", "port": 8081, "targetPort": 8081, "protocol": "UDP"}]}
-        })
+        &json!(
+            lb_service("web")
+                .namespace(namespace)
+                .selector("app", "web")
+                .named_port("udp", 8081, 8081, "UDP")
+                .build()
+        )
         .to_string(),
     )?;
     let ip = wait_for(

@@ -12,11 +12,12 @@ use ferrolb_e2e::Lab;
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, merge, wait_ips};
+use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Fixture, Suite};
+use ferrolb_testkit::objects::service;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use libtest_mimic::Arguments;
@@ -93,10 +94,6 @@ impl Replicas {
             process::stop(&p, Duration::from_secs(5));
         }
     }
-}
-
-fn lb_service(name: &str, extra: serde_json::Value) -> Service {
-    ferrolb_e2e::service::lb_service(name, extra).unwrap()
 }
 
 async fn wait_event(
@@ -195,7 +192,14 @@ async fn allocation_from_a_pool(lab: &Lab) -> anyhow::Result<()> {
     let mut case = Case::new(lab, "ctl-alloc").await?;
     case.pool("ctl-alloc", &["198.18.210.0/29", "fd00:18::d2:0/125"], "")?;
     let api = case.services().await?;
-    api.create(&PostParams::default(), &lb_service("web", serde_json::json!({"spec": {"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv4", "IPv6"]}}))).await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("web")
+            .ip_family_policy("PreferDualStack")
+            .ip_families(&["IPv4", "IPv6"])
+            .build(),
+    )
+    .await?;
     let s = wait_ips(&api, "web", 2).await?;
     let ips = ingress_ips(&s);
     ensure!(ips == ["198.18.210.0", "fd00:18::d2:0"], "IPs {ips:?}");
@@ -227,18 +231,26 @@ async fn requested_ips(lab: &Lab) -> anyhow::Result<()> {
     let mut case = Case::new(lab, "ctl-request").await?;
     case.pool("ctl-request", &["198.18.211.0/28"], "")?;
     let api = case.services().await?;
-    api.create(&PostParams::default(), &lb_service("by-annotation", serde_json::json!({"metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.211.7"}}}))).await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "by-spec",
-            serde_json::json!({"spec": {"loadBalancerIP": "198.18.211.9"}}),
-        ),
+        &lb_service("by-annotation")
+            .annotation("metallb.io/loadBalancerIPs", "198.18.211.7")
+            .build(),
     )
     .await?;
     api.create(
         &PostParams::default(),
-        &lb_service("both", serde_json::json!({"metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.211.3"}}, "spec": {"loadBalancerIP": "198.18.211.3"}})),
+        &lb_service("by-spec")
+            .load_balancer_ip("198.18.211.9")
+            .build(),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("both")
+            .annotation("metallb.io/loadBalancerIPs", "198.18.211.3")
+            .load_balancer_ip("198.18.211.3")
+            .build(),
     )
     .await?;
     ensure!(ingress_ips(&wait_ips(&api, "by-annotation", 1).await?) == ["198.18.211.7"]);
@@ -257,11 +269,8 @@ async fn exhaustion_then_release(lab: &Lab) -> anyhow::Result<()> {
     case.pool("ctl-full", &["198.18.212.0/31"], "")?;
     let api = case.services().await?;
     for name in ["a", "b", "c"] {
-        api.create(
-            &PostParams::default(),
-            &lb_service(name, serde_json::json!({})),
-        )
-        .await?;
+        api.create(&PostParams::default(), &lb_service(name).build())
+            .await?;
         if name != "c" {
             wait_ips(&api, name, 1).await?;
         }
@@ -283,11 +292,8 @@ async fn type_change_and_foreign_class(lab: &Lab) -> anyhow::Result<()> {
     let mut case = Case::new(lab, "ctl-type").await?;
     case.pool("ctl-type", &["198.18.213.0/30"], "")?;
     let api = case.services().await?;
-    api.create(
-        &PostParams::default(),
-        &lb_service("lb", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("lb").build())
+        .await?;
     wait_ips(&api, "lb", 1).await?;
     api.patch(
         "lb",
@@ -315,10 +321,9 @@ async fn type_change_and_foreign_class(lab: &Lab) -> anyhow::Result<()> {
     .await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "foreign",
-            serde_json::json!({"spec": {"loadBalancerClass": "example.com/other"}}),
-        ),
+        &lb_service("foreign")
+            .load_balancer_class("example.com/other")
+            .build(),
     )
     .await?;
     // Give the controller time to (wrongly) act, then check nothing was written.
@@ -335,11 +340,8 @@ async fn invalid_and_overlapping_pools_are_reported(lab: &Lab) -> anyhow::Result
     let mut case = Case::new(lab, "ctl-config").await?;
     case.pool("ctl-config", &["198.18.214.0/29"], "")?;
     let api = case.services().await?;
-    api.create(
-        &PostParams::default(),
-        &lb_service("keeps", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("keeps").build())
+        .await?;
     let before = ingress_ips(&wait_ips(&api, "keeps", 1).await?);
     // Overlaps ctl-config: accepted by the API server, left out by the controller.
     case.pool("ctl-config-overlap", &["198.18.214.4/30"], "")?;
@@ -383,11 +385,8 @@ async fn invalid_and_overlapping_pools_are_reported(lab: &Lab) -> anyhow::Result
             .is_err_and(|e| e.to_string().contains("spec.addresses[0]")),
         "{refused:?}"
     );
-    api.create(
-        &PostParams::default(),
-        &lb_service("new", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("new").build())
+        .await?;
     wait_ips(&api, "new", 1).await?;
     ensure!(
         ingress_ips(&api.get("keeps").await?) == before,
@@ -426,13 +425,22 @@ async fn pool_annotation_and_auto_assign_false(lab: &Lab) -> anyhow::Result<()> 
     case.pool_spec("ctl-pool-auto", "{addresses: ['198.18.217.0/30'], serviceAllocation: {priority: 10, namespaces: [ctl-pool]}}")?;
     case.pool_spec("ctl-pool-manual", "{addresses: ['198.18.217.8/30'], autoAssign: false, serviceAllocation: {namespaces: [ctl-pool]}}")?;
     let api = case.services().await?;
+    api.create(&PostParams::default(), &lb_service("auto").build())
+        .await?;
     api.create(
         &PostParams::default(),
-        &lb_service("auto", serde_json::json!({})),
+        &lb_service("manual")
+            .annotation("metallb.io/address-pool", "ctl-pool-manual")
+            .build(),
     )
     .await?;
-    api.create(&PostParams::default(), &lb_service("manual", serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "ctl-pool-manual"}}}))).await?;
-    api.create(&PostParams::default(), &lb_service("old-prefix", serde_json::json!({"metadata": {"annotations": {"metallb.universe.tf/address-pool": "ctl-pool-manual"}}}))).await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("old-prefix")
+            .annotation("metallb.universe.tf/address-pool", "ctl-pool-manual")
+            .build(),
+    )
+    .await?;
     ensure!(ingress_ips(&wait_ips(&api, "auto", 1).await?) == ["198.18.217.0"]);
     ensure!(ingress_ips(&wait_ips(&api, "manual", 1).await?) == ["198.18.217.8"]);
     ensure!(ingress_ips(&wait_ips(&api, "old-prefix", 1).await?) == ["198.18.217.9"]);
@@ -456,17 +464,11 @@ async fn service_allocation_by_namespace_labels_and_priority(lab: &Lab) -> anyho
     let api = case.services().await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "web",
-            serde_json::json!({"metadata": {"labels": {"tier": "web"}}}),
-        ),
+        &lb_service("web").label("tier", "web").build(),
     )
     .await?;
-    api.create(
-        &PostParams::default(),
-        &lb_service("db", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("db").build())
+        .await?;
     ensure!(
         ingress_ips(&wait_ips(&api, "web", 1).await?) == ["198.18.218.0"],
         "priority 5 pool with matching labels first"
@@ -482,45 +484,38 @@ async fn sharing_allowed_and_refused(lab: &Lab) -> anyhow::Result<()> {
     let mut case = Case::new(lab, "ctl-share").await?;
     case.pool("ctl-share", &["198.18.219.0/29"], "")?;
     let api = case.services().await?;
-    let shared = |name: &str, port: u16, extra: serde_json::Value| {
-        let mut svc = lb_service(
-            name,
-            serde_json::json!({"metadata": {"annotations": {"metallb.io/allow-shared-ip": "k", "metallb.io/loadBalancerIPs": "198.18.219.5"}}, "spec": {"ports": [{"name": "p", "port": port, "protocol": "TCP"}]}}),
-        );
-        let mut value = serde_json::to_value(&svc).unwrap();
-        merge(&mut value, extra);
-        svc = serde_json::from_value(value).unwrap();
-        svc
+    // One port `p` replaces lb_service's http port.
+    let shared = |name: &str, port: i32| {
+        service(name)
+            .annotations([
+                ("metallb.io/allow-shared-ip", "k"),
+                ("metallb.io/loadBalancerIPs", "198.18.219.5"),
+            ])
+            .add_port(ServicePort {
+                name: Some("p".into()),
+                port,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            })
     };
-    api.create(
-        &PostParams::default(),
-        &shared("http", 80, serde_json::json!({})),
-    )
-    .await?;
-    api.create(
-        &PostParams::default(),
-        &shared("https", 443, serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &shared("http", 80).build())
+        .await?;
+    api.create(&PostParams::default(), &shared("https", 443).build())
+        .await?;
     ensure!(ingress_ips(&wait_ips(&api, "http", 1).await?) == ["198.18.219.5"]);
     ensure!(
         ingress_ips(&wait_ips(&api, "https", 1).await?) == ["198.18.219.5"],
         "sharing with the same key and other ports"
     );
-    api.create(
-        &PostParams::default(),
-        &shared("overlap", 80, serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &shared("overlap", 80).build())
+        .await?;
     let note = wait_event(lab, "ctl-share", "overlap", "AllocationFailed").await?;
     ensure!(note.contains("80"), "port overlap named: {note}");
     api.create(
         &PostParams::default(),
-        &shared(
-            "local",
-            8443,
-            serde_json::json!({"spec": {"externalTrafficPolicy": "Local"}}),
-        ),
+        &shared("local", 8443)
+            .external_traffic_policy("Local")
+            .build(),
     )
     .await?;
     let note = wait_event(lab, "ctl-share", "local", "AllocationFailed").await?;
@@ -539,14 +534,28 @@ async fn dual_stack_policies(lab: &Lab) -> anyhow::Result<()> {
     let mut case = Case::new(lab, "ctl-dual").await?;
     case.pool("ctl-dual", &["198.18.220.0/30", "fd00:18::dc:0/126"], "")?;
     let api = case.services().await?;
-    api.create(&PostParams::default(), &lb_service("require", serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}}))).await?;
-    api.create(&PostParams::default(), &lb_service("prefer", serde_json::json!({"spec": {"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6", "IPv4"]}}))).await?;
     api.create(
         &PostParams::default(),
-        &lb_service(
-            "v6only",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv6"]}}),
-        ),
+        &lb_service("require")
+            .ip_family_policy("RequireDualStack")
+            .ip_families(&["IPv4", "IPv6"])
+            .build(),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("prefer")
+            .ip_family_policy("PreferDualStack")
+            .ip_families(&["IPv6", "IPv4"])
+            .build(),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("v6only")
+            .ip_family_policy("SingleStack")
+            .ip_families(&["IPv6"])
+            .build(),
     )
     .await?;
     ensure!(ingress_ips(&wait_ips(&api, "require", 2).await?) == ["198.18.220.0", "fd00:18::dc:0"]);
@@ -564,11 +573,8 @@ async fn pool_shrink_and_deletion(lab: &Lab) -> anyhow::Result<()> {
     case.pool("ctl-shrink", &["198.18.221.0/29"], "")?;
     let api = case.services().await?;
     for name in ["a", "b", "c"] {
-        api.create(
-            &PostParams::default(),
-            &lb_service(name, serde_json::json!({})),
-        )
-        .await?;
+        api.create(&PostParams::default(), &lb_service(name).build())
+            .await?;
         wait_ips(&api, name, 1).await?;
     }
     let before: Vec<Vec<String>> =
@@ -748,11 +754,8 @@ async fn restart_and_failover_change_no_ip(
     replicas.kill("b");
     replicas.start("a", 7472)?;
     replicas.start("b", 7473)?;
-    api.create(
-        &PostParams::default(),
-        &lb_service("after-restart", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("after-restart").build())
+        .await?;
     wait_ips(&api, "after-restart", 1).await?;
     let mut after = snapshot(&api).await?;
     after.remove("after-restart");
@@ -772,7 +775,7 @@ async fn restart_and_failover_change_no_ip(
     replicas.kill(&current);
     api.create(
         &PostParams::default(),
-        &lb_service("after-failover", serde_json::json!({})),
+        &lb_service("after-failover").build(),
     )
     .await?;
     wait_ips(&api, "after-failover", 1).await?;
@@ -908,11 +911,8 @@ async fn create_all(api: &Api<Service>, names: impl Iterator<Item = String>) -> 
         .map(|name| {
             let api = api.clone();
             async move {
-                api.create(
-                    &PostParams::default(),
-                    &lb_service(&name, serde_json::json!({})),
-                )
-                .await
+                api.create(&PostParams::default(), &lb_service(&name).build())
+                    .await
             }
         })
         .buffer_unordered(16)
@@ -1071,11 +1071,8 @@ async fn stalled_loop_hands_leadership_over(lab: &Lab) -> anyhow::Result<()> {
         code == "503",
         "{stalled}'s /healthz answered {code} with its loop stalled"
     );
-    api.create(
-        &PostParams::default(),
-        &lb_service("during-stall", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("during-stall").build())
+        .await?;
     wait_ips(&api, "during-stall", 1).await?;
     drop(disarm);
     wait_for(
@@ -1160,11 +1157,8 @@ async fn panicked_loop_hands_leadership_over(lab: &Lab, replicas: &Replicas) -> 
         log.contains("panicked"),
         "{panicked}'s log does not say the loop panicked:\n{log}"
     );
-    api.create(
-        &PostParams::default(),
-        &lb_service("after-panic", serde_json::json!({})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &lb_service("after-panic").build())
+        .await?;
     wait_ips(&api, "after-panic", 1).await?;
     drop(disarm);
     // Started again, as the Deployment's pod would be: it follows.

@@ -34,6 +34,7 @@ use ferrolb_e2e::metallb;
 use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::suite::{self, Suite};
+use ferrolb_testkit::objects::service;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use libtest_mimic::Arguments;
@@ -181,33 +182,28 @@ impl ServiceSpec {
         }
     }
 
-    fn service(&self, name: &str, class: &str) -> anyhow::Result<Service> {
-        let mut annotations = serde_json::Map::new();
-        if let Some(p) = self.pool {
-            annotations.insert("metallb.io/address-pool".into(), format!("p{p}").into());
-        }
-        if let Some(ip) = &self.requested {
-            annotations.insert("metallb.io/loadBalancerIPs".into(), ip.clone().into());
-        }
-        if let Some(k) = self.sharing {
-            annotations.insert("metallb.io/allow-shared-ip".into(), k.into());
-        }
+    fn service(&self, name: &str, class: &str) -> Service {
+        let pool = self.pool.map(|p| format!("p{p}"));
+        let annotations = [
+            ("metallb.io/address-pool", pool.as_deref()),
+            ("metallb.io/loadBalancerIPs", self.requested.as_deref()),
+            ("metallb.io/allow-shared-ip", self.sharing),
+        ];
         let (policy, families) = match self.families {
             "v4" => ("SingleStack", vec!["IPv4"]),
             "v6" => ("SingleStack", vec!["IPv6"]),
             "prefer" => ("PreferDualStack", vec!["IPv4", "IPv6"]),
             _ => ("RequireDualStack", vec!["IPv4", "IPv6"]),
         };
-        Ok(serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": {"tier": self.tier}, "annotations": annotations},
-            "spec": {
-                "type": "LoadBalancer",
-                "loadBalancerClass": class,
-                "ipFamilyPolicy": policy,
-                "ipFamilies": families,
-                "ports": [{"port": self.port.0, "protocol": self.port.1}],
-            }
-        }))?)
+        service(name)
+            .label("tier", self.tier)
+            // Present even when empty, as before.
+            .annotations(annotations.into_iter().filter_map(|(k, v)| Some((k, v?))))
+            .load_balancer_class(class)
+            .ip_family_policy(policy)
+            .ip_families(&families)
+            .port(i32::from(self.port.0), self.port.1)
+            .build()
     }
 }
 
@@ -356,12 +352,12 @@ async fn apply(lab: &Lab, api: &Api<Service>, op: &Op) -> anyhow::Result<()> {
         Op::CreateService(n, spec) => {
             api.create(
                 &PostParams::default(),
-                &spec.service(&format!("mlb-s{n}"), METALLB_CLASS)?,
+                &spec.service(&format!("mlb-s{n}"), METALLB_CLASS),
             )
             .await?;
             api.create(
                 &PostParams::default(),
-                &spec.service(&format!("flb-s{n}"), FERROLB_CLASS)?,
+                &spec.service(&format!("flb-s{n}"), FERROLB_CLASS),
             )
             .await?;
         }

@@ -13,8 +13,9 @@ use ferrolb_e2e::explain::{self, Run};
 use ferrolb_e2e::faults::HeartbeatFault;
 use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, lb_service, merge, wait_ips};
+use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
+use ferrolb_testkit::objects::ServiceBuilder;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 use libtest_mimic::Arguments;
@@ -45,13 +46,10 @@ async fn create(api: &Api<Service>, svc: Service) -> anyhow::Result<()> {
 }
 
 /// A LoadBalancer Service `name` selecting app `web`, with these annotations.
-fn service(name: &str, annotations: serde_json::Value) -> anyhow::Result<Service> {
-    let mut extra = serde_json::json!({"spec": {"selector": {"app": "web"}}});
-    merge(
-        &mut extra,
-        serde_json::json!({"metadata": {"annotations": annotations}}),
-    );
-    lb_service(name, extra)
+fn service(name: &str, annotations: &[(&str, &str)]) -> ServiceBuilder {
+    lb_service(name)
+        .selector("app", "web")
+        .annotations(annotations.iter().copied())
 }
 
 /// Waits until `explain service` for `key` reports an announcement, and returns that report.
@@ -81,12 +79,10 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
     let mut scope = TestScope::new(lab, "explain-ok").await?;
     scope.deploy("web", &["node1", "node2"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    let mut spec = serde_json::json!({"spec": {"selector": {"app": "web"}}});
-    merge(
-        &mut spec,
-        serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack"}}),
-    );
-    create(&api, lb_service("web", spec)?).await?;
+    let web = lb_service("web")
+        .selector("app", "web")
+        .ip_family_policy("RequireDualStack");
+    create(&api, web.build()).await?;
     let ips: BTreeSet<String> = ingress_ips(&wait_ips(&api, "web", 2).await?)
         .into_iter()
         .collect();
@@ -460,44 +456,32 @@ spec:
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     create(
         &api,
-        service(
-            "holder",
-            serde_json::json!({"metallb.io/address-pool": "tiny"}),
-        )?,
+        service("holder", &[("metallb.io/address-pool", "tiny")]).build(),
     )
     .await?;
     wait_ips(&api, "holder", 1).await?;
     for pool in ["lonely", "nowhere"] {
         create(
             &api,
-            service(pool, serde_json::json!({"metallb.io/address-pool": pool}))?,
+            service(pool, &[("metallb.io/address-pool", pool)]).build(),
         )
         .await?;
         wait_ips(&api, pool, 1).await?;
     }
     for (name, annotations) in [
-        (
-            "exhausted",
-            serde_json::json!({"metallb.io/address-pool": "tiny"}),
-        ),
-        (
-            "unknown",
-            serde_json::json!({"metallb.io/address-pool": "nope"}),
-        ),
-        (
-            "outside",
-            serde_json::json!({"metallb.io/loadBalancerIPs": "198.18.250.1"}),
-        ),
-        (
-            "private",
-            serde_json::json!({"metallb.io/address-pool": "private"}),
-        ),
+        ("exhausted", &[("metallb.io/address-pool", "tiny")][..]),
+        ("unknown", &[("metallb.io/address-pool", "nope")]),
+        ("outside", &[("metallb.io/loadBalancerIPs", "198.18.250.1")]),
+        ("private", &[("metallb.io/address-pool", "private")]),
         (
             "intruder",
-            serde_json::json!({"metallb.io/loadBalancerIPs": "198.18.210.5", "metallb.io/allow-shared-ip": "k"}),
+            &[
+                ("metallb.io/loadBalancerIPs", "198.18.210.5"),
+                ("metallb.io/allow-shared-ip", "k"),
+            ],
         ),
     ] {
-        create(&api, service(name, annotations)?).await?;
+        create(&api, service(name, annotations).build()).await?;
     }
     let ns_svc = |name: &str| format!("{}/{name}", scope.namespace);
     let cases = [
@@ -592,7 +576,7 @@ async fn a_left_out_object_is_named(ctx: Ctx) -> anyhow::Result<()> {
     let mut scope = TestScope::new(lab, "explain-config").await?;
     scope.deploy("web", &["node1"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(&api, service("web", serde_json::json!({}))?).await?;
+    create(&api, service("web", &[]).build()).await?;
     wait_ips(&api, "web", 1).await?;
     lab.apply(&format!(
         "apiVersion: metallb.io/v1beta1
@@ -632,10 +616,7 @@ spec:
     // A Service without an address gets it as a problem, first: it may be why.
     create(
         &api,
-        service(
-            "stuck",
-            serde_json::json!({"metallb.io/address-pool": "overlap"}),
-        )?,
+        service("stuck", &[("metallb.io/address-pool", "overlap")]).build(),
     )
     .await?;
     let stuck = cli(
@@ -723,22 +704,17 @@ spec:
     scope.deploy("web", &["node1", "node2"]).await?;
     scope.deploy("solo", &["node1"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    let picky = serde_json::json!({"metallb.io/address-pool": "picky"});
-    create(&api, service("picky", picky.clone())?).await?;
-    let mut local = service("local", picky)?;
-    merge_into(
-        &mut local,
-        serde_json::json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": "solo"}}}),
-    )?;
-    create(&api, local).await?;
+    let picky = [("metallb.io/address-pool", "picky")];
+    create(&api, service("picky", &picky).build()).await?;
+    let local = service("local", &picky)
+        .external_traffic_policy("Local")
+        .selector("app", "solo");
+    create(&api, local.build()).await?;
     // Its own address, whatever the earlier tests' Services still hold: the owner and the
     // takeover order in the golden files are hashed from it.
     create(
         &api,
-        service(
-            "web",
-            serde_json::json!({"metallb.io/loadBalancerIPs": "198.18.200.150"}),
-        )?,
+        service("web", &[("metallb.io/loadBalancerIPs", "198.18.200.150")]).build(),
     )
     .await?;
     for name in ["picky", "local", "web"] {
@@ -809,13 +785,6 @@ spec:
 /// Removes the exclusion label (`kubectl label node N LABEL-`).
 fn ferrolb_explain_exclude_removal() -> &'static str {
     "node.kubernetes.io/exclude-from-external-load-balancers-"
-}
-
-fn merge_into(service: &mut Service, patch: serde_json::Value) -> anyhow::Result<()> {
-    let mut value = serde_json::to_value(&*service)?;
-    merge(&mut value, patch);
-    *service = serde_json::from_value(value)?;
-    Ok(())
 }
 
 /// An IP no Service holds, a Service that does not exist, a usage mistake: a clear error and

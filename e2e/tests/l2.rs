@@ -17,6 +17,7 @@ use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_layer2::damping::Damping;
+use ferrolb_testkit::objects::service;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -91,10 +92,10 @@ async fn dual_stack_web(
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     create(
         &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
+        lb_service("web")
+            .ip_family_policy("RequireDualStack")
+            .selector("app", "web")
+            .build(),
     )
     .await?;
     let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
@@ -178,10 +179,10 @@ async fn reachable_through_the_owner(ctx: Ctx) -> anyhow::Result<()> {
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
     create(
         &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "selector": {"app": "web"}}}),
-        )?,
+        lb_service("web")
+            .ip_family_policy("RequireDualStack")
+            .selector("app", "web")
+            .build(),
     )
     .await?;
     let ips = ingress_ips(&wait_ips(&api, "web", 2).await?);
@@ -254,10 +255,10 @@ async fn local_traffic_policy(ctx: Ctx) -> anyhow::Result<()> {
     for i in 0..6 {
         create(
             &api,
-            lb_service(
-                &format!("web-{i}"),
-                serde_json::json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": "web"}}}),
-            )?,
+            lb_service(&format!("web-{i}"))
+                .external_traffic_policy("Local")
+                .selector("app", "web")
+                .build(),
         )
         .await?;
     }
@@ -280,13 +281,14 @@ async fn shared_ip_one_node(ctx: Ctx) -> anyhow::Result<()> {
     for (name, port) in [("a", 80), ("b", 81)] {
         create(
             &api,
-            lb_service(
-                name,
-                serde_json::json!({
-                    "metadata": {"annotations": {"metallb.io/allow-shared-ip": "k", "metallb.io/loadBalancerIPs": "198.18.200.77"}},
-                    "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": port, "targetPort": 8080, "protocol": "TCP"}]}
-                }),
-            )?,
+            service(name)
+                .annotations([
+                    ("metallb.io/allow-shared-ip", "k"),
+                    ("metallb.io/loadBalancerIPs", "198.18.200.77"),
+                ])
+                .selector("app", "web")
+                .named_port("http", port, 8080, "TCP")
+                .build(),
         )
         .await?;
     }
@@ -308,10 +310,7 @@ async fn twenty_services_spread(ctx: Ctx) -> anyhow::Result<()> {
     for i in 0..20 {
         create(
             &api,
-            lb_service(
-                &format!("s{i}"),
-                serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-            )?,
+            lb_service(&format!("s{i}")).selector("app", "web").build(),
         )
         .await?;
     }
@@ -370,21 +369,19 @@ spec:
         for i in 0..4 {
             create(
                 &api,
-                lb_service(
-                    &format!("n3-{i}"),
-                    serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "only-node3"}},
-                                       "spec": {"selector": {"app": "web"}}}),
-                )?,
+                lb_service(&format!("n3-{i}"))
+                    .annotation("metallb.io/address-pool", "only-node3")
+                    .selector("app", "web")
+                    .build(),
             )
             .await?;
         }
         create(
             &api,
-            lb_service(
-                "eth9",
-                serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "no-such-interface"}},
-                                   "spec": {"selector": {"app": "web"}}}),
-            )?,
+            lb_service("eth9")
+                .annotation("metallb.io/address-pool", "no-such-interface")
+                .selector("app", "web")
+                .build(),
         )
         .await?;
         for i in 0..4 {
@@ -396,7 +393,10 @@ spec:
         let ip = ingress_ips(&wait_ips(&api, "eth9", 1).await?).remove(0);
         // No node has eth9: nobody may answer, and nobody claims the Service.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        ensure!(lab.l2_answers("client", &ip)?.is_empty(), "someone answers {ip}");
+        ensure!(
+            lab.l2_answers("client", &ip)?.is_empty(),
+            "someone answers {ip}"
+        );
         ensure!(status_owners(lab, &scope.namespace, "eth9")?.is_empty());
         anyhow::Ok(())
     }
@@ -1096,10 +1096,7 @@ async fn control_plane_outages(ctx: Ctx) -> anyhow::Result<()> {
         // Right after it starts, the API server may refuse to create a Service for a few
         // seconds ("failed to allocate a serviceIP: range is full" until its ClusterIP
         // allocator has synced): retry as any client would.
-        let svc = lb_service(
-            &name,
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?;
+        let svc = lb_service(&name).selector("app", "web").build();
         wait_for(
             &format!("the API server to create Service {name}"),
             Duration::from_secs(60),
@@ -1333,14 +1330,7 @@ async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
     let mut scope = TestScope::new(lab, "l2-metrics").await?;
     scope.deploy("web", &["node1"]).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    create(
-        &api,
-        lb_service(
-            "web",
-            serde_json::json!({"spec": {"selector": {"app": "web"}}}),
-        )?,
-    )
-    .await?;
+    create(&api, lb_service("web").selector("app", "web").build()).await?;
     let ip = ingress_ips(&wait_ips(&api, "web", 1).await?).remove(0);
     let owner = owner(lab, &scope.namespace, "web").await?;
     answering_node(lab, &ip).await?;

@@ -15,6 +15,7 @@ use anyhow::{Context, bail, ensure};
 use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::router;
 use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::lb_service;
 use ferrolb_e2e::suite::{self, BoxFuture, Suite};
 use ferrolb_e2e::topology::Role;
 use ferrolb_e2e::{Lab, Options, ProxyMode};
@@ -27,16 +28,11 @@ fn lab_exe() -> PathBuf {
 }
 
 fn service(name: &str, type_: &str) -> Service {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "type": type_,
-            "selector": {"app": name},
-            "ipFamilyPolicy": "PreferDualStack",
-            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
-        }
-    }))
-    .unwrap()
+    lb_service(name)
+        .service_type(type_)
+        .selector("app", name)
+        .ip_family_policy("PreferDualStack")
+        .build()
 }
 
 /// Asks `url` from `host` until every name in `want` has answered (bounded attempts).

@@ -83,16 +83,15 @@ async fn web(
     let mut scope = TestScope::new(lab, ns).await?;
     scope.deploy("web", nodes).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    let svc = lb_service(
-        "web",
-        serde_json::json!({
-            "metadata": {"annotations": {"metallb.io/address-pool": pool}},
-            "spec": {
-                "ipFamilyPolicy": if dual { "RequireDualStack" } else { "SingleStack" },
-                "selector": {"app": "web"},
-            },
-        }),
-    )?;
+    let svc = lb_service("web")
+        .annotation("metallb.io/address-pool", pool)
+        .ip_family_policy(if dual {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        })
+        .selector("app", "web")
+        .build();
     api.create(&PostParams::default(), &svc).await?;
     let ips = ingress_ips(&wait_ips(&api, "web", if dual { 2 } else { 1 }).await?);
     scope.wait_ready_endpoints("web", nodes.len()).await?;
