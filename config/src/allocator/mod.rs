@@ -170,6 +170,15 @@ impl Allocator {
         pools.sort_by(|a, b| a.name.cmp(&b.name));
         pools.dedup_by(|later, first| later.name == first.name);
 
+        let invalid = self.release_invalid(&pools);
+        self.replace_pool_states(pools);
+        self.order_auto_assign();
+        invalid
+    }
+
+    /// Releases the assignments that the new `pools` (sorted by name) no longer allow; returns
+    /// them sorted by Service, with the reason.
+    fn release_invalid(&mut self, pools: &[Pool]) -> Vec<(ServiceKey, AllocationError)> {
         let mut invalid = Vec::new();
         for (key, holding) in &self.holdings {
             let name = &holding.assignment.pool;
@@ -192,7 +201,12 @@ impl Allocator {
         for (key, _) in &invalid {
             self.release(key);
         }
+        invalid
+    }
 
+    /// Installs the new pools (sorted by name), points the holdings at their new indices and marks
+    /// held addresses taken in the pools that start over.
+    fn replace_pool_states(&mut self, pools: Vec<Pool>) {
         // Pools whose addresses did not change keep their free space; the others start over.
         let mut old: HashMap<String, PoolState> = self
             .pools
@@ -236,7 +250,11 @@ impl Allocator {
                 self.pools[i].claim(ip);
             }
         }
+    }
 
+    /// The order automatic allocation tries pools in: pools with an allocation policy by
+    /// priority, then the others, each in name order.
+    fn order_auto_assign(&mut self) {
         let mut restricted: Vec<usize> = (0..self.pools.len())
             .filter(|&i| self.pools[i].pool.auto_assign && self.pools[i].pool.allocation.is_some())
             .collect();
@@ -255,8 +273,6 @@ impl Allocator {
         let open = (0..self.pools.len())
             .filter(|&i| self.pools[i].pool.auto_assign && self.pools[i].pool.allocation.is_none());
         self.auto_order = restricted.into_iter().chain(open).collect();
-
-        invalid
     }
 
     /// Gives the Service addresses, or keeps the ones it holds if they are still valid for this
@@ -572,70 +588,8 @@ impl Allocator {
         let Some(&first) = ips.first() else {
             return Err(AllocationError::NoAddress);
         };
-        for (i, &ip) in ips.iter().enumerate() {
-            if !request.wants_family(Family::of(ip)) {
-                return Err(AllocationError::FamilyNotRequested { ip });
-            }
-            if let Some(&other) = ips[..i].iter().find(|&&o| Family::of(o) == Family::of(ip)) {
-                return Err(AllocationError::TwoOfOneFamily {
-                    first: other,
-                    second: ip,
-                });
-            }
-        }
-        if request.family_policy == FamilyPolicy::RequireDualStack {
-            for family in request.families() {
-                if !ips.iter().any(|&ip| Family::of(ip) == family) {
-                    return Err(AllocationError::MissingFamily { family });
-                }
-            }
-        }
-        if !requested
-            && !request.requested_ips.is_empty()
-            && (ips.len() != request.requested_ips.len()
-                || !ips.iter().all(|ip| request.requested_ips.contains(ip)))
-        {
-            return Err(AllocationError::NotRequested {
-                ips: ips.to_vec(),
-                requested: request.requested_ips.clone(),
-            });
-        }
-
-        let pool = match &request.pool {
-            Some(name) => {
-                let pool = self
-                    .pool_index(name)
-                    .ok_or_else(|| AllocationError::UnknownPool { pool: name.clone() })?;
-                if let Some(&ip) = ips.iter().find(|&&ip| !self.pools[pool].pool.contains(ip)) {
-                    return Err(AllocationError::IpNotInAnnotatedPool {
-                        ip,
-                        pool: name.clone(),
-                    });
-                }
-                pool
-            }
-            None => {
-                let pool_of = |ip: IpAddr| {
-                    self.pools
-                        .iter()
-                        .position(|s| s.pool.contains(ip))
-                        .ok_or(AllocationError::IpNotInAnyPool { ip })
-                };
-                let pool = pool_of(first)?;
-                for &ip in &ips[1..] {
-                    let other = pool_of(ip)?;
-                    if other != pool {
-                        return Err(AllocationError::IpsInDifferentPools {
-                            first,
-                            first_pool: self.pools[pool].name.to_string(),
-                            second: ip,
-                            second_pool: self.pools[other].name.to_string(),
-                        });
-                    }
-                }
-                pool
-            }
-        };
+        check_against_request(request, ips, requested)?;
+        let pool = self.pool_of_ips(request, first, ips)?;
         if !self.admits(pool, request) {
             return Err(AllocationError::PoolDoesNotAdmit {
                 pool: self.pools[pool].name.to_string(),
@@ -661,6 +615,51 @@ impl Allocator {
         let mut ordered = ips.to_vec();
         ordered.sort_by_key(|&ip| Family::of(ip) != primary);
         Ok((pool, ordered))
+    }
+
+    /// The one pool holding all of `ips` (`first` is `ips[0]`): the annotated pool, or else the
+    /// pool each IP falls in, which must be the same for all.
+    fn pool_of_ips(
+        &self,
+        request: &ServiceRequest,
+        first: IpAddr,
+        ips: &[IpAddr],
+    ) -> Result<usize, AllocationError> {
+        match &request.pool {
+            Some(name) => {
+                let pool = self
+                    .pool_index(name)
+                    .ok_or_else(|| AllocationError::UnknownPool { pool: name.clone() })?;
+                if let Some(&ip) = ips.iter().find(|&&ip| !self.pools[pool].pool.contains(ip)) {
+                    return Err(AllocationError::IpNotInAnnotatedPool {
+                        ip,
+                        pool: name.clone(),
+                    });
+                }
+                Ok(pool)
+            }
+            None => {
+                let pool_of = |ip: IpAddr| {
+                    self.pools
+                        .iter()
+                        .position(|s| s.pool.contains(ip))
+                        .ok_or(AllocationError::IpNotInAnyPool { ip })
+                };
+                let pool = pool_of(first)?;
+                for &ip in &ips[1..] {
+                    let other = pool_of(ip)?;
+                    if other != pool {
+                        return Err(AllocationError::IpsInDifferentPools {
+                            first,
+                            first_pool: self.pools[pool].name.to_string(),
+                            second: ip,
+                            second_pool: self.pools[other].name.to_string(),
+                        });
+                    }
+                }
+                Ok(pool)
+            }
+        }
     }
 
     /// The Service's current assignment adjusted to the request, or `None` when it is no longer
@@ -823,6 +822,45 @@ impl Allocator {
         );
         assignment
     }
+}
+
+/// Checks the families of requested or restored IPs against the request: one per family, only
+/// families the Service has, all of them when dual stack is required; restored IPs must be
+/// exactly the requested ones, if any are requested.
+fn check_against_request(
+    request: &ServiceRequest,
+    ips: &[IpAddr],
+    requested: bool,
+) -> Result<(), AllocationError> {
+    for (i, &ip) in ips.iter().enumerate() {
+        if !request.wants_family(Family::of(ip)) {
+            return Err(AllocationError::FamilyNotRequested { ip });
+        }
+        if let Some(&other) = ips[..i].iter().find(|&&o| Family::of(o) == Family::of(ip)) {
+            return Err(AllocationError::TwoOfOneFamily {
+                first: other,
+                second: ip,
+            });
+        }
+    }
+    if request.family_policy == FamilyPolicy::RequireDualStack {
+        for family in request.families() {
+            if !ips.iter().any(|&ip| Family::of(ip) == family) {
+                return Err(AllocationError::MissingFamily { family });
+            }
+        }
+    }
+    if !requested
+        && !request.requested_ips.is_empty()
+        && (ips.len() != request.requested_ips.len()
+            || !ips.iter().all(|ip| request.requested_ips.contains(ip)))
+    {
+        return Err(AllocationError::NotRequested {
+            ips: ips.to_vec(),
+            requested: request.requested_ips.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// Why a held assignment is not valid under a new version of its pool.

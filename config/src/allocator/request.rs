@@ -12,7 +12,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
 use crate::address::Family;
 use crate::selector::Labels;
@@ -588,49 +588,38 @@ impl ServiceRequest {
         let annotations = meta.annotations.as_ref();
         let mut warnings = Vec::new();
 
-        // Families.
-        let mut ip_families = Vec::new();
-        for (i, text) in spec.ip_families.iter().flatten().enumerate() {
-            let family = match text.as_str() {
-                "IPv4" => Family::V4,
-                "IPv6" => Family::V6,
-                other => {
-                    return Err(RequestError::UnknownValue {
-                        field: format!("spec.ipFamilies[{i}]"),
-                        value: other.to_string(),
-                        expected: "IPv4, IPv6",
-                    });
-                }
-            };
-            if ip_families.contains(&family) {
-                return Err(RequestError::DuplicateFamily(family));
-            }
-            ip_families.push(family);
-        }
-        if ip_families.is_empty() {
-            ip_families.push(Family::V4);
-        }
-        let family_policy = match spec.ip_family_policy.as_deref() {
-            None | Some("SingleStack") => FamilyPolicy::SingleStack,
-            Some("PreferDualStack") => FamilyPolicy::PreferDualStack,
-            Some("RequireDualStack") => FamilyPolicy::RequireDualStack,
-            Some(other) => {
-                return Err(RequestError::UnknownValue {
-                    field: "spec.ipFamilyPolicy".into(),
-                    value: other.to_string(),
-                    expected: "SingleStack, PreferDualStack, RequireDualStack",
-                });
-            }
-        };
-
         let mut request = ServiceRequest::new(namespace, name);
-        request.ip_families = ip_families;
-        request.family_policy = family_policy;
+        request.ip_families = ip_families(spec)?;
+        request.family_policy = family_policy(spec)?;
         request.labels = shared_labels(meta.labels.clone().unwrap_or_default());
         request.namespace_labels = shared_labels(namespace_labels.clone());
+        request.read_requested_ips(spec, annotations, &mut warnings)?;
 
-        // Requested IPs.
-        let lb_ips = annotation(annotations, LOAD_BALANCER_IPS, &mut warnings)
+        // Pool and sharing key; empty values mean unset, as in MetalLB.
+        request.pool = annotation(annotations, ADDRESS_POOL, &mut warnings)
+            .map(|(v, _)| v.trim())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string);
+        request.sharing_key = annotation(annotations, ALLOW_SHARED_IP, &mut warnings)
+            .map(|(v, _)| v.trim())
+            .filter(|v| !v.is_empty())
+            .map(Arc::from);
+
+        request.ports = ports(spec)?;
+        request.backend = backend(spec)?;
+        Ok(ParsedService { request, warnings })
+    }
+
+    /// Reads the requested IPs (the annotation or `spec.loadBalancerIP`, never both): at most one
+    /// per family, each of a family the Service has, every family covered when dual stack is
+    /// required. Needs the families read first.
+    fn read_requested_ips(
+        &mut self,
+        spec: &ServiceSpec,
+        annotations: Option<&BTreeMap<String, String>>,
+        warnings: &mut Vec<RequestWarning>,
+    ) -> Result<(), RequestError> {
+        let lb_ips = annotation(annotations, LOAD_BALANCER_IPS, warnings)
             .filter(|(v, _)| !v.trim().is_empty());
         let spec_ip = spec
             .load_balancer_ip
@@ -650,7 +639,7 @@ impl ServiceRequest {
         for text in texts {
             let ip = parse_ip(&field, text)?;
             let family = Family::of(ip);
-            if let Some(&first) = request
+            if let Some(&first) = self
                 .requested_ips
                 .iter()
                 .find(|&&r| Family::of(r) == family)
@@ -662,21 +651,19 @@ impl ServiceRequest {
                     second: ip,
                 });
             }
-            if !request.wants_family(family) {
+            if !self.wants_family(family) {
                 return Err(RequestError::FamilyNotInService {
                     field,
                     ip,
-                    families: request.families(),
-                    policy: request.family_policy,
+                    families: self.families(),
+                    policy: self.family_policy,
                 });
             }
-            request.requested_ips.push(ip);
+            self.requested_ips.push(ip);
         }
-        if !request.requested_ips.is_empty()
-            && request.family_policy == FamilyPolicy::RequireDualStack
-        {
-            for family in request.families() {
-                if !request
+        if !self.requested_ips.is_empty() && self.family_policy == FamilyPolicy::RequireDualStack {
+            for family in self.families() {
+                if !self
                     .requested_ips
                     .iter()
                     .any(|&ip| Family::of(ip) == family)
@@ -685,58 +672,92 @@ impl ServiceRequest {
                 }
             }
         }
+        Ok(())
+    }
+}
 
-        // Pool and sharing key; empty values mean unset, as in MetalLB.
-        request.pool = annotation(annotations, ADDRESS_POOL, &mut warnings)
-            .map(|(v, _)| v.trim())
-            .filter(|v| !v.is_empty())
-            .map(str::to_string);
-        request.sharing_key = annotation(annotations, ALLOW_SHARED_IP, &mut warnings)
-            .map(|(v, _)| v.trim())
-            .filter(|v| !v.is_empty())
-            .map(Arc::from);
-
-        // Ports and backend.
-        for (i, port) in spec.ports.iter().flatten().enumerate() {
-            let protocol = match port.protocol.as_deref() {
-                None | Some("TCP") => Protocol::Tcp,
-                Some("UDP") => Protocol::Udp,
-                Some("SCTP") => Protocol::Sctp,
-                Some(other) => {
-                    return Err(RequestError::UnknownValue {
-                        field: format!("spec.ports[{i}].protocol"),
-                        value: other.to_string(),
-                        expected: "TCP, UDP, SCTP",
-                    });
-                }
-            };
-            let number = u16::try_from(port.port)
-                .ok()
-                .filter(|&p| p != 0)
-                .ok_or_else(|| RequestError::BadPort {
-                    field: format!("spec.ports[{i}].port"),
-                    value: port.port,
-                })?;
-            let pair = ProtocolPort {
-                protocol,
-                port: number,
-            };
-            if !request.ports.contains(&pair) {
-                request.ports.push(pair);
-            }
-        }
-        request.backend = match spec.external_traffic_policy.as_deref() {
-            None | Some("Cluster") => Backend::Cluster,
-            Some("Local") => Backend::Local(spec.selector.clone().unwrap_or_default()),
-            Some(other) => {
+/// `spec.ipFamilies`, each at most once; IPv4 when empty.
+fn ip_families(spec: &ServiceSpec) -> Result<Vec<Family>, RequestError> {
+    let mut ip_families = Vec::new();
+    for (i, text) in spec.ip_families.iter().flatten().enumerate() {
+        let family = match text.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            other => {
                 return Err(RequestError::UnknownValue {
-                    field: "spec.externalTrafficPolicy".into(),
+                    field: format!("spec.ipFamilies[{i}]"),
                     value: other.to_string(),
-                    expected: "Cluster, Local",
+                    expected: "IPv4, IPv6",
                 });
             }
         };
+        if ip_families.contains(&family) {
+            return Err(RequestError::DuplicateFamily(family));
+        }
+        ip_families.push(family);
+    }
+    if ip_families.is_empty() {
+        ip_families.push(Family::V4);
+    }
+    Ok(ip_families)
+}
 
-        Ok(ParsedService { request, warnings })
+fn family_policy(spec: &ServiceSpec) -> Result<FamilyPolicy, RequestError> {
+    match spec.ip_family_policy.as_deref() {
+        None | Some("SingleStack") => Ok(FamilyPolicy::SingleStack),
+        Some("PreferDualStack") => Ok(FamilyPolicy::PreferDualStack),
+        Some("RequireDualStack") => Ok(FamilyPolicy::RequireDualStack),
+        Some(other) => Err(RequestError::UnknownValue {
+            field: "spec.ipFamilyPolicy".into(),
+            value: other.to_string(),
+            expected: "SingleStack, PreferDualStack, RequireDualStack",
+        }),
+    }
+}
+
+/// The distinct protocol and port pairs of `spec.ports`.
+fn ports(spec: &ServiceSpec) -> Result<Vec<ProtocolPort>, RequestError> {
+    let mut ports = Vec::new();
+    for (i, port) in spec.ports.iter().flatten().enumerate() {
+        let protocol = match port.protocol.as_deref() {
+            None | Some("TCP") => Protocol::Tcp,
+            Some("UDP") => Protocol::Udp,
+            Some("SCTP") => Protocol::Sctp,
+            Some(other) => {
+                return Err(RequestError::UnknownValue {
+                    field: format!("spec.ports[{i}].protocol"),
+                    value: other.to_string(),
+                    expected: "TCP, UDP, SCTP",
+                });
+            }
+        };
+        let number = u16::try_from(port.port)
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| RequestError::BadPort {
+                field: format!("spec.ports[{i}].port"),
+                value: port.port,
+            })?;
+        let pair = ProtocolPort {
+            protocol,
+            port: number,
+        };
+        if !ports.contains(&pair) {
+            ports.push(pair);
+        }
+    }
+    Ok(ports)
+}
+
+/// Where traffic goes: `spec.externalTrafficPolicy`.
+fn backend(spec: &ServiceSpec) -> Result<Backend, RequestError> {
+    match spec.external_traffic_policy.as_deref() {
+        None | Some("Cluster") => Ok(Backend::Cluster),
+        Some("Local") => Ok(Backend::Local(spec.selector.clone().unwrap_or_default())),
+        Some(other) => Err(RequestError::UnknownValue {
+            field: "spec.externalTrafficPolicy".into(),
+            value: other.to_string(),
+            expected: "Cluster, Local",
+        }),
     }
 }
