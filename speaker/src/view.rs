@@ -261,38 +261,38 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use serde_json::json;
-
-    fn service(value: serde_json::Value) -> Service {
-        serde_json::from_value(value).unwrap()
-    }
+    use ferrolb_testkit::objects::{self, endpoint};
 
     fn lb(ips: &[&str], etp: &str) -> Service {
-        service(json!({
-            "metadata": {"namespace": "ns", "name": "web", "labels": {"app": "web"}},
-            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": etp},
-            "status": {"loadBalancer": {"ingress": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}}
-        }))
+        objects::service("web")
+            .namespace("ns")
+            .label("app", "web")
+            .external_traffic_policy(etp)
+            .ingress(ips)
+            .build()
     }
 
-    fn slice(endpoints: serde_json::Value) -> EndpointSlice {
-        serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": "web-abc", "labels": {SERVICE_NAME_LABEL: "web"}},
-            "addressType": "IPv4",
-            "endpoints": endpoints,
-        }))
-        .unwrap()
+    fn slice(endpoints: impl IntoIterator<Item = objects::EndpointBuilder>) -> EndpointSlice {
+        endpoints
+            .into_iter()
+            .fold(
+                objects::endpoint_slice("web-abc")
+                    .namespace("ns")
+                    .service("web"),
+                |slice, e| slice.endpoint(e),
+            )
+            .build()
     }
 
     #[test]
     fn reads_ips_sorted_and_endpoints_by_node() {
         let svc = lb(&["fd00::1", "198.18.200.1", "198.18.200.1"], "Local");
-        let s = slice(json!([
-            {"addresses": ["10.0.0.1"], "nodeName": "b", "conditions": {"ready": true}},
-            {"addresses": ["10.0.0.2"], "nodeName": "a"},
-            {"addresses": ["10.0.0.3"], "nodeName": "c", "conditions": {"ready": false}},
-            {"addresses": ["10.0.0.4"], "nodeName": "d", "conditions": {"ready": false, "serving": true}},
-        ]));
+        let s = slice([
+            endpoint("10.0.0.1").node("b").ready(true),
+            endpoint("10.0.0.2").node("a"),
+            endpoint("10.0.0.3").node("c").ready(false),
+            endpoint("10.0.0.4").node("d").ready(false).serving(true),
+        ]);
         let view = ServiceView::from_service(&svc, [&s], None).unwrap();
         assert_eq!(
             view.ips,
@@ -323,18 +323,13 @@ mod tests {
 
     #[test]
     fn reads_node_conditions_labels_and_addresses() {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": "n1", "labels": {EXCLUDE_LABEL: ""}},
-            "status": {
-                "conditions": [{"type": "NetworkUnavailable", "status": "True"}],
-                "addresses": [
-                    {"type": "Hostname", "address": "n1"},
-                    {"type": "ExternalIP", "address": "203.0.113.1"},
-                    {"type": "InternalIP", "address": "198.18.0.11"},
-                ]
-            }
-        }))
-        .unwrap();
+        let node = objects::node("n1")
+            .label(EXCLUDE_LABEL, "")
+            .condition("NetworkUnavailable", "True")
+            .address("Hostname", "n1")
+            .address("ExternalIP", "203.0.113.1")
+            .address("InternalIP", "198.18.0.11")
+            .build();
         let view = NodeView::from_node(&node);
         assert!(view.network_unavailable && view.excluded && !view.may_announce());
         assert_eq!(
@@ -352,12 +347,16 @@ mod tests {
         svc.metadata.uid = Some("u1".into());
         svc.metadata.annotations = Some([("big".to_string(), "x".repeat(1000))].into());
         svc.spec.as_mut().unwrap().ports = Some(vec![Default::default()]);
-        let s = slice(json!([
-            {"addresses": ["10.0.0.1"], "nodeName": "b", "conditions": {"ready": true}},
-            {"addresses": ["10.0.0.2"], "nodeName": "a", "targetRef": {"kind": "Pod", "name": "p"}},
-            {"addresses": ["10.0.0.3"], "nodeName": "c", "conditions": {"ready": false}},
-            {"addresses": ["10.0.0.4"], "nodeName": "d", "conditions": {"ready": false, "serving": true, "terminating": true}},
-        ]));
+        let s = slice([
+            endpoint("10.0.0.1").node("b").ready(true),
+            endpoint("10.0.0.2").node("a").pod("p"),
+            endpoint("10.0.0.3").node("c").ready(false),
+            endpoint("10.0.0.4")
+                .node("d")
+                .ready(false)
+                .serving(true)
+                .terminating(true),
+        ]);
         let (mut svc_t, mut s_t) = (svc.clone(), s.clone());
         trim_service(&mut svc_t);
         trim_slice(&mut s_t);
@@ -380,20 +379,26 @@ mod tests {
             );
         }
 
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": "n1", "labels": {EXCLUDE_LABEL: "", "zone": "a"}, "annotations": {"a": "b"}},
-            "spec": {"podCIDR": "198.19.1.0/24"},
-            "status": {
-                "conditions": [{"type": "Ready", "status": "True"}, {"type": "NetworkUnavailable", "status": "True"}],
-                "addresses": [
-                    {"type": "Hostname", "address": "n1"},
-                    {"type": "ExternalIP", "address": "203.0.113.1"},
-                    {"type": "InternalIP", "address": "198.18.0.11"},
-                ],
-                "images": [{"names": ["registry/image:tag"], "sizeBytes": 1}]
-            }
-        }))
-        .unwrap();
+        let node = objects::node("n1")
+            .labels([(EXCLUDE_LABEL, ""), ("zone", "a")])
+            .annotation("a", "b")
+            .ready(true)
+            .condition("NetworkUnavailable", "True")
+            .address("Hostname", "n1")
+            .address("ExternalIP", "203.0.113.1")
+            .address("InternalIP", "198.18.0.11")
+            .with(|n| {
+                n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                    pod_cidr: Some("198.19.1.0/24".into()),
+                    ..Default::default()
+                });
+                let image = k8s_openapi::api::core::v1::ContainerImage {
+                    names: Some(vec!["registry/image:tag".into()]),
+                    size_bytes: Some(1),
+                };
+                n.status.get_or_insert_default().images = Some(vec![image]);
+            })
+            .build();
         let mut trimmed = node.clone();
         trim_node(&mut trimmed);
         assert_eq!(NodeView::from_node(&trimmed), NodeView::from_node(&node));

@@ -195,6 +195,7 @@ mod tests {
 
     use super::*;
     use crate::l2::plan::Announcement;
+    use ferrolb_testkit::objects;
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey::new("default", name)
@@ -345,25 +346,26 @@ mod tests {
 
     fn service(name: &str, uid: &str, ips: &[&str]) -> Arc<Service> {
         Arc::new(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"namespace": "default", "name": name, "uid": uid},
-                "spec": {"type": "LoadBalancer"},
-                "status": {"loadBalancer": {"ingress": ips.iter().map(|i| serde_json::json!({"ip": i})).collect::<Vec<_>>()}}
-            }))
-            .unwrap(),
+            objects::service(name)
+                .namespace("default")
+                .uid(uid)
+                .ingress(ips)
+                .build(),
         )
     }
 
     fn slice(service: &str, node: &str) -> Arc<EndpointSlice> {
         Arc::new(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"namespace": "default", "name": format!("{service}-x"),
-                             "labels": {"kubernetes.io/service-name": service}},
-                "addressType": "IPv4",
-                "endpoints": [{"addresses": ["198.19.1.10"], "nodeName": node,
-                               "conditions": {"ready": true, "serving": true}}]
-            }))
-            .unwrap(),
+            objects::endpoint_slice(&format!("{service}-x"))
+                .namespace("default")
+                .service(service)
+                .endpoint(
+                    objects::endpoint("198.19.1.10")
+                        .node(node)
+                        .ready(true)
+                        .serving(true),
+                )
+                .build(),
         )
     }
 

@@ -143,6 +143,7 @@ mod tests {
     use ferrolb_layer2::heartbeat::Heard;
     use ferrolb_layer2::quorum::Report;
     use ferrolb_layer2::tenure::Tenure;
+    use ferrolb_testkit::objects;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{Node, Service};
     use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -150,59 +151,51 @@ mod tests {
     const NODES: [&str; 3] = ["node1", "node2", "node3"];
     const IP: &str = "198.18.200.0";
 
-    fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
-        Arc::new(serde_json::from_value(v).unwrap())
-    }
-
     fn node(name: &str, address: &str) -> Arc<Node> {
-        from_json(serde_json::json!({
-            "metadata": {"name": name},
-            "status": {"addresses": [{"type": "InternalIP", "address": address}]}
-        }))
+        Arc::new(objects::node(name).internal_ip(address).build())
     }
 
     fn presence(name: &str) -> Arc<Lease> {
-        from_json(serde_json::json!({
-            "metadata": {"name": format!("ferrolb-speaker-{name}"), "namespace": "metallb-system"},
-            "spec": {
-                "holderIdentity": name,
-                "leaseDurationSeconds": 40,
-                "renewTime": "2026-12-02T12:00:00.000000Z"
-            }
-        }))
+        Arc::new(
+            objects::lease(&format!("ferrolb-speaker-{name}"))
+                .namespace("metallb-system")
+                .holder(name)
+                .duration_seconds(40)
+                .renew_time("2026-12-02T12:00:00Z")
+                .build(),
+        )
     }
 
     /// Service `web` holding [`IP`], traffic policy Local: only nodes with a ready endpoint
     /// may announce it.
     fn web() -> Arc<Service> {
-        from_json(serde_json::json!({
-            "metadata": {"name": "web", "namespace": "default", "uid": "uid-web"},
-            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
-                     "ports": [{"port": 80, "protocol": "TCP"}]},
-            "status": {"loadBalancer": {"ingress": [{"ip": IP}]}}
-        }))
+        Arc::new(
+            objects::service("web")
+                .namespace("default")
+                .uid("uid-web")
+                .external_traffic_policy("Local")
+                .port(80, "TCP")
+                .ingress(&[IP])
+                .build(),
+        )
     }
 
     /// `web`'s endpoints: one ready pod on each of `nodes`.
     fn endpoints_on(nodes: &[&str]) -> Arc<EndpointSlice> {
-        let endpoints: Vec<serde_json::Value> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                serde_json::json!({
-                    "addresses": [format!("10.0.{i}.1")],
-                    "conditions": {"ready": true},
-                    "nodeName": n
-                })
-            })
-            .collect();
-        from_json(serde_json::json!({
-            "metadata": {"name": "web-1", "namespace": "default",
-                         "labels": {"kubernetes.io/service-name": "web"}},
-            "addressType": "IPv4",
-            "endpoints": endpoints,
-            "ports": [{"port": 8080, "protocol": "TCP"}]
-        }))
+        let slice = nodes.iter().enumerate().fold(
+            objects::endpoint_slice("web-1")
+                .namespace("default")
+                .service("web")
+                .port(None, 8080, "TCP"),
+            |slice, (i, n)| {
+                slice.endpoint(
+                    objects::endpoint(&format!("10.0.{i}.1"))
+                        .node(n)
+                        .ready(true),
+                )
+            },
+        );
+        Arc::new(slice.build())
     }
 
     fn validated() -> Validated {
