@@ -1,5 +1,5 @@
 //! The controller's pure core: from a Service (and its namespace's labels) to the status and
-//! annotation it should carry, through the allocator. No I/O: the driver in `run.rs` feeds it
+//! annotation it should carry, through the allocator. No I/O: the driver in `run/` feeds it
 //! watch events and writes what differs.
 
 use std::collections::HashMap;
@@ -12,8 +12,9 @@ use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
 use k8s_openapi::api::core::v1::Service;
 
-/// The old annotation prefix's name of the pool annotation (also cleared when we clear).
-const DEPRECATED_POOL_ANNOTATION: &str = "metallb.universe.tf/ip-allocated-from-pool";
+/// The old annotation prefix's name of the pool annotation (also cleared when we clear): the
+/// controller's one spelling of it (ferrolb-config has the prefix, not this name under it).
+pub const DEPRECATED_POOL_ANNOTATION: &str = "metallb.universe.tf/ip-allocated-from-pool";
 
 /// An Event to record on a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -303,6 +304,18 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_deprecated_pool_annotation_is_the_pool_annotation_under_the_old_prefix() {
+        use ferrolb_config::allocator::{ANNOTATION_PREFIX, DEPRECATED_ANNOTATION_PREFIX};
+        let name = IP_ALLOCATED_FROM_POOL
+            .strip_prefix(ANNOTATION_PREFIX)
+            .unwrap();
+        assert_eq!(
+            DEPRECATED_POOL_ANNOTATION,
+            format!("{DEPRECATED_ANNOTATION_PREFIX}{name}")
+        );
     }
 
     #[test]

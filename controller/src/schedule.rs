@@ -1,5 +1,5 @@
 //! The controller's work loop as a pure state machine: which Service to decide when, which write
-//! to start, when to write pool counters. No I/O, no clock: the driver in `run.rs` feeds it
+//! to start, when to write pool counters. No I/O, no clock: the driver in `run/` feeds it
 //! [`Input`]s (watch events, finished writes, time as an `Instant`) and carries out the
 //! [`Action`]s [`Schedule::step`] returns; decisions themselves come from [`Decide`] (the core).
 //!

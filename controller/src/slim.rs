@@ -2,7 +2,7 @@
 //!
 //! Every replica caches every Service, Namespace and Node of the cluster; as the API server sends
 //! them, most of their bytes are `managedFields`, `kubectl.kubernetes.io/last-applied-configuration`
-//! and fields the controller never looks at. What is kept here is exactly what `core.rs`, `run.rs`
+//! and fields the controller never looks at. What is kept here is exactly what `core.rs`, `run/`
 //! and the allocator's `ServiceRequest::from_service` read, so the decisions made from a trimmed
 //! object are those made from the full one (tested below).
 

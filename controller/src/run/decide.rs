@@ -1,0 +1,254 @@
+//! The decider: answers the [`Schedule`](crate::schedule::Schedule)'s [`Decide`] calls from the
+//! core and the caches (validating the configuration, applying changed pools, deciding
+//! Services). Pure and synchronous: no I/O, and the schedule says when to decide what.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrolb_config::allocator::{ServiceKey, is_ours};
+use ferrolb_config::crd::{BFDProfile, BGPPeer, IPAddressPoolStatus};
+use ferrolb_config::model::Pool;
+use ferrolb_config::selector::Labels;
+use ferrolb_config::validate::{NodeInfo, Validated, validate};
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
+
+use super::watches::Stores;
+use crate::core::{Core, Outcome, matches};
+use crate::schedule::{Decide, Decision};
+use crate::slim::{CachedService, ServiceCache};
+use crate::telemetry::Metrics;
+
+/// The decisions: the core and the caches it decides from.
+pub(super) struct Decider {
+    namespace: String,
+    lb_class: Option<String>,
+    stores: Stores,
+    /// The Services, kept by the work loop from the Service watch's events.
+    pub(super) services: ServiceCache,
+    metrics: Arc<Metrics>,
+    core: Core,
+    applied_pools: Option<Vec<Pool>>,
+    /// The configuration last applied, until it is reported.
+    pub(super) report: Option<ConfigReport>,
+    /// The term the allocations were rebuilt for (writes carry it).
+    term: u64,
+}
+
+/// A validated configuration to report, with what its BFDProfile finalizers are decided from.
+pub(super) struct ConfigReport {
+    pub(super) validated: Validated,
+    pub(super) peers: Vec<BGPPeer>,
+    pub(super) bfd_profiles: Vec<BFDProfile>,
+}
+
+/// One Service's write: what it should carry and the Events to record. The cached form, not the
+/// Service: a queue may hold thousands until written.
+pub(super) struct ServiceWrite {
+    pub(super) service: Arc<CachedService>,
+    pub(super) outcome: Outcome,
+    /// The leadership term it was decided in: it is sent only while that term lasts.
+    pub(super) term: u64,
+}
+
+impl Decider {
+    /// A decider for the configuration of `namespace` and Services of `lb_class`, with no
+    /// Services yet and nothing applied.
+    pub(super) fn new(
+        namespace: String,
+        lb_class: Option<String>,
+        stores: Stores,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            namespace,
+            core: Core::new(lb_class.clone()),
+            lb_class,
+            stores,
+            services: ServiceCache::default(),
+            metrics,
+            applied_pools: None,
+            report: None,
+            term: 0,
+        }
+    }
+
+    fn namespace_labels(&self, service: &Service) -> Labels {
+        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+        self.stores
+            .namespaces
+            .get(&ObjectRef::new(ns))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+
+    /// The applied pools' counters, as IPAddressPool status.
+    pub(super) fn pool_counters(&self) -> Vec<(String, IPAddressPoolStatus)> {
+        let Some(pools) = &self.applied_pools else {
+            return Vec::new();
+        };
+        pools
+            .iter()
+            .filter_map(|p| {
+                let stats = self.core.allocator().pool_stats(&p.name)?;
+                let status = IPAddressPoolStatus {
+                    assigned_ipv4: stats.assigned_ipv4,
+                    assigned_ipv6: stats.assigned_ipv6,
+                    available_ipv4: stats.available_ipv4,
+                    available_ipv6: stats.available_ipv6,
+                };
+                Some((p.name.clone(), status))
+            })
+            .collect()
+    }
+
+    /// Sets the size metrics (addresses in all, per family) of each pool.
+    fn count_pool_sizes(&self, pools: &BTreeMap<String, Pool>) {
+        for (name, pool) in pools {
+            let (v4, v6) = pool
+                .ranges
+                .iter()
+                .fold((0u128, 0u128), |(a, b), r| match r.family() {
+                    ferrolb_config::address::Family::V4 => (a + r.size(), b),
+                    ferrolb_config::address::Family::V6 => (a, b.saturating_add(r.size())),
+                });
+            let label = vec![("pool", name.clone())];
+            let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
+            self.metrics
+                .addresses_total
+                .get_or_create(&label)
+                .set(clamp(v4.saturating_add(v6)));
+            self.metrics.ipv4_total.get_or_create(&label).set(clamp(v4));
+            self.metrics.ipv6_total.get_or_create(&label).set(clamp(v6));
+        }
+    }
+}
+
+impl Decide for Decider {
+    type Write = ServiceWrite;
+
+    /// A new leader starts from the caches: configuration, then every Service holding IPs
+    /// re-claims them (in key order), then everything else.
+    fn rebuild(&mut self, term: u64) -> Vec<ServiceKey> {
+        tracing::info!(
+            term,
+            "leading: rebuilding allocations from the Services' status"
+        );
+        self.term = term;
+        self.core = Core::new(self.lb_class.clone());
+        self.applied_pools = None;
+        self.apply_config();
+        let started = Instant::now();
+        let mut sorted: Vec<Arc<CachedService>> = self.services.iter().cloned().collect();
+        sorted.sort_by(|a, b| a.key().cmp(b.key()));
+        let mut reclaimed = 0usize;
+        for cached in &sorted {
+            let svc = cached.to_service();
+            if self.core.reclaim(&svc, &self.namespace_labels(&svc)) {
+                reclaimed += 1;
+            }
+        }
+        tracing::info!(reclaimed, services = sorted.len(), elapsed = ?started.elapsed(), "re-claimed existing IPs");
+        sorted.iter().map(|s| s.key().clone()).collect()
+    }
+
+    /// Validates the configuration from the caches and applies changed pools (to be reported).
+    fn apply_config(&mut self) -> Vec<ServiceKey> {
+        let s = &self.stores;
+        let nodes = s
+            .nodes
+            .state()
+            .iter()
+            .map(|n| NodeInfo {
+                name: n.metadata.name.clone().unwrap_or_default(),
+                labels: n.metadata.labels.clone().unwrap_or_default(),
+            })
+            .collect();
+        let objects = s.config.objects(&self.namespace, nodes);
+        let validated = validate(&objects);
+        self.metrics.config_loaded.set(1);
+        self.metrics
+            .config_stale
+            .set(i64::from(!validated.is_valid()));
+        for e in &validated.errors {
+            tracing::warn!(object = %e.object, field = %e.field, "configuration error: {}", e.message);
+        }
+        let pools: Vec<Pool> = validated.config.pools.values().cloned().collect();
+        let mut requeue = Vec::new();
+        if self.applied_pools.as_ref() != Some(&pools) {
+            tracing::info!(pools = pools.len(), "applying pools");
+            requeue = self.core.set_pools(pools.clone());
+            self.count_pool_sizes(&validated.config.pools);
+            self.applied_pools = Some(pools);
+            // Services waiting for an IP may fit now.
+            requeue.extend(self.waiting());
+        }
+        self.report = Some(ConfigReport {
+            validated,
+            peers: objects.peers,
+            bfd_profiles: objects.bfd_profiles,
+        });
+        requeue
+    }
+
+    /// Decides what one Service should carry (allocating or releasing in the core).
+    fn decide(&mut self, key: &ServiceKey) -> Decision<ServiceWrite> {
+        let Some(cached) = self.services.get(key).cloned() else {
+            return if self.core.forget(key) {
+                Decision::Freed
+            } else {
+                Decision::Nothing
+            };
+        };
+        let service = cached.to_service();
+        let outcome = self
+            .core
+            .reconcile(&service, &self.namespace_labels(&service));
+        self.metrics
+            .services_assigned
+            .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
+        if matches(&service, &outcome.desired) && outcome.notes.is_empty() {
+            Decision::Nothing
+        } else {
+            Decision::Write(ServiceWrite {
+                service: cached,
+                outcome,
+                term: self.term,
+            })
+        }
+    }
+
+    /// Services of ours still waiting for an IP, or for their second family: a PreferDualStack
+    /// Service with two cluster IPs that holds one family gains the other when it frees up, as
+    /// in MetalLB (found by the differential test).
+    fn waiting(&self) -> Vec<ServiceKey> {
+        self.services
+            .iter()
+            .filter(|s| {
+                let service = s.to_service();
+                if !is_ours(&service, self.lb_class.as_deref()) {
+                    return false;
+                }
+                match self.core.allocator().assignment(s.key()) {
+                    None => true,
+                    Some(held) => held.ips.len() < 2 && prefers_dual_stack(&service),
+                }
+            })
+            .map(|s| s.key().clone())
+            .collect()
+    }
+
+    fn held(&self) -> usize {
+        self.core.allocator().len()
+    }
+}
+
+/// Whether the Service is PreferDualStack and got both families (`spec.ipFamilies`; the cache
+/// keeps no cluster IPs).
+fn prefers_dual_stack(service: &Service) -> bool {
+    service.spec.as_ref().is_some_and(|spec| {
+        spec.ip_family_policy.as_deref() == Some("PreferDualStack")
+            && spec.ip_families.as_ref().is_some_and(|f| f.len() == 2)
+    })
+}

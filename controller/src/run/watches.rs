@@ -1,0 +1,163 @@
+//! The watches: Services (trimmed as they arrive, cached by the work loop), the metadata of
+//! Namespaces and Nodes, and the `metallb.io` configuration of ferrolb's namespace. Each hands
+//! the loop a [`Work`] item per change and one when its initial list is complete.
+
+use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use crate::slim::{self, CachedService};
+
+/// Work items the watches produce.
+#[derive(Debug)]
+pub(super) enum Work {
+    /// A watch event of a Service, already trimmed (boxed: it is ten times the other variants).
+    Service(Box<Event<CachedService>>),
+    /// A configuration object or a Node changed: validate the configuration again.
+    Config,
+    /// A Namespace changed (its labels admit Services to pools).
+    Namespace(String),
+    /// The watch of this kind has its initial list (or a re-list).
+    Synced(&'static str),
+}
+
+/// The watches' caches, but for Services, which the work loop keeps itself.
+pub(super) struct Stores {
+    pub(super) namespaces: Store<PartialObjectMeta<Namespace>>,
+    pub(super) nodes: Store<PartialObjectMeta<Node>>,
+    pub(super) config: ConfigStores,
+}
+
+/// The watches started: their caches, and how many must list before the controller acts.
+pub(super) struct Started {
+    pub(super) stores: Stores,
+    /// Counted as the watches start, so that a watch added can never be missing from it.
+    pub(super) watches: usize,
+}
+
+/// Objects per page of the initial list (and of a re-list): each page is held whole while it is
+/// decoded, so it sets the peak above the caches.
+const PAGE_SIZE: u32 = 100;
+
+/// Starts every watch, sending what they hear on `tx`.
+pub(super) fn start(client: &Client, namespace: &str, tx: &mpsc::UnboundedSender<Work>) -> Started {
+    let mut starter = Starter {
+        client,
+        tx,
+        started: 0,
+    };
+    starter.services();
+    let stores = Stores {
+        namespaces: starter.metadata::<Namespace>("namespaces", |n| {
+            Work::Namespace(n.metadata.name.clone().unwrap_or_default())
+        }),
+        nodes: starter.metadata::<Node>("nodes", |_| Work::Config),
+        config: starter.config(namespace),
+    };
+    Started {
+        stores,
+        watches: starter.started,
+    }
+}
+
+/// Sends `work` to the loop; `false` once the loop is gone.
+fn send(tx: &mpsc::UnboundedSender<Work>, work: Work) -> Continue {
+    tx.send(work).is_ok()
+}
+
+/// Starts watches, counting each one it starts.
+struct Starter<'a> {
+    client: &'a Client,
+    tx: &'a mpsc::UnboundedSender<Work>,
+    started: usize,
+}
+
+impl Starter<'_> {
+    /// Watches Services, trimming each as it arrives (the full object is dropped at once), and
+    /// hands the events to the work loop, which keeps the cache.
+    fn services(&mut self) {
+        self.started += 1;
+        let stream = watcher(
+            Api::<Service>::all(self.client.clone()),
+            watcher::Config::default().page_size(PAGE_SIZE),
+        )
+        .backoff(ferrolb_runtime::watch::WatchBackoff::default());
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let event = match event {
+                    Ok(Event::Apply(s)) => Event::Apply(CachedService::new(s)),
+                    Ok(Event::Delete(s)) => Event::Delete(CachedService::new(s)),
+                    Ok(Event::InitApply(s)) => Event::InitApply(CachedService::new(s)),
+                    Ok(Event::Init) => Event::Init,
+                    Ok(Event::InitDone) => Event::InitDone,
+                    Err(e) => {
+                        tracing::warn!(error = %e, watch = "services", "watch failed; retrying");
+                        continue;
+                    }
+                };
+                let done = matches!(event, Event::InitDone);
+                if tx.send(Work::Service(Box::new(event))).is_err()
+                    || (done && tx.send(Work::Synced("services")).is_err())
+                {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Watches the metadata of every object of kind `K` (names and labels only are kept).
+    fn metadata<K>(
+        &mut self,
+        kind: &'static str,
+        map: fn(&PartialObjectMeta<K>) -> Work,
+    ) -> Store<PartialObjectMeta<K>>
+    where
+        PartialObjectMeta<K>: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.started += 1;
+        let tx = self.tx.clone();
+        reflect(
+            watcher(
+                Api::<PartialObjectMeta<K>>::all(self.client.clone()),
+                watcher::Config::default().page_size(PAGE_SIZE),
+            ),
+            kind,
+            slim::name_and_labels,
+            move |change| match change {
+                Change::Object(o) => send(&tx, map(o)),
+                Change::Listed => send(&tx, Work::Synced(kind)),
+            },
+        )
+    }
+
+    /// Watches the configuration objects of `namespace`, one watch per kind.
+    fn config(&mut self, namespace: &str) -> ConfigStores {
+        self.started += ConfigStores::WATCHES;
+        let tx = self.tx.clone();
+        ConfigStores::start(self.client, namespace, PAGE_SIZE, move |kind, change| {
+            send(
+                &tx,
+                match change {
+                    ConfigChange::Changed => Work::Config,
+                    ConfigChange::Listed => Work::Synced(kind),
+                },
+            )
+        })
+    }
+}

@@ -1,0 +1,220 @@
+//! One Service's write: its status and pool annotation in one fenced merge patch, then its
+//! Events. Owns what it needs, so that writes run while the work loop goes on.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrolb_config::allocator::IP_ALLOCATED_FROM_POOL;
+use ferrolb_runtime::events::{self, EventQueue};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, Resource};
+
+use super::Applied;
+use crate::core::{DEPRECATED_POOL_ANNOTATION, Desired, Note, Outcome, matches};
+use crate::leader::Leadership;
+use crate::telemetry::Metrics;
+
+/// A write starts only with at least this much of the leadership grant left: less, and it would
+/// likely be abandoned half-way (every write is abandoned when the grant ends).
+const MIN_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Writes one Service's outcome.
+#[derive(Clone)]
+pub(super) struct Writer {
+    pub(super) client: Client,
+    pub(super) leadership: Leadership,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) events: EventQueue,
+}
+
+impl Writer {
+    /// Writes what differs and records the Events, if this replica still leads in `term`.
+    ///
+    /// The fence: the write is conditional on the resourceVersion it was decided on, so the API
+    /// server refuses it if anyone (a newer leader among them) wrote the Service since; and it is
+    /// abandoned when this term's grant ends, which is before any other replica can take the
+    /// Lease (docs/decisions/0016-controller-fencing.md).
+    pub(super) async fn apply(
+        &self,
+        service: &Service,
+        outcome: &Outcome,
+        term: u64,
+    ) -> anyhow::Result<Applied> {
+        let started = Instant::now();
+        let until = match self.leadership.grant() {
+            Some((now_term, until)) if now_term == term && until > started + MIN_WRITE_WINDOW => {
+                until
+            }
+            _ => return Ok(Applied::NotLeading),
+        };
+        if !matches(service, &outcome.desired) {
+            // Biased: once the grant has ended, the write is never polled again (not even once
+            // on waking from a freeze, which plain `timeout` would do before checking the time).
+            let result = tokio::select! {
+                biased;
+                () = tokio::time::sleep_until(until.into()) => None,
+                r = self.write(service, &outcome.desired) => Some(r),
+            };
+            match result {
+                None => {
+                    self.metrics.write_failed("abandoned");
+                    anyhow::bail!(
+                        "the write did not finish before the leadership grant ended; abandoned"
+                    )
+                }
+                Some(Err(WriteError::Conflict)) => {
+                    self.metrics.write_failed("conflict");
+                    return Ok(Applied::Stale);
+                }
+                Some(Err(WriteError::Other(e))) => {
+                    self.metrics.write_failed("error");
+                    return Err(e);
+                }
+                Some(Ok(())) => {}
+            }
+            self.metrics
+                .allocation_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        for note in &outcome.notes {
+            self.publish(service, note);
+        }
+        Ok(Applied::Done)
+    }
+
+    async fn write(&self, service: &Service, desired: &Desired) -> Result<(), WriteError> {
+        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+        let name = service.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let (ingress, pool) = match desired {
+            Desired::Untouched => return Ok(()),
+            Desired::Assigned { ips, pool } => (
+                serde_json::Value::Array(
+                    ips.iter()
+                        .map(|ip| serde_json::json!({"ip": ip.to_string(), "ipMode": "VIP"}))
+                        .collect(),
+                ),
+                serde_json::Value::String(pool.clone()),
+            ),
+            Desired::Cleared => (serde_json::Value::Null, serde_json::Value::Null),
+        };
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(IP_ALLOCATED_FROM_POOL.into(), pool);
+        if service
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(DEPRECATED_POOL_ANNOTATION))
+        {
+            annotations.insert(DEPRECATED_POOL_ANNOTATION.into(), serde_json::Value::Null);
+        }
+        // One write for the IP and the pool annotation: the status subresource of Services takes
+        // metadata too (their status strategy resets only the spec), which halves the writes of
+        // an allocation and lets the controller do without write access to Services themselves.
+        // A resourceVersion in a merge patch is a precondition the API server checks (409
+        // Conflict when the Service has changed since).
+        let written = api
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({
+                    "metadata": {
+                        "annotations": annotations,
+                        "resourceVersion": service.metadata.resource_version,
+                    },
+                    "status": {"loadBalancer": {"ingress": ingress}},
+                })),
+            )
+            .await
+            .map_err(|e| WriteError::of(e, || format!("writing status of Service {ns}/{name}")))?;
+        if !annotations_applied(&written, &annotations) {
+            // Services' status subresource has always taken metadata (Kubernetes' own service
+            // controller writes its finalizer that way), so this is an API server that drops it.
+            return Err(WriteError::Other(anyhow::anyhow!(
+                "the API server did not keep the pool annotation written with the status of Service {ns}/{name}"
+            )));
+        }
+        tracing::info!(service = %format!("{ns}/{name}"), ?desired, "wrote Service");
+        Ok(())
+    }
+
+    /// Queues an Event about `service`; the Event writer sends it without holding up writes.
+    fn publish(&self, service: &Service, note: &Note) {
+        self.events.push(events::Queued {
+            warning: note.warning,
+            reason: note.reason,
+            message: note.message.clone(),
+            action: "Allocate",
+            regarding: service.object_ref(&()),
+        });
+    }
+}
+
+/// Why a Service write did not happen.
+#[derive(Debug)]
+enum WriteError {
+    /// The Service changed since the copy the write was decided on.
+    Conflict,
+    /// Anything else, with what was being written.
+    Other(anyhow::Error),
+}
+
+impl WriteError {
+    fn of(error: kube::Error, what: impl FnOnce() -> String) -> Self {
+        match error {
+            kube::Error::Api(ref status) if status.code == 409 => Self::Conflict,
+            e => Self::Other(anyhow::Error::new(e).context(what())),
+        }
+    }
+}
+
+/// Whether `service` carries the annotation changes of a merge patch (a string sets, null removes).
+fn annotations_applied(
+    service: &Service,
+    patch: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
+    let current = service.metadata.annotations.as_ref();
+    patch.iter().all(|(key, value)| {
+        let now = current.and_then(|a| a.get(key));
+        match value {
+            serde_json::Value::String(v) => now == Some(v),
+            _ => now.is_none(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn annotated(annotations: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({"metadata": {"annotations": annotations}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn annotations_applied_checks_sets_and_removals() {
+        let patch = serde_json::json!({
+            "metallb.io/ip-allocated-from-pool": "p",
+            "metallb.universe.tf/ip-allocated-from-pool": null,
+        });
+        let patch = patch.as_object().unwrap();
+        let ok = annotated(serde_json::json!({"metallb.io/ip-allocated-from-pool": "p", "x": "y"}));
+        assert!(annotations_applied(&ok, patch));
+        let ignored =
+            annotated(serde_json::json!({"metallb.universe.tf/ip-allocated-from-pool": "p"}));
+        assert!(!annotations_applied(&ignored, patch));
+        let other_pool = annotated(serde_json::json!({"metallb.io/ip-allocated-from-pool": "q"}));
+        assert!(!annotations_applied(&other_pool, patch));
+        let clear = serde_json::json!({"metallb.io/ip-allocated-from-pool": null});
+        let clear = clear.as_object().unwrap();
+        assert!(annotations_applied(
+            &annotated(serde_json::Value::Null),
+            clear
+        ));
+        assert!(!annotations_applied(&ok, clear));
+    }
+}
