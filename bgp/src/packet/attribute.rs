@@ -503,6 +503,113 @@ fn u32_value(value: &[u8]) -> Option<u32> {
     <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes)
 }
 
+/// The checks before an attribute's value is looked at: RFC 7606 §3 g (a repeated
+/// MP_(UN)REACH_NLRI ends the session; any other repeated attribute is discarded), then the
+/// optional and transitive flags of the attributes we interpret.
+fn screen(seen: &mut SeenCodes, flags: u8, type_code: u8) -> Result<(), Fault> {
+    let mp = matches!(type_code, code::MP_REACH_NLRI | code::MP_UNREACH_NLRI);
+    if !seen.insert(type_code) {
+        return Err(if mp {
+            Fault::Reset(
+                update_subcode::MALFORMED_ATTRIBUTE_LIST,
+                "repeated MP_(UN)REACH_NLRI",
+            )
+        } else {
+            Fault::Soft(
+                update_subcode::MALFORMED_ATTRIBUTE_LIST,
+                ErrorAction::AttributeDiscard,
+            )
+        });
+    }
+    if let Some(expected) = expected_flags(type_code)
+        && flags & (flag::OPTIONAL | flag::TRANSITIVE) != expected
+    {
+        return Err(if mp {
+            Fault::Reset(
+                update_subcode::ATTRIBUTE_FLAGS_ERROR,
+                "MP_(UN)REACH_NLRI flags",
+            )
+        } else {
+            Fault::Soft(
+                update_subcode::ATTRIBUTE_FLAGS_ERROR,
+                ErrorAction::TreatAsWithdraw,
+            )
+        });
+    }
+    Ok(())
+}
+
+/// AGGREGATOR: an AS number of the session's width and an IPv4 address.
+fn decode_aggregator(value: &[u8], ctx: &CodecContext) -> Option<Aggregator> {
+    let mut v = Reader::new(value);
+    let asn = match (ctx.four_octet_as, value.len()) {
+        (true, 8) => v.u32(),
+        (false, 6) => v.u16().map(u32::from),
+        _ => None,
+    }?;
+    let a = v.array::<4>()?;
+    Some(Aggregator {
+        asn,
+        address: Ipv4Addr::from(a),
+    })
+}
+
+/// COMMUNITIES: one or more 4-octet values.
+fn decode_communities(value: &[u8]) -> Option<Vec<Community>> {
+    if value.is_empty() || !value.len().is_multiple_of(4) {
+        return None;
+    }
+    Some(
+        value
+            .chunks_exact(4)
+            .map(|c| Community(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+    )
+}
+
+/// LARGE_COMMUNITY: one or more 12-octet values.
+fn decode_large_communities(value: &[u8]) -> Option<Vec<LargeCommunity>> {
+    if value.is_empty() || !value.len().is_multiple_of(12) {
+        return None;
+    }
+    Some(
+        value
+            .chunks_exact(12)
+            .map(|c| {
+                let w = |i: usize| u32::from_be_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+                LargeCommunity {
+                    global_admin: w(0),
+                    local_data_1: w(4),
+                    local_data_2: w(8),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// What became of one attribute that could not be taken in.
+enum Fault {
+    /// RFC 7606 lets the session survive: the attribute is left out, with this UPDATE Message
+    /// Error subcode and action.
+    Soft(u8, ErrorAction),
+    /// The session is reset with this UPDATE Message Error subcode; the text says what was wrong.
+    Reset(u8, &'static str),
+}
+
+/// The type codes already seen in one UPDATE: one bit per code.
+#[derive(Default)]
+struct SeenCodes([u64; 4]);
+
+impl SeenCodes {
+    /// Marks `type_code` seen; false if it was already.
+    fn insert(&mut self, type_code: u8) -> bool {
+        let (word, bit) = (usize::from(type_code / 64), type_code % 64);
+        let fresh = self.0[word] & (1 << bit) == 0;
+        self.0[word] |= 1 << bit;
+        fresh
+    }
+}
+
 impl PathAttributes {
     /// Decodes the path attributes field of an UPDATE. Errors that RFC 7606 lets the session
     /// survive are pushed onto `errors` and the attribute is left out; the others are returned.
@@ -512,7 +619,7 @@ impl PathAttributes {
         errors: &mut Vec<AttributeError>,
     ) -> Result<Self, DecodeError> {
         let mut attrs = Self::default();
-        let mut seen = [0u64; 4];
+        let mut seen = SeenCodes::default();
         let mut r = Reader::new(block);
         while !r.is_empty() {
             let whole_start = r.rest();
@@ -541,187 +648,126 @@ impl PathAttributes {
                 });
                 break;
             };
-            let whole = &whole_start[..whole_start.len() - r.remaining()];
-            let reset = |subcode, what| DecodeError::Update {
-                subcode,
-                data: whole.to_vec(),
-                what,
-            };
-            let mut soft = |subcode, action| {
-                errors.push(AttributeError {
+            let outcome = screen(&mut seen, flags, type_code)
+                .and_then(|()| attrs.take_in(flags, type_code, value, ctx));
+            match outcome {
+                Ok(()) => {}
+                Err(Fault::Soft(subcode, action)) => errors.push(AttributeError {
                     type_code,
                     subcode,
                     action,
-                });
-            };
-
-            // RFC 7606 §3 g: a repeated MP_(UN)REACH_NLRI ends the session; any other repeated
-            // attribute is discarded.
-            let (word, bit) = (usize::from(type_code / 64), type_code % 64);
-            if seen[word] & (1 << bit) != 0 {
-                if matches!(type_code, code::MP_REACH_NLRI | code::MP_UNREACH_NLRI) {
-                    return Err(reset(
-                        update_subcode::MALFORMED_ATTRIBUTE_LIST,
-                        "repeated MP_(UN)REACH_NLRI",
-                    ));
-                }
-                soft(
-                    update_subcode::MALFORMED_ATTRIBUTE_LIST,
-                    ErrorAction::AttributeDiscard,
-                );
-                continue;
-            }
-            seen[word] |= 1 << bit;
-
-            if let Some(expected) = expected_flags(type_code)
-                && flags & (flag::OPTIONAL | flag::TRANSITIVE) != expected
-            {
-                if matches!(type_code, code::MP_REACH_NLRI | code::MP_UNREACH_NLRI) {
-                    return Err(reset(
-                        update_subcode::ATTRIBUTE_FLAGS_ERROR,
-                        "MP_(UN)REACH_NLRI flags",
-                    ));
-                }
-                soft(
-                    update_subcode::ATTRIBUTE_FLAGS_ERROR,
-                    ErrorAction::TreatAsWithdraw,
-                );
-                continue;
-            }
-
-            let taw = ErrorAction::TreatAsWithdraw;
-            match type_code {
-                code::ORIGIN => match value {
-                    [0] => attrs.origin = Some(Origin::Igp),
-                    [1] => attrs.origin = Some(Origin::Egp),
-                    [2] => attrs.origin = Some(Origin::Incomplete),
-                    [_] => soft(update_subcode::INVALID_ORIGIN_ATTRIBUTE, taw),
-                    _ => soft(update_subcode::ATTRIBUTE_LENGTH_ERROR, taw),
-                },
-                code::AS_PATH => {
-                    match AsPath::decode(value, if ctx.four_octet_as { 4 } else { 2 }) {
-                        Some(path) => attrs.as_path = Some(path),
-                        None => soft(update_subcode::MALFORMED_AS_PATH, taw),
-                    }
-                }
-                code::NEXT_HOP => match <[u8; 4]>::try_from(value) {
-                    Ok(a) => attrs.next_hop = Some(Ipv4Addr::from(a)),
-                    Err(_) => soft(update_subcode::ATTRIBUTE_LENGTH_ERROR, taw),
-                },
-                code::MULTI_EXIT_DISC => match u32_value(value) {
-                    Some(v) => attrs.med = Some(v),
-                    None => soft(update_subcode::ATTRIBUTE_LENGTH_ERROR, taw),
-                },
-                code::LOCAL_PREF => match u32_value(value) {
-                    Some(v) => attrs.local_pref = Some(v),
-                    None => soft(update_subcode::ATTRIBUTE_LENGTH_ERROR, taw),
-                },
-                code::ATOMIC_AGGREGATE => {
-                    if value.is_empty() {
-                        attrs.atomic_aggregate = true;
-                    } else {
-                        soft(
-                            update_subcode::ATTRIBUTE_LENGTH_ERROR,
-                            ErrorAction::AttributeDiscard,
-                        );
-                    }
-                }
-                code::AGGREGATOR => {
-                    let mut v = Reader::new(value);
-                    let asn = match (ctx.four_octet_as, value.len()) {
-                        (true, 8) => v.u32(),
-                        (false, 6) => v.u16().map(u32::from),
-                        _ => None,
-                    };
-                    match (asn, v.array::<4>()) {
-                        (Some(asn), Some(a)) => {
-                            attrs.aggregator = Some(Aggregator {
-                                asn,
-                                address: Ipv4Addr::from(a),
-                            });
-                        }
-                        _ => soft(
-                            update_subcode::ATTRIBUTE_LENGTH_ERROR,
-                            ErrorAction::AttributeDiscard,
-                        ),
-                    }
-                }
-                code::COMMUNITIES => {
-                    if value.is_empty() || value.len() % 4 != 0 {
-                        soft(update_subcode::ATTRIBUTE_LENGTH_ERROR, taw);
-                    } else {
-                        attrs.communities = value
-                            .chunks_exact(4)
-                            .map(|c| Community(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
-                            .collect();
-                    }
-                }
-                code::LARGE_COMMUNITY => {
-                    if value.is_empty() || value.len() % 12 != 0 {
-                        soft(update_subcode::ATTRIBUTE_LENGTH_ERROR, taw);
-                    } else {
-                        attrs.large_communities = value
-                            .chunks_exact(12)
-                            .map(|c| {
-                                let w = |i: usize| {
-                                    u32::from_be_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]])
-                                };
-                                LargeCommunity {
-                                    global_admin: w(0),
-                                    local_data_1: w(4),
-                                    local_data_2: w(8),
-                                }
-                            })
-                            .collect();
-                    }
-                }
-                code::MP_REACH_NLRI => match MpReach::decode(value) {
-                    Some(reach) => attrs.mp_reach = Some(reach),
-                    None => {
-                        return Err(reset(
-                            update_subcode::OPTIONAL_ATTRIBUTE_ERROR,
-                            "malformed MP_REACH_NLRI",
-                        ));
-                    }
-                },
-                code::MP_UNREACH_NLRI => match MpUnreach::decode(value) {
-                    Some(unreach) => attrs.mp_unreach = Some(unreach),
-                    None => {
-                        return Err(reset(
-                            update_subcode::OPTIONAL_ATTRIBUTE_ERROR,
-                            "malformed MP_UNREACH_NLRI",
-                        ));
-                    }
-                },
-                code::AS4_PATH | code::AS4_AGGREGATOR if ctx.four_octet_as => {
-                    // RFC 6793 §6: a NEW speaker discards these from another NEW speaker.
-                    soft(
-                        update_subcode::OPTIONAL_ATTRIBUTE_ERROR,
-                        ErrorAction::AttributeDiscard,
-                    );
-                }
-                code::AS4_PATH | code::AS4_AGGREGATOR => attrs.other.push(RawAttribute {
-                    flags: (flags | flag::OPTIONAL | flag::TRANSITIVE) & !flag::EXTENDED_LENGTH,
-                    type_code,
-                    value: value.to_vec(),
                 }),
-                _ if flags & flag::OPTIONAL == 0 && expected_flags(type_code).is_none() => {
-                    return Err(reset(
-                        update_subcode::UNRECOGNIZED_WELL_KNOWN_ATTRIBUTE,
-                        "unrecognized well-known attribute",
-                    ));
+                Err(Fault::Reset(subcode, what)) => {
+                    let whole = &whole_start[..whole_start.len() - r.remaining()];
+                    return Err(DecodeError::Update {
+                        subcode,
+                        data: whole.to_vec(),
+                        what,
+                    });
                 }
-                _ => attrs.other.push(RawAttribute {
-                    flags: flags & !flag::EXTENDED_LENGTH,
-                    type_code,
-                    value: value.to_vec(),
-                }),
             }
         }
         // The encoder writes attributes in type code order; keep `other` in that order too so
         // that decode(encode(x)) == x. Type codes are unique: repeats were discarded above.
         attrs.other.sort_by_key(|a| a.type_code);
         Ok(attrs)
+    }
+
+    /// Interprets one attribute's value into `self`, or keeps it as received if it is not one we
+    /// interpret.
+    fn take_in(
+        &mut self,
+        flags: u8,
+        type_code: u8,
+        value: &[u8],
+        ctx: &CodecContext,
+    ) -> Result<(), Fault> {
+        let taw = Fault::Soft(
+            update_subcode::ATTRIBUTE_LENGTH_ERROR,
+            ErrorAction::TreatAsWithdraw,
+        );
+        let discard = Fault::Soft(
+            update_subcode::ATTRIBUTE_LENGTH_ERROR,
+            ErrorAction::AttributeDiscard,
+        );
+        match type_code {
+            code::ORIGIN => {
+                self.origin = Some(match value {
+                    [0] => Origin::Igp,
+                    [1] => Origin::Egp,
+                    [2] => Origin::Incomplete,
+                    [_] => {
+                        return Err(Fault::Soft(
+                            update_subcode::INVALID_ORIGIN_ATTRIBUTE,
+                            ErrorAction::TreatAsWithdraw,
+                        ));
+                    }
+                    _ => return Err(taw),
+                });
+            }
+            code::AS_PATH => {
+                let path = AsPath::decode(value, if ctx.four_octet_as { 4 } else { 2 });
+                self.as_path = Some(path.ok_or(Fault::Soft(
+                    update_subcode::MALFORMED_AS_PATH,
+                    ErrorAction::TreatAsWithdraw,
+                ))?);
+            }
+            code::NEXT_HOP => {
+                let a = <[u8; 4]>::try_from(value).map_err(|_| taw)?;
+                self.next_hop = Some(Ipv4Addr::from(a));
+            }
+            code::MULTI_EXIT_DISC => self.med = Some(u32_value(value).ok_or(taw)?),
+            code::LOCAL_PREF => self.local_pref = Some(u32_value(value).ok_or(taw)?),
+            code::ATOMIC_AGGREGATE => {
+                if !value.is_empty() {
+                    return Err(discard);
+                }
+                self.atomic_aggregate = true;
+            }
+            code::AGGREGATOR => {
+                self.aggregator = Some(decode_aggregator(value, ctx).ok_or(discard)?);
+            }
+            code::COMMUNITIES => self.communities = decode_communities(value).ok_or(taw)?,
+            code::LARGE_COMMUNITY => {
+                self.large_communities = decode_large_communities(value).ok_or(taw)?;
+            }
+            code::MP_REACH_NLRI => {
+                self.mp_reach = Some(MpReach::decode(value).ok_or(Fault::Reset(
+                    update_subcode::OPTIONAL_ATTRIBUTE_ERROR,
+                    "malformed MP_REACH_NLRI",
+                ))?);
+            }
+            code::MP_UNREACH_NLRI => {
+                self.mp_unreach = Some(MpUnreach::decode(value).ok_or(Fault::Reset(
+                    update_subcode::OPTIONAL_ATTRIBUTE_ERROR,
+                    "malformed MP_UNREACH_NLRI",
+                ))?);
+            }
+            code::AS4_PATH | code::AS4_AGGREGATOR if ctx.four_octet_as => {
+                // RFC 6793 §6: a NEW speaker discards these from another NEW speaker.
+                return Err(Fault::Soft(
+                    update_subcode::OPTIONAL_ATTRIBUTE_ERROR,
+                    ErrorAction::AttributeDiscard,
+                ));
+            }
+            code::AS4_PATH | code::AS4_AGGREGATOR => self.other.push(RawAttribute {
+                flags: (flags | flag::OPTIONAL | flag::TRANSITIVE) & !flag::EXTENDED_LENGTH,
+                type_code,
+                value: value.to_vec(),
+            }),
+            _ if flags & flag::OPTIONAL == 0 && expected_flags(type_code).is_none() => {
+                return Err(Fault::Reset(
+                    update_subcode::UNRECOGNIZED_WELL_KNOWN_ATTRIBUTE,
+                    "unrecognized well-known attribute",
+                ));
+            }
+            _ => self.other.push(RawAttribute {
+                flags: flags & !flag::EXTENDED_LENGTH,
+                type_code,
+                value: value.to_vec(),
+            }),
+        }
+        Ok(())
     }
 
     /// Appends every attribute, in type code order.
