@@ -1,6 +1,7 @@
-//! One runner for the lab's test suites (`e2e/tests/*.rs`, `harness = false`): the root check,
-//! bringing the lab up only when a selected test needs it, the suite's setup, running the tests
-//! (one at a time where they share state), logs on failure, and taking the lab down.
+//! The lab's test suites (`e2e/tests/*.rs`, `harness = false`) on the test kit's runner
+//! (`ferrolb_testkit::trial`): the root check, bringing the lab up only when a selected test
+//! needs it, the suite's setup, running the tests (one at a time where they share state), logs
+//! on failure (then the failures once more), and taking the lab down.
 //!
 //! A test that cannot run here (not root, a tool missing) is reported as ignored with the
 //! reason, never as passed; `scripts/test` fails in CI when any test was ignored.
@@ -8,10 +9,8 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 
-use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
+use ferrolb_testkit::trial::{self, Arguments, Conclusion, Failed, Failures};
 
 use crate::lab::{Lab, repo_root};
 use crate::topology::Options;
@@ -111,67 +110,52 @@ impl<F: Fixture> Suite<F> {
     where
         S: FnOnce(Lab) -> BoxFuture<F>,
     {
-        let root = crate::is_root();
-        let lab_ready = if !root {
+        let lab_ready = if !crate::is_root() {
             Err(format!("{}: needs root (network namespaces)", self.name))
         } else {
             self.requirement
                 .clone()
                 .map_err(|e| format!("{}: {e}", self.name))
         };
-        let wanted = |name: &str| {
-            args.filter.as_ref().is_none_or(|f| {
-                if args.exact {
-                    name == f
-                } else {
-                    name.contains(f.as_str())
-                }
-            }) && !args.skip.iter().any(|s| name.contains(s.as_str()))
-        };
         let needs_lab = lab_ready.is_ok()
             && !args.list
             && self
                 .tests
                 .iter()
-                .any(|(n, b)| matches!(b, Body::Lab(_)) && wanted(n));
+                .any(|(n, b)| matches!(b, Body::Lab(_)) && trial::selected(args, n));
         if let Err(reason) = &lab_ready {
             eprintln!("{reason}: its lab tests are reported as ignored");
         }
 
         let fixture: Option<Result<F, String>> = needs_lab.then(|| self.set_up(setup));
         let failures = Failures::default();
-        let mut trials = Vec::new();
-        for (name, body) in self.tests {
-            let record = failures.recorder(&name);
-            let trial = match body {
-                Body::Offline { run, unmet } => {
-                    if let Some(reason) = &unmet {
-                        eprintln!("{}: {name} is reported as ignored: {reason}", self.name);
-                    }
-                    Trial::test(name, move || {
-                        record(run().map_err(|e| Failed::from(format!("{e:#}"))))
-                    })
-                    .with_ignored_flag(unmet.is_some())
-                }
+        let trials = self
+            .tests
+            .into_iter()
+            .map(|(name, body)| match body {
+                Body::Offline { run, unmet } => trial::ignored_for(
+                    failures.trial(name, move || {
+                        run().map_err(|e| Failed::from(format!("{e:#}")))
+                    }),
+                    unmet.as_deref(),
+                ),
                 Body::Lab(body) => {
                     let fixture = fixture.clone();
-                    Trial::test(name, move || {
-                        record(match fixture {
+                    failures
+                        .trial(name, move || match fixture {
                             Some(Ok(f)) => block_on(body(f)),
                             Some(Err(e)) => Err(Failed::from(e)),
                             None => Err(Failed::from("the lab was not brought up")),
                         })
-                    })
-                    .with_ignored_flag(lab_ready.is_err())
+                        .with_ignored_flag(lab_ready.is_err())
                 }
-            };
-            trials.push(trial);
-        }
+            })
+            .collect();
         let mut args = args.clone();
         if self.one_at_a_time {
             args.test_threads = Some(1);
         }
-        let conclusion = libtest_mimic::run(&args, trials);
+        let conclusion = trial::run_with(&args, trials);
         if let Some(fixture) = &fixture {
             if let Ok(f) = fixture {
                 f.teardown();
@@ -216,33 +200,6 @@ impl<F: Fixture> Suite<F> {
     }
 }
 
-/// The failed tests' messages, kept to be printed once more after the logs.
-#[derive(Clone, Default)]
-struct Failures(Arc<Mutex<Vec<(String, String)>>>);
-
-impl Failures {
-    /// Passes a test's outcome through, noting a failure under `name`.
-    fn recorder(&self, name: &str) -> impl Fn(Result<(), Failed>) -> Result<(), Failed> + use<> {
-        let (list, name) = (self.0.clone(), name.to_string());
-        move |outcome| {
-            if let Err(failed) = &outcome
-                && let Ok(mut list) = list.lock()
-            {
-                let message = failed.message().unwrap_or("(no message)").to_string();
-                list.push((name.clone(), message));
-            }
-            outcome
-        }
-    }
-
-    fn print(&self, suite: &str) {
-        let Ok(list) = self.0.lock() else { return };
-        for (name, message) in list.iter() {
-            eprintln!("{suite}: FAILED {name}: {message}");
-        }
-    }
-}
-
 /// Runs a future in a runtime of its own (each test gets one).
 pub fn block_on(f: BoxFuture<()>) -> Result<(), Failed> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -258,13 +215,7 @@ pub fn lab_exe() -> anyhow::Result<PathBuf> {
 }
 
 /// The exit code for a run of one or more suites.
-pub fn exit_code(conclusions: &[Conclusion]) -> ExitCode {
-    if conclusions.iter().any(Conclusion::has_failed) {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
-}
+pub use ferrolb_testkit::trial::exit_code;
 
 /// Lines of each log printed on failure.
 const TAIL: usize = 15;
@@ -293,26 +244,4 @@ pub fn save_logs(lab_dir: &Path, suite: &str) {
         }
     }
     eprintln!("{suite}: lab logs copied to {}", target.display());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn failures_are_kept_with_their_test_and_outcomes_pass_through() {
-        let failures = Failures::default();
-        let ok = failures.recorder("passes")(Ok(()));
-        let failed = failures.recorder("fails")(Err(Failed::from("the router said no")));
-        assert!(ok.is_ok());
-        assert_eq!(
-            failed.err().and_then(|f| f.message().map(str::to_string)),
-            Some("the router said no".to_string())
-        );
-        let kept = failures.0.lock().map(|l| l.clone()).unwrap_or_default();
-        assert_eq!(
-            kept,
-            vec![("fails".to_string(), "the router said no".to_string())]
-        );
-    }
 }

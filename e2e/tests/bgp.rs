@@ -19,9 +19,9 @@ use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_testkit::objects::ServiceBuilder;
+use ferrolb_testkit::trial::Arguments;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
-use libtest_mimic::Arguments;
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 /// The suite's pool: outside the lab segment's layer 2 ranges.

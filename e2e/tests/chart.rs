@@ -27,7 +27,7 @@ use ferrolb_e2e::cluster::wait_for;
 use ferrolb_e2e::lab::{bin_dir, repo_root};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::suite::{self, Suite};
-use libtest_mimic::Arguments;
+use ferrolb_testkit::trial::Arguments;
 use serde_json::{Value, json};
 
 // ------------------------------------------------------------------------------------------------

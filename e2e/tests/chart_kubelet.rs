@@ -22,7 +22,7 @@ use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::lb_service;
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_e2e::{Lab, Options, bench, helm_demo};
-use libtest_mimic::Arguments;
+use ferrolb_testkit::trial::Arguments;
 use serde_json::{Value, json};
 
 /// On the lab segment, so the client reaches it by ARP (the layer 2 range of docs/lab.md).

@@ -15,12 +15,12 @@ use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Fixture, Suite};
 use ferrolb_testkit::objects::service;
+use ferrolb_testkit::trial::Arguments;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use libtest_mimic::Arguments;
 
 const NS: &str = "metallb-system";
 

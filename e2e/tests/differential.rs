@@ -35,9 +35,9 @@ use ferrolb_e2e::process::{self, LabProcess};
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_testkit::objects::service;
+use ferrolb_testkit::trial::Arguments;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use libtest_mimic::Arguments;
 
 /// The class MetalLB's controller serves.
 const METALLB_CLASS: &str = "lab.ferrolb.io/metallb";

@@ -16,9 +16,9 @@ use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_testkit::objects::ServiceBuilder;
+use ferrolb_testkit::trial::Arguments;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
-use libtest_mimic::Arguments;
 
 type Ctx = Deployment;
 

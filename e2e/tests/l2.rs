@@ -18,10 +18,10 @@ use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_layer2::damping::Damping;
 use ferrolb_testkit::objects::service;
+use ferrolb_testkit::trial::Arguments;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
-use libtest_mimic::Arguments;
 
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 

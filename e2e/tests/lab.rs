@@ -19,9 +19,9 @@ use ferrolb_e2e::service::lb_service;
 use ferrolb_e2e::suite::{self, BoxFuture, Suite};
 use ferrolb_e2e::topology::Role;
 use ferrolb_e2e::{Lab, Options, ProxyMode};
+use ferrolb_testkit::trial::Arguments;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use libtest_mimic::Arguments;
 
 fn lab_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"))

@@ -20,16 +20,16 @@
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
-pub use libtest_mimic::{Failed, Trial};
+/// Runs trials with given arguments (a runner that changes them, e.g. one thread).
+pub use libtest_mimic::run as run_with;
+pub use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 
-/// Whether this process runs as root (`id -u` is 0).
+/// Whether this process runs as root (its effective user ID is 0).
 pub fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+    nix::unistd::geteuid().is_root()
 }
 
 /// Whether `tool` is installed: a path (with a `/`) must exist; a bare name must be an
@@ -95,17 +95,80 @@ pub fn needs(
     tools: &[&str],
     body: impl FnOnce() + Send + 'static,
 ) -> Trial {
-    let name = name.into();
-    let unmet = unmet(tools);
-    if let Some(reason) = &unmet {
-        eprintln!("{name} is reported as ignored: {reason}");
+    ignored_for(test(name, body), unmet(tools).as_deref())
+}
+
+/// `trial`, reported as ignored when there is a `reason` it cannot run here (printed on
+/// stderr with the trial's name).
+pub fn ignored_for(trial: Trial, reason: Option<&str>) -> Trial {
+    if let Some(reason) = reason {
+        eprintln!("{} is reported as ignored: {reason}", trial.name());
     }
-    test(name, body).with_ignored_flag(unmet.is_some())
+    trial.with_ignored_flag(reason.is_some())
+}
+
+/// Whether `args` select a trial named `name` (the name filter, `--exact`, `--skip`): for a
+/// runner that prepares something costly only when a trial that needs it is to run.
+pub fn selected(args: &Arguments, name: &str) -> bool {
+    !args.is_filtered_out(&Trial::test(name, || Ok(())))
 }
 
 /// Runs `trials` with the command line's arguments (filters, `--list`, `--ignored`, ...).
 pub fn run(trials: Vec<Trial>) -> ExitCode {
-    libtest_mimic::run(&libtest_mimic::Arguments::from_args(), trials).exit_code()
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// The exit code of a run of one or more sets of trials: failure when any of them failed.
+pub fn exit_code(conclusions: &[Conclusion]) -> ExitCode {
+    if conclusions.iter().any(Conclusion::has_failed) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The failed trials' messages, kept so that a runner can print them once more after long
+/// output of its own (logs), where the end of a CI log shows why the run failed.
+#[derive(Clone, Debug, Default)]
+pub struct Failures(Arc<Mutex<Vec<(String, String)>>>);
+
+impl Failures {
+    /// A trial running `body` whose failure is also kept here.
+    pub fn trial(
+        &self,
+        name: impl Into<String>,
+        body: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+    ) -> Trial {
+        let name = name.into();
+        let record = self.recorder(&name);
+        Trial::test(name, move || record(body()))
+    }
+
+    /// Passes a trial's outcome through, keeping a failure under `name`.
+    fn recorder(&self, name: &str) -> impl Fn(Result<(), Failed>) -> Result<(), Failed> + use<> {
+        let (list, name) = (self.0.clone(), name.to_string());
+        move |outcome| {
+            if let Err(failed) = &outcome
+                && let Ok(mut list) = list.lock()
+            {
+                let message = failed.message().unwrap_or("(no message)").to_string();
+                list.push((name.clone(), message));
+            }
+            outcome
+        }
+    }
+
+    /// The failures so far: (trial, message), in the order they happened.
+    pub fn list(&self) -> Vec<(String, String)> {
+        self.0.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Prints each failure on stderr as `<prefix>: FAILED <trial>: <message>`.
+    pub fn print(&self, prefix: &str) {
+        for (name, message) in self.list() {
+            eprintln!("{prefix}: FAILED {name}: {message}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +186,55 @@ mod tests {
         let failed = catch(|| panic!("{} failed", "check")).unwrap_err();
         assert_eq!(failed.message(), Some("check failed"));
         assert!(catch(|| {}).is_ok());
+    }
+
+    #[test]
+    fn failures_are_kept_with_their_test_and_outcomes_pass_through() {
+        let failures = Failures::default();
+        let ok = failures.recorder("passes")(Ok(()));
+        let failed = failures.recorder("fails")(Err(Failed::from("the router said no")));
+        assert!(ok.is_ok());
+        assert_eq!(
+            failed.err().and_then(|f| f.message().map(str::to_string)),
+            Some("the router said no".to_string())
+        );
+        assert_eq!(
+            failures.list(),
+            vec![("fails".to_string(), "the router said no".to_string())]
+        );
+    }
+
+    #[test]
+    fn any_failed_run_fails_the_exit_code() {
+        let run = |num_failed| Conclusion {
+            num_filtered_out: 0,
+            num_passed: 2,
+            num_failed,
+            num_ignored: 1,
+            num_measured: 0,
+        };
+        assert_eq!(exit_code(&[run(0), run(0)]), ExitCode::SUCCESS);
+        assert_eq!(exit_code(&[run(0), run(1)]), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn selection_follows_the_filter_exact_and_skip() {
+        let all = Arguments::default();
+        assert!(selected(&all, "l2_failover"));
+        let filtered = Arguments {
+            filter: Some("l2".into()),
+            skip: vec!["failover".into()],
+            ..Arguments::default()
+        };
+        assert!(selected(&filtered, "l2_spread"));
+        assert!(!selected(&filtered, "l2_failover"));
+        assert!(!selected(&filtered, "bgp_spread"));
+        let exact = Arguments {
+            filter: Some("l2".into()),
+            exact: true,
+            ..Arguments::default()
+        };
+        assert!(selected(&exact, "l2") && !selected(&exact, "l2_spread"));
     }
 
     #[test]

@@ -145,9 +145,7 @@ pub struct Lab {
 }
 
 /// Whether we may change network namespaces (root).
-pub fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
+pub use ferrolb_testkit::trial::is_root;
 
 fn log_path(dir: &Path, name: &str) -> PathBuf {
     dir.join("logs").join(format!("{name}.log"))
