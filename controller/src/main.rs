@@ -13,13 +13,12 @@ mod schedule;
 mod slim;
 mod telemetry;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ferrolb_runtime::LogFormat;
+use ferrolb_runtime::args::CommonArgs;
 
 /// ferrolb's controller: IP allocation for LoadBalancer Services, MetalLB-compatible.
 #[derive(Parser, Debug)]
@@ -61,20 +60,9 @@ enum Command {
 /// Options of `run`.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// Namespace of the metallb.io configuration objects.
-    #[arg(
-        long,
-        short = 'n',
-        env = "FERROLB_NAMESPACE",
-        default_value = "metallb-system"
-    )]
-    namespace: String,
-    /// Serve only Services with this spec.loadBalancerClass (default: Services without a class).
-    #[arg(long, env = "FERROLB_LB_CLASS")]
-    lb_class: Option<String>,
-    /// Kubeconfig file (default: in-cluster config, or $KUBECONFIG / ~/.kube/config).
-    #[arg(long, env = "FERROLB_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    /// Namespace, class, kubeconfig, listen address and logs: as the speaker's.
+    #[command(flatten)]
+    common: CommonArgs,
     /// Elect a leader through a Lease; turn off only for a single replica.
     #[arg(long, env = "FERROLB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -82,14 +70,14 @@ struct RunArgs {
     #[arg(long, env = "FERROLB_LEASE_NAME", default_value = "ferrolb-controller")]
     lease_name: String,
     /// How long the Lease holds without renewal (Go duration).
-    #[arg(long, env = "FERROLB_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    #[arg(long, env = "FERROLB_LEASE_DURATION", default_value = "15s", value_parser = ferrolb_runtime::args::duration)]
     lease_duration: Duration,
     /// How long the leader keeps writing after its last successful renewal began; shorter than
     /// the lease duration, so a cut-off leader stops before anyone else can lead.
-    #[arg(long, env = "FERROLB_RENEW_DEADLINE", default_value = "10s", value_parser = duration)]
+    #[arg(long, env = "FERROLB_RENEW_DEADLINE", default_value = "10s", value_parser = ferrolb_runtime::args::duration)]
     renew_deadline: Duration,
     /// How often to renew or try to acquire the Lease.
-    #[arg(long, env = "FERROLB_RETRY_PERIOD", default_value = "2s", value_parser = duration)]
+    #[arg(long, env = "FERROLB_RETRY_PERIOD", default_value = "2s", value_parser = ferrolb_runtime::args::duration)]
     retry_period: Duration,
     /// This replica's identity in the Lease and in Events (default: hostname and PID).
     #[arg(long, env = "POD_NAME")]
@@ -100,9 +88,6 @@ struct RunArgs {
     /// it. Unset (outside a pod): they have no owner.
     #[arg(long, env = "SERVICE_ACCOUNT_NAME")]
     service_account: Option<String>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
-    listen: SocketAddr,
     /// TLS for /metrics, /healthz and /readyz (off unless both files are given).
     #[command(flatten)]
     pub metrics_tls: ferrolb_runtime::tls::TlsArgs,
@@ -113,22 +98,11 @@ struct RunArgs {
     gossip_secret_name: Option<String>,
     /// A work loop that makes no progress for this long is stuck: /healthz fails and the
     /// replica gives up the Lease (Go duration).
-    #[arg(long, env = "FERROLB_STALL_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "FERROLB_STALL_TIMEOUT", default_value = "30s", value_parser = ferrolb_runtime::args::duration)]
     stall_timeout: Duration,
     /// Directory of failpoint files (tests only; debug builds).
     #[arg(long, hide = true)]
     failpoints: Option<PathBuf>,
-    /// Log format.
-    #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
-    /// Log level (or a tracing filter); RUST_LOG overrides it.
-    #[arg(long, env = "FERROLB_LOG_LEVEL", default_value = "info")]
-    log_level: String,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    // As text: clap shows it whatever error type the parser has.
-    ferrolb_config::validate::parse_go_duration(text).map_err(|e| e.to_string())
 }
 
 /// How long the gossip key Secret waits for its owner to be learnt before it is created
@@ -136,7 +110,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 const GOSSIP_OWNER_WAIT: Duration = Duration::from_secs(15);
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let client = ferrolb_runtime::kube_client(args.kubeconfig.as_deref()).await?;
+    let client = ferrolb_runtime::kube_client(args.common.kubeconfig.as_deref()).await?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -144,26 +118,29 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let (metrics, registry) = telemetry::Metrics::new();
     let metrics = std::sync::Arc::new(metrics);
-    let ready = ferrolb_runtime::Ready::default();
+    let ready = ferrolb_runtime::server::Ready::default();
     // The work loop beats every second; a loop silent for the stall timeout is stuck (a
     // rebuild of 100,000 Services takes seconds, not the default 30).
     let pulse = ferrolb_runtime::health::Pulse::new(args.stall_timeout);
-    let server = tokio::spawn(ferrolb_runtime::serve(
-        args.listen,
-        std::sync::Arc::new(registry),
-        ready.clone(),
-        "caches not synced",
-        pulse.clone(),
-        args.metrics_tls.files()?,
-        Vec::new(),
+    let server = tokio::spawn(ferrolb_runtime::server::serve(
+        args.common.listen,
+        ferrolb_runtime::server::Server {
+            registry: std::sync::Arc::new(registry),
+            ready: ready.clone(),
+            not_ready_reason: "caches not synced",
+            pulse: pulse.clone(),
+            tls: args.metrics_tls.files()?,
+            pages: Vec::new(),
+        },
     ));
     // The owner of the records the controller writes, learnt in the background.
     let owner = ferrolb_runtime::owner::OwnerCell::default();
     if let Some(account) = args.service_account.as_deref() {
-        owner::learn(&client, &args.namespace, account, owner.clone());
+        owner::learn(&client, &args.common.namespace, account, owner.clone());
     }
     if let Some(name) = args.gossip_secret_name.clone() {
-        let (client, namespace, owner) = (client.clone(), args.namespace.clone(), owner.clone());
+        let (client, namespace, owner) =
+            (client.clone(), args.common.namespace.clone(), owner.clone());
         let learning = args.service_account.is_some();
         tokio::spawn(async move {
             // The Secret is created once: with its owner if that is learnt soon (speakers of a
@@ -182,7 +159,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         timing.validate().map_err(anyhow::Error::msg)?;
         let lease = leader::LeaseRef {
-            api: kube::Api::namespaced(client.clone(), &args.namespace),
+            api: kube::Api::namespaced(client.clone(), &args.common.namespace),
             name: args.lease_name.clone(),
             owner: owner.clone(),
         };
@@ -197,10 +174,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         (leader::Leadership::always(), None)
     };
-    tracing::info!(%identity, namespace = %args.namespace, lb_class = ?args.lb_class, "ferrolb-controller starting");
+    tracing::info!(%identity, namespace = %args.common.namespace, lb_class = ?args.common.lb_class, "ferrolb-controller starting");
     let settings = run::Settings {
-        namespace: args.namespace.clone(),
-        lb_class: args.lb_class.clone(),
+        namespace: args.common.namespace.clone(),
+        lb_class: args.common.lb_class.clone(),
         identity,
         failpoints: ferrolb_runtime::failpoint::Failpoints::new(args.failpoints.clone()),
         owner,
@@ -246,7 +223,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            ferrolb_runtime::init_logs(args.log_format, &args.log_level);
+            args.common.init_logs();
             ferrolb_runtime::block_on_main(run(*args))
         }
         Command::CheckConfig { namespace, files } => {

@@ -1,29 +1,29 @@
-//! Process wiring shared by ferrolb's binaries: logs, the `/metrics` `/healthz` `/readyz`
-//! server with health that reflects the work loop ([`health`]), the Kubernetes client, watches into caches and the one watch of the configuration
-//! ([`watch`]), and Events ([`events`]: a de-duplicating recorder behind a bounded queue), and failpoints that tests arm to
-//! stall a live process ([`failpoint`]), TLS for that server as an option ([`tls`]), and the owner references that let the garbage collector remove what a component wrote ([`owner`]). Each binary keeps its own metrics and logic; this crate holds only what would
-//! otherwise be copied between them.
+//! Process wiring shared by ferrolb's binaries, so that nothing is copied between them:
+//!
+//! - [`args`]: the options both take (namespace, class, kubeconfig, listen address, logs) and
+//!   the duration parser; [`init_logs`]; [`kube_client`]; [`shutdown_signal`];
+//!   [`block_on_main`].
+//! - [`server`]: `/metrics`, `/healthz`, `/readyz` and JSON pages, with health that follows the
+//!   work loop's pulse ([`health`]) and TLS as an option ([`tls`]).
+//! - [`watch`]: watches into caches and the one watch of the configuration; [`events`]: a
+//!   de-duplicating Event recorder behind a bounded queue; [`owner`]: the owner references that
+//!   let the garbage collector remove what a component wrote.
+//! - [`failpoint`]: failpoints that tests arm to stall a live process.
+//!
+//! Each binary keeps its own metrics and logic.
 
+pub mod args;
 pub mod events;
 pub mod failpoint;
 pub mod health;
 pub mod owner;
+pub mod server;
 pub mod tls;
 pub mod watch;
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use prometheus_client::encoding::text::encode;
-use prometheus_client::registry::Registry;
 
 /// Log output format.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,143 +65,6 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
             .context("finding the cluster (in-cluster config or kubeconfig)")?,
     };
     Ok(kube::Client::try_from(config)?)
-}
-
-/// A readiness flag shared between the work loop and `/readyz`, with why it is not ready.
-#[derive(Clone, Default)]
-pub struct Ready(Arc<ReadyState>);
-
-#[derive(Default)]
-struct ReadyState {
-    ready: AtomicBool,
-    /// Why not, when the loop said so (else `serve`'s `not_ready_reason`).
-    why_not: std::sync::Mutex<Option<&'static str>>,
-}
-
-impl Ready {
-    /// Sets readiness.
-    pub fn set(&self, ready: bool) {
-        self.0.ready.store(ready, Ordering::Relaxed);
-    }
-
-    /// Sets readiness from `Ok` or the reason it is not ready (what `/readyz` then answers).
-    pub fn set_result(&self, result: Result<(), &'static str>) {
-        if let Err(why) = result {
-            *self.0.why_not.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-        }
-        self.set(result.is_ok());
-    }
-
-    /// Current readiness.
-    pub fn get(&self) -> bool {
-        self.0.ready.load(Ordering::Relaxed)
-    }
-
-    /// Why it is not ready, when the loop said so.
-    fn why_not(&self) -> Option<&'static str> {
-        *self.0.why_not.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-type Shared = (Arc<Registry>, Ready, &'static str, health::Pulse);
-
-async fn metrics_page(State((registry, _, _, _)): State<Shared>) -> impl IntoResponse {
-    let mut body = String::new();
-    match encode(&mut body, &registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
-}
-
-async fn healthz(State((_, _, _, pulse)): State<Shared>) -> impl IntoResponse {
-    match pulse.check() {
-        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-    }
-}
-
-async fn readyz(State((_, ready, why_not, pulse)): State<Shared>) -> impl IntoResponse {
-    if let Err(why) = pulse.check() {
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
-    }
-    if ready.get() {
-        (StatusCode::OK, "ok\n".to_string())
-    } else {
-        let why = ready.why_not().unwrap_or(why_not);
-        (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
-    }
-}
-
-/// Read-only JSON documents served next to `/metrics`: each path with the function that
-/// renders its body when asked (the speaker's live report for `kubectl ferrolb explain`).
-pub type JsonPages = Vec<(&'static str, Arc<dyn Fn() -> String + Send + Sync>)>;
-
-/// Serves `/metrics` (OpenMetrics text of `registry`), `/healthz` (503 when the work loop's
-/// `pulse` has stopped), `/readyz` (503 with `not_ready_reason` until `ready` is set, and
-/// while the pulse is stopped) and the `pages` until the task is dropped; over TLS when `tls`
-/// is given.
-pub async fn serve(
-    addr: SocketAddr,
-    registry: Arc<Registry>,
-    ready: Ready,
-    not_ready_reason: &'static str,
-    pulse: health::Pulse,
-    tls: Option<tls::TlsFiles>,
-    pages: JsonPages,
-) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    serve_on(
-        listener,
-        registry,
-        ready,
-        not_ready_reason,
-        pulse,
-        tls,
-        pages,
-    )
-    .await
-}
-
-/// [`serve`] on a listener already bound.
-pub async fn serve_on(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    ready: Ready,
-    not_ready_reason: &'static str,
-    pulse: health::Pulse,
-    tls: Option<tls::TlsFiles>,
-    pages: JsonPages,
-) -> anyhow::Result<()> {
-    let mut app = Router::new();
-    for (path, render) in pages {
-        app = app.route(
-            path,
-            get(move || {
-                let body = render();
-                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
-            }),
-        );
-    }
-    let app = app
-        .route("/metrics", get(metrics_page))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state((registry, ready, not_ready_reason, pulse));
-    match tls {
-        Some(files) => axum::serve(tls::TlsListener::new(listener, files)?, app).await?,
-        None => axum::serve(listener, app).await?,
-    }
-    Ok(())
 }
 
 /// Resolves when the process gets SIGTERM or SIGINT.

@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrolb_runtime::health;
+use ferrolb_runtime::server::{Ready, Server};
 use ferrolb_runtime::tls::TlsFiles;
-use ferrolb_runtime::{Ready, health};
 use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -39,14 +40,16 @@ async fn start(tls: Option<TlsFiles>) -> std::net::SocketAddr {
     let addr = listener.local_addr().unwrap();
     let ready = Ready::default();
     ready.set(true);
-    tokio::spawn(ferrolb_runtime::serve_on(
+    tokio::spawn(ferrolb_runtime::server::serve_on(
         listener,
-        Arc::new(Registry::default()),
-        ready,
-        "not ready",
-        health::Pulse::new(Duration::from_secs(60)),
-        tls,
-        Vec::new(),
+        Server {
+            registry: Arc::new(Registry::default()),
+            ready,
+            not_ready_reason: "not ready",
+            pulse: health::Pulse::new(Duration::from_secs(60)),
+            tls,
+            pages: Vec::new(),
+        },
     ));
     addr
 }

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolb_runtime::{Ready, health};
+use ferrolb_runtime::health;
+use ferrolb_runtime::server::{Ready, Server};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -27,14 +28,16 @@ async fn readyz_says_why_not_as_the_loop_last_said() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ready = Ready::default();
-    tokio::spawn(ferrolb_runtime::serve_on(
+    tokio::spawn(ferrolb_runtime::server::serve_on(
         listener,
-        Arc::new(Registry::default()),
-        ready.clone(),
-        "caches not synced",
-        health::Pulse::new(Duration::from_secs(60)),
-        None,
-        Vec::new(),
+        Server {
+            registry: Arc::new(Registry::default()),
+            ready: ready.clone(),
+            not_ready_reason: "caches not synced",
+            pulse: health::Pulse::new(Duration::from_secs(60)),
+            tls: None,
+            pages: Vec::new(),
+        },
     ));
     let first = readyz(addr).await;
     assert!(first.starts_with("HTTP/1.1 503"), "{first}");

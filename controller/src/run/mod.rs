@@ -30,8 +30,8 @@ use crate::schedule::{Action, Input, Schedule, Written};
 use crate::slim::CachedService;
 use crate::telemetry::Metrics;
 use decide::{Decider, ServiceWrite};
-use ferrolb_runtime::Ready;
 use ferrolb_runtime::health::Pulse;
+use ferrolb_runtime::server::Ready;
 use watches::Work;
 use writes::{ApiWrites, Applied, Writes};
 
