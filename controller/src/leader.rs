@@ -292,9 +292,7 @@ fn lease_object(
         },
         spec: Some(LeaseSpec {
             holder_identity: identity.map(str::to_string),
-            lease_duration_seconds: Some(
-                i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX),
-            ),
+            lease_duration_seconds: Some(lease_seconds(timing)),
             acquire_time: Some(now.clone()),
             renew_time: Some(now),
             lease_transitions: Some(transitions),
@@ -303,6 +301,13 @@ fn lease_object(
     }
 }
 
+/// The lease duration as the Lease states it: whole seconds, at least one.
+fn lease_seconds(timing: &Timing) -> i32 {
+    i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+/// The election's loop: reads the Lease every retry period, lets the [`Elector`] decide and
+/// carries the step out, publishing each grant on `tx`; on shutdown, releases the Lease.
 async fn run(
     lease: LeaseRef,
     identity: String,
@@ -311,12 +316,15 @@ async fn run(
     mut shutdown: watch::Receiver<bool>,
     pulse: ferrolb_runtime::health::Pulse,
 ) {
-    let LeaseRef { api, name, owner } = lease;
-    // The term and owner for which this replica set the owner or was refused, and whether a
-    // refusal was already logged.
-    let mut owner_done: Option<(u64, String)> = None;
-    let mut owner_refused_logged = false;
     let mut elector = Elector::new(identity.clone(), timing);
+    let mut campaign = Campaign {
+        lease,
+        identity,
+        timing,
+        owner_done: None,
+        owner_refused_logged: false,
+    };
+    let name = campaign.lease.name.clone();
     let mut term = 0u64;
     let mut ticker = tokio::time::interval(timing.retry_period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -325,7 +333,7 @@ async fn run(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => break,
         }
-        let current = match api.get_opt(&name).await {
+        let current = match campaign.lease.api.get_opt(&name).await {
             Ok(lease) => lease,
             Err(e) => {
                 tracing::warn!(error = %e, lease = %name, "reading the leader Lease failed");
@@ -345,54 +353,16 @@ async fn run(
             continue;
         }
         let step = elector.decide(view.as_ref(), started);
-        let result = match (step, &current) {
-            (Step::Wait, _) => {
-                if elector.is_leading(started) {
-                    tracing::warn!(lease = %name, holder = ?view.and_then(|v| v.holder), "another replica holds the Lease: stepping down");
-                }
-                elector.resign();
-                let _ = tx.send(None);
-                continue;
+        if step == Step::Wait {
+            if elector.is_leading(started) {
+                tracing::warn!(lease = %name, holder = ?view.and_then(|v| v.holder), "another replica holds the Lease: stepping down");
             }
-            (Step::Create, _) => api
-                .create(
-                    &PostParams::default(),
-                    &lease_object(&name, None, Some(&identity), &timing, 0, None),
-                )
-                .await
-                .map(|_| ()),
-            (Step::Renew, Some(lease)) => {
-                let mut renewed = lease.clone();
-                if let Some(spec) = renewed.spec.as_mut() {
-                    spec.renew_time = Some(MicroTime(Timestamp::now()));
-                    spec.lease_duration_seconds = Some(
-                        i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX),
-                    );
-                }
-                api.replace(&name, &PostParams::default(), &renewed)
-                    .await
-                    .map(|_| ())
-            }
-            (Step::Takeover, Some(lease)) => {
-                let transitions = lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.lease_transitions)
-                    .unwrap_or(0)
-                    + 1;
-                let object = lease_object(
-                    &name,
-                    lease.metadata.owner_references.clone(),
-                    Some(&identity),
-                    &timing,
-                    transitions,
-                    lease.metadata.resource_version.clone(),
-                );
-                api.replace(&name, &PostParams::default(), &object)
-                    .await
-                    .map(|_| ())
-            }
-            (Step::Renew | Step::Takeover, None) => continue,
+            elector.resign();
+            let _ = tx.send(None);
+            continue;
+        }
+        let Some(result) = campaign.write(step, current.as_ref()).await else {
+            continue;
         };
         match result {
             Ok(()) => {
@@ -402,43 +372,10 @@ async fn run(
                     term += 1;
                 }
                 if !was_leading {
-                    tracing::info!(lease = %name, identity = %identity, term, "became leader");
+                    tracing::info!(lease = %name, identity = %campaign.identity, term, "became leader");
                 }
                 let _ = tx.send(Some(Grant { until, term }));
-                // Our owner on the Lease, once per term, in a write of its own.
-                let owners = current
-                    .as_ref()
-                    .and_then(|l| l.metadata.owner_references.as_deref());
-                if let Some(owner) = owner.get()
-                    && !owner.is_sole_owner_in(owners)
-                    && owner_done.as_ref() != Some(&(term, owner.reference().uid))
-                {
-                    // Bounded: the next renewal must not wait on it.
-                    let patched = tokio::time::timeout(
-                        timing.retry_period,
-                        api.patch(&name, &PatchParams::default(), &owner.merge_patch()),
-                    )
-                    .await;
-                    match patched {
-                        Ok(Ok(_)) => {
-                            owner_done = Some((term, owner.reference().uid));
-                            tracing::debug!(lease = %name, "the Lease names its owner");
-                        }
-                        Ok(Err(kube::Error::Api(e))) if e.code == 403 => {
-                            owner_done = Some((term, owner.reference().uid));
-                            if !owner_refused_logged {
-                                owner_refused_logged = true;
-                                tracing::warn!(lease = %name, error = %e, "setting the Lease's owner was refused: it stays after uninstall (needs patch and delete on it)");
-                            }
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(lease = %name, error = %e, "setting the Lease's owner failed; trying again")
-                        }
-                        Err(_) => {
-                            tracing::debug!(lease = %name, "setting the Lease's owner timed out; trying again")
-                        }
-                    }
-                }
+                campaign.set_owner(term, current.as_ref()).await;
             }
             // A conflict means someone else wrote the Lease first; the deadline of our last
             // success still bounds how long we act.
@@ -449,31 +386,134 @@ async fn run(
     let held = elector.is_leading(Instant::now());
     elector.resign();
     let _ = tx.send(None);
-    if held
-        && let Ok(Some(lease)) = api.get_opt(&name).await
-        && lease
+    if held {
+        campaign.release().await;
+    }
+}
+
+/// This replica's writes of the Lease, and what it did about the Lease's owner.
+struct Campaign {
+    lease: LeaseRef,
+    identity: String,
+    timing: Timing,
+    /// The term and owner for which this replica set the owner or was refused.
+    owner_done: Option<(u64, String)>,
+    /// Whether a refusal of the owner was already logged.
+    owner_refused_logged: bool,
+}
+
+impl Campaign {
+    /// Writes the Lease for `step` (create, renew or take over) from `current`; `None` when
+    /// there is nothing to write (waiting, or the Lease to renew or take is gone).
+    async fn write(&self, step: Step, current: Option<&Lease>) -> Option<kube::Result<()>> {
+        let LeaseRef { api, name, .. } = &self.lease;
+        let written = match (step, current) {
+            (Step::Wait, _) | (Step::Renew | Step::Takeover, None) => return None,
+            (Step::Create, _) => {
+                let object = lease_object(name, None, Some(&self.identity), &self.timing, 0, None);
+                api.create(&PostParams::default(), &object).await
+            }
+            (Step::Renew, Some(lease)) => {
+                let mut renewed = lease.clone();
+                if let Some(spec) = renewed.spec.as_mut() {
+                    spec.renew_time = Some(MicroTime(Timestamp::now()));
+                    spec.lease_duration_seconds = Some(lease_seconds(&self.timing));
+                }
+                api.replace(name, &PostParams::default(), &renewed).await
+            }
+            (Step::Takeover, Some(lease)) => {
+                let transitions = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.lease_transitions)
+                    .unwrap_or(0)
+                    + 1;
+                let object = lease_object(
+                    name,
+                    lease.metadata.owner_references.clone(),
+                    Some(&self.identity),
+                    &self.timing,
+                    transitions,
+                    lease.metadata.resource_version.clone(),
+                );
+                api.replace(name, &PostParams::default(), &object).await
+            }
+        };
+        Some(written.map(|_| ()))
+    }
+
+    /// Sets our owner on the Lease (as `current` had it before our write), once per term, in a
+    /// write of its own.
+    async fn set_owner(&mut self, term: u64, current: Option<&Lease>) {
+        let LeaseRef { api, name, owner } = &self.lease;
+        let owners = current.and_then(|l| l.metadata.owner_references.as_deref());
+        let Some(owner) = owner.get() else {
+            return;
+        };
+        if owner.is_sole_owner_in(owners)
+            || self.owner_done.as_ref() == Some(&(term, owner.reference().uid))
+        {
+            return;
+        }
+        // Bounded: the next renewal must not wait on it.
+        let patched = tokio::time::timeout(
+            self.timing.retry_period,
+            api.patch(name, &PatchParams::default(), &owner.merge_patch()),
+        )
+        .await;
+        match patched {
+            Ok(Ok(_)) => {
+                self.owner_done = Some((term, owner.reference().uid));
+                tracing::debug!(lease = %name, "the Lease names its owner");
+            }
+            Ok(Err(kube::Error::Api(e))) if e.code == 403 => {
+                self.owner_done = Some((term, owner.reference().uid));
+                if !self.owner_refused_logged {
+                    self.owner_refused_logged = true;
+                    tracing::warn!(lease = %name, error = %e, "setting the Lease's owner was refused: it stays after uninstall (needs patch and delete on it)");
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(lease = %name, error = %e, "setting the Lease's owner failed; trying again")
+            }
+            Err(_) => {
+                tracing::debug!(lease = %name, "setting the Lease's owner timed out; trying again")
+            }
+        }
+    }
+
+    /// Hands the Lease over if it still names this replica: no holder and a one-second
+    /// duration, so that a standby takes it at once.
+    async fn release(&self) {
+        let LeaseRef { api, name, .. } = &self.lease;
+        let Ok(Some(lease)) = api.get_opt(name).await else {
+            return;
+        };
+        if lease
             .spec
             .as_ref()
             .and_then(|s| s.holder_identity.as_deref())
-            == Some(identity.as_str())
-    {
+            != Some(self.identity.as_str())
+        {
+            return;
+        }
         let transitions = lease
             .spec
             .as_ref()
             .and_then(|s| s.lease_transitions)
             .unwrap_or(0);
         let mut released = lease_object(
-            &name,
+            name,
             lease.metadata.owner_references.clone(),
             None,
-            &timing,
+            &self.timing,
             transitions,
             lease.metadata.resource_version.clone(),
         );
         if let Some(spec) = released.spec.as_mut() {
             spec.lease_duration_seconds = Some(1);
         }
-        match api.replace(&name, &PostParams::default(), &released).await {
+        match api.replace(name, &PostParams::default(), &released).await {
             Ok(_) => tracing::info!(lease = %name, "released the Lease"),
             Err(e) => tracing::warn!(error = %e, lease = %name, "releasing the Lease failed"),
         }
