@@ -9,8 +9,8 @@ use std::net::IpAddr;
 
 pub use ferrolb_config::allocator::status_ips;
 use ferrolb_config::allocator::{
-    ADDRESS_POOL, ANNOTATION_PREFIX, AllocationError, Allocator, DEPRECATED_ANNOTATION_PREFIX,
-    LOAD_BALANCER_IPS, ServiceKey, ServiceRequest,
+    ADDRESS_POOL, ANNOTATION_PREFIX, AllocationError, Allocator, Assignment,
+    DEPRECATED_ANNOTATION_PREFIX, LOAD_BALANCER_IPS, ServiceKey, ServiceRequest,
 };
 use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
@@ -196,26 +196,19 @@ impl Replay {
         target_input: Option<&ServiceInput<'_>>,
         target: &ServiceKey,
     ) -> Allocation {
-        let allocator = &mut self.allocator;
-        let holders = &self.holders;
-
         let service_ref = ObjectRef::namespaced("Service", target.namespace(), target.name());
         let Some(input) = target_input else {
-            return Allocation {
-                ips: Vec::new(),
-                pool: None,
-                rule: None,
-                sharing_key: None,
-                shared_with: Vec::new(),
-                diagnoses: vec![Diagnosis {
+            return Allocation::refused(
+                Vec::new(),
+                Diagnosis {
                     code: Code::BadRequest,
                     object: service_ref,
                     field: None,
                     problem: "no such LoadBalancer Service of ours".into(),
                     fix: "check the name, spec.type: LoadBalancer and spec.loadBalancerClass"
                         .into(),
-                }],
-            };
+                },
+            );
         };
         let ips = status_ips(input.service);
         let request = match ServiceRequest::from_service(input.service, input.namespace_labels) {
@@ -223,44 +216,31 @@ impl Replay {
             Err(e) => {
                 let text = e.to_string();
                 let field = text.split(':').next().map(str::to_owned);
-                return Allocation {
+                return Allocation::refused(
                     ips,
-                    pool: None,
-                    rule: None,
-                    sharing_key: None,
-                    shared_with: Vec::new(),
-                    diagnoses: vec![Diagnosis {
+                    Diagnosis {
                         code: Code::BadRequest,
                         object: service_ref,
                         field,
                         problem: text,
                         fix: "correct the Service's annotation or field named".into(),
-                    }],
-                };
+                    },
+                );
             }
         };
-        let sharing_key = request.sharing_key.as_deref().map(str::to_owned);
-        let mut shared_with: Vec<String> = ips
-            .iter()
-            .flat_map(|ip| holders.get(ip).into_iter().flatten())
-            .filter(|holder| *holder != target)
-            .map(ServiceKey::to_string)
-            .collect();
-        shared_with.sort();
-        shared_with.dedup();
         // A Service holding addresses: they are claimed as the controller re-claims them (their pool
         // is where they are); one without: allocated as the controller would.
         let outcome = if ips.is_empty() {
-            allocator.allocate(&request)
+            self.allocator.allocate(&request)
         } else {
-            allocator.assign(&request, &ips)
+            self.allocator.assign(&request, &ips)
         };
         let mut allocation = Allocation {
             ips: ips.clone(),
             pool: None,
             rule: None,
-            sharing_key,
-            shared_with,
+            sharing_key: request.sharing_key.as_deref().map(str::to_owned),
+            shared_with: shared_with(&self.holders, &ips, target),
             diagnoses: Vec::new(),
         };
         match outcome {
@@ -269,18 +249,9 @@ impl Replay {
                 allocation.rule = Some(rule(input.service, &request, pools, &assignment.pool));
             }
             Ok(assignment) => {
-                let would: Vec<String> = assignment.ips.iter().map(IpAddr::to_string).collect();
-                allocation.diagnoses.push(Diagnosis {
-                code: Code::NotAssignedYet,
-                object: service_ref,
-                field: Some("status.loadBalancer.ingress".into()),
-                problem: format!(
-                    "no address yet, though pool {:?} has {} for it",
-                    assignment.pool,
-                    would.join(",")
-                ),
-                fix: "check that a ferrolb controller runs and holds its leader Lease (kubectl -n <namespace> get lease), and its logs".into(),
-            });
+                allocation
+                    .diagnoses
+                    .push(not_assigned_yet(&assignment, service_ref));
             }
             Err(e) => {
                 allocation.diagnoses.push(diagnose(
@@ -292,6 +263,54 @@ impl Replay {
             }
         }
         allocation
+    }
+}
+
+impl Allocation {
+    /// No pool and no rule: only `diagnosis` says why.
+    fn refused(ips: Vec<IpAddr>, diagnosis: Diagnosis) -> Self {
+        Self {
+            ips,
+            pool: None,
+            rule: None,
+            sharing_key: None,
+            shared_with: Vec::new(),
+            diagnoses: vec![diagnosis],
+        }
+    }
+}
+
+/// The other Services holding any of `ips`, sorted.
+fn shared_with(
+    holders: &BTreeMap<IpAddr, Vec<ServiceKey>>,
+    ips: &[IpAddr],
+    target: &ServiceKey,
+) -> Vec<String> {
+    let mut shared_with: Vec<String> = ips
+        .iter()
+        .flat_map(|ip| holders.get(ip).into_iter().flatten())
+        .filter(|holder| *holder != target)
+        .map(ServiceKey::to_string)
+        .collect();
+    shared_with.sort();
+    shared_with.dedup();
+    shared_with
+}
+
+/// The allocator would give the Service `assignment`, but its status has no address yet: the
+/// controller has not run (or not as leader).
+fn not_assigned_yet(assignment: &Assignment, service_ref: ObjectRef) -> Diagnosis {
+    let would: Vec<String> = assignment.ips.iter().map(IpAddr::to_string).collect();
+    Diagnosis {
+        code: Code::NotAssignedYet,
+        object: service_ref,
+        field: Some("status.loadBalancer.ingress".into()),
+        problem: format!(
+            "no address yet, though pool {:?} has {} for it",
+            assignment.pool,
+            would.join(",")
+        ),
+        fix: "check that a ferrolb controller runs and holds its leader Lease (kubectl -n <namespace> get lease), and its logs".into(),
     }
 }
 

@@ -97,6 +97,15 @@ impl ObjectRef {
             name: name.to_string(),
         }
     }
+
+    /// A Node (cluster-scoped).
+    pub fn node(name: &str) -> Self {
+        Self {
+            kind: "Node".to_string(),
+            namespace: None,
+            name: name.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for ObjectRef {

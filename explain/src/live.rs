@@ -295,40 +295,20 @@ pub fn diagnoses(
         .collect();
     for (mode, selected) in selected_nodes(config, pool, labels, nodes) {
         let mode_name = if mode == "layer2" { "layer 2" } else { "BGP" };
-        let usable: Vec<&&NodeFacts> = selected.iter().filter(|n| n.may_announce()).collect();
+        let usable: Vec<&NodeFacts> = selected
+            .iter()
+            .copied()
+            .filter(|n| n.may_announce())
+            .collect();
         // Excluded nodes: the cause when no selected node is left, else worth a note.
         for n in selected.iter().filter(|n| !n.may_announce()) {
-            let (field, what) = if n.excluded {
-                (
-                    format!("metadata.labels[{EXCLUDE_LABEL}]"),
-                    format!("carries the label {EXCLUDE_LABEL}"),
-                )
-            } else {
-                (
-                    "status.conditions[NetworkUnavailable]".to_string(),
-                    "has the condition NetworkUnavailable=True".to_string(),
-                )
-            };
             if usable.is_empty() && !announced {
-                problems.push(Diagnosis {
-                    code: Code::NodeExcluded,
-                    object: ObjectRef {
-                        kind: "Node".into(),
-                        namespace: None,
-                        name: n.name.clone(),
-                    },
-                    field: Some(field),
-                    problem: format!("{what}, so no speaker announces from it, and it is the only kind of node the {mode_name} advertisements select"),
-                    fix: if n.excluded {
-                        format!("remove the label (kubectl label node {} {EXCLUDE_LABEL}-) or select other nodes in the advertisement's nodeSelectors", n.name)
-                    } else {
-                        "fix the node's network (its CNI sets NetworkUnavailable) or select other nodes".into()
-                    },
-                });
+                problems.push(node_excluded(n, mode_name));
             } else {
                 notes.push(format!(
-                    "node {} {what}: it does not announce this Service ({mode_name})",
-                    n.name
+                    "node {} {}: it does not announce this Service ({mode_name})",
+                    n.name,
+                    exclusion(n).1
                 ));
             }
         }
@@ -349,57 +329,130 @@ pub fn diagnoses(
             && !usable.is_empty()
             && !usable.iter().any(|n| with_endpoints.contains(&n.name))
         {
-            let names: Vec<&str> = usable.iter().map(|n| n.name.as_str()).collect();
-            problems.push(Diagnosis {
-                code: Code::LocalWithoutEndpoint,
-                object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
-                field: Some("spec.externalTrafficPolicy".into()),
-                problem: format!(
-                    "externalTrafficPolicy: Local, and none of the nodes the {mode_name} advertisements select ({}) has a ready endpoint: no node may announce it",
-                    names.join(", ")
-                ),
-                fix: "run the Service's pods on a selected node, select the nodes they run on, or use externalTrafficPolicy: Cluster".into(),
-            });
+            problems.push(local_without_endpoint(key, &usable, mode_name));
         }
         if !usable.is_empty() && !usable.iter().any(|n| live.contains(n.name.as_str())) {
-            let names: Vec<&str> = usable.iter().map(|n| n.name.as_str()).collect();
-            problems.push(Diagnosis {
-                code: Code::NoSpeaker,
-                object: ObjectRef::namespaced("DaemonSet", namespace, "speaker"),
-                field: None,
-                problem: format!(
-                    "no speaker runs on a node the {mode_name} advertisements select ({})",
-                    names.join(", ")
-                ),
-                fix: "check the speaker DaemonSet's nodeSelector, tolerations and pods on those nodes (kubectl get pods -o wide), or select nodes that run a speaker".into(),
-            });
+            problems.push(no_speaker(namespace, &usable, mode_name));
         }
         if mode == "layer2" {
-            for s in speakers
-                .iter()
-                .filter(|s| s.live && usable.iter().any(|n| n.name == s.node))
-            {
-                let Some(r) = &s.report else { continue };
-                if r.planned && !r.layer2.quorum {
-                    problems.push(Diagnosis {
-                        code: Code::SpeakerCutOff,
-                        object: ObjectRef {
-                            kind: "Node".into(),
-                            namespace: None,
-                            name: s.node.clone(),
-                        },
-                        field: None,
-                        problem: format!(
-                            "the speaker on {} is cut off from the others: it hears {} of {} speakers, not a majority that also hears it, so it owns no layer 2 IP",
-                            s.node, r.layer2.speakers_heard, r.layer2.speakers_known
-                        ),
-                        fix: "check that UDP port 7946 (the heartbeats) is open between the nodes both ways, and the node's network".into(),
-                    });
-                }
-            }
+            problems.extend(speakers_cut_off(speakers, &usable));
         }
     }
-    // BGP sessions that should carry the Service and do not.
+    problems.extend(sessions_not_established(
+        namespace,
+        live_index,
+        key,
+        announced_by,
+    ));
+    // Speakers that are alive on a node that matters here but did not answer.
+    let relevant: BTreeSet<&str> = selected_nodes(config, pool, labels, nodes)
+        .values()
+        .flatten()
+        .filter(|n| n.may_announce())
+        .map(|n| n.name.as_str())
+        .collect();
+    problems.extend(speakers_unreachable(speakers, &relevant));
+    (problems, notes)
+}
+
+/// Why a selected node may not announce: the field that says so and what it says.
+fn exclusion(n: &NodeFacts) -> (String, String) {
+    if n.excluded {
+        (
+            format!("metadata.labels[{EXCLUDE_LABEL}]"),
+            format!("carries the label {EXCLUDE_LABEL}"),
+        )
+    } else {
+        (
+            "status.conditions[NetworkUnavailable]".to_string(),
+            "has the condition NetworkUnavailable=True".to_string(),
+        )
+    }
+}
+
+/// The advertisements of one mode select only nodes that may not announce, such as `n`.
+fn node_excluded(n: &NodeFacts, mode_name: &str) -> Diagnosis {
+    let (field, what) = exclusion(n);
+    Diagnosis {
+        code: Code::NodeExcluded,
+        object: ObjectRef::node(&n.name),
+        field: Some(field),
+        problem: format!(
+            "{what}, so no speaker announces from it, and it is the only kind of node the {mode_name} advertisements select"
+        ),
+        fix: if n.excluded {
+            format!(
+                "remove the label (kubectl label node {} {EXCLUDE_LABEL}-) or select other nodes in the advertisement's nodeSelectors",
+                n.name
+            )
+        } else {
+            "fix the node's network (its CNI sets NetworkUnavailable) or select other nodes".into()
+        },
+    }
+}
+
+/// `externalTrafficPolicy: Local` and none of the `usable` nodes has a ready endpoint.
+fn local_without_endpoint(key: &ServiceKey, usable: &[&NodeFacts], mode_name: &str) -> Diagnosis {
+    let names: Vec<&str> = usable.iter().map(|n| n.name.as_str()).collect();
+    Diagnosis {
+        code: Code::LocalWithoutEndpoint,
+        object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+        field: Some("spec.externalTrafficPolicy".into()),
+        problem: format!(
+            "externalTrafficPolicy: Local, and none of the nodes the {mode_name} advertisements select ({}) has a ready endpoint: no node may announce it",
+            names.join(", ")
+        ),
+        fix: "run the Service's pods on a selected node, select the nodes they run on, or use externalTrafficPolicy: Cluster".into(),
+    }
+}
+
+/// No live speaker on any of the `usable` nodes.
+fn no_speaker(namespace: &str, usable: &[&NodeFacts], mode_name: &str) -> Diagnosis {
+    let names: Vec<&str> = usable.iter().map(|n| n.name.as_str()).collect();
+    Diagnosis {
+        code: Code::NoSpeaker,
+        object: ObjectRef::namespaced("DaemonSet", namespace, "speaker"),
+        field: None,
+        problem: format!(
+            "no speaker runs on a node the {mode_name} advertisements select ({})",
+            names.join(", ")
+        ),
+        fix: "check the speaker DaemonSet's nodeSelector, tolerations and pods on those nodes (kubectl get pods -o wide), or select nodes that run a speaker".into(),
+    }
+}
+
+/// Live speakers on `usable` nodes that have no layer 2 quorum, so own no layer 2 IP.
+fn speakers_cut_off<'a>(
+    speakers: &'a [LiveSpeaker],
+    usable: &'a [&NodeFacts],
+) -> impl Iterator<Item = Diagnosis> + 'a {
+    speakers
+        .iter()
+        .filter(|s| s.live && usable.iter().any(|n| n.name == s.node))
+        .filter_map(|s| {
+            let r = s.report.as_ref()?;
+            (r.planned && !r.layer2.quorum).then(|| Diagnosis {
+                code: Code::SpeakerCutOff,
+                object: ObjectRef::node(&s.node),
+                field: None,
+                problem: format!(
+                    "the speaker on {} is cut off from the others: it hears {} of {} speakers, not a majority that also hears it, so it owns no layer 2 IP",
+                    s.node, r.layer2.speakers_heard, r.layer2.speakers_known
+                ),
+                fix: "check that UDP port 7946 (the heartbeats) is open between the nodes both ways, and the node's network".into(),
+            })
+        })
+}
+
+/// BGP sessions that should carry the Service from the announcing nodes and are not
+/// Established.
+fn sessions_not_established(
+    namespace: &str,
+    live_index: &LiveIndex<'_>,
+    key: &ServiceKey,
+    announced_by: &BTreeSet<String>,
+) -> Vec<Diagnosis> {
+    let mut problems = Vec::new();
     for node in announced_by {
         for s in live_index
             .sessions(node, key)
@@ -423,30 +476,25 @@ pub fn diagnoses(
             });
         }
     }
-    // Speakers that are alive on a node that matters here but did not answer.
-    let relevant: BTreeSet<&str> = selected_nodes(config, pool, labels, nodes)
-        .values()
-        .flatten()
-        .filter(|n| n.may_announce())
-        .map(|n| n.name.as_str())
-        .collect();
-    for s in speakers
+    problems
+}
+
+/// Live speakers on `relevant` nodes whose report could not be read.
+fn speakers_unreachable<'a>(
+    speakers: &'a [LiveSpeaker],
+    relevant: &'a BTreeSet<&str>,
+) -> impl Iterator<Item = Diagnosis> + 'a {
+    speakers
         .iter()
         .filter(|s| s.live && relevant.contains(s.node.as_str()))
-    {
-        if let Some(e) = &s.error {
-            problems.push(Diagnosis {
+        .filter_map(|s| {
+            let e = s.error.as_ref()?;
+            Some(Diagnosis {
                 code: Code::SpeakerUnreachable,
-                object: ObjectRef {
-                    kind: "Node".into(),
-                    namespace: None,
-                    name: s.node.clone(),
-                },
+                object: ObjectRef::node(&s.node),
                 field: None,
                 problem: format!("the speaker on {} does not answer: {e}", s.node),
                 fix: "check the speaker pod on that node (kubectl logs, kubectl describe pod): a speaker that renews its Lease but does not answer may be stuck".into(),
-            });
-        }
-    }
-    (problems, notes)
+            })
+        })
 }

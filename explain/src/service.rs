@@ -348,6 +348,13 @@ fn explain_allocated(
     service: Option<&Service>,
     allocation: Allocation,
 ) -> ServiceReport {
+    let labels = service
+        .and_then(|s| s.metadata.labels.as_ref())
+        .unwrap_or(&NO_LABELS);
+    let pool = allocation
+        .pool
+        .as_deref()
+        .and_then(|p| snapshot.config.pools.get(p));
     // A left-out object may be the very pool or advertisement a Service without an address
     // needs: then it is a problem, said first. For a Service that is served it is a note.
     let mut notes = Vec::new();
@@ -362,94 +369,19 @@ fn explain_allocated(
         );
     }
     diagnoses.extend(allocation.diagnoses.iter().cloned());
-    let advertisements = allocation
-        .pool
-        .as_deref()
-        .and_then(|p| snapshot.config.pools.get(p))
-        .map(|pool| {
-            covering(
-                &snapshot.config,
-                pool,
-                Some(
-                    service
-                        .and_then(|s| s.metadata.labels.as_ref())
-                        .unwrap_or(&NO_LABELS),
-                ),
-            )
-        })
+    let advertisements = pool
+        .map(|pool| covering(&snapshot.config, pool, Some(labels)))
         .unwrap_or_default();
-    let pool_advertisements = allocation
-        .pool
-        .as_deref()
-        .and_then(|p| snapshot.config.pools.get(p))
-        .map(|pool| covering(&snapshot.config, pool, None))
-        .unwrap_or_default();
-    if let Some(pool) = &allocation.pool
-        && advertisements.is_empty()
-        && !pool_advertisements.is_empty()
-    {
-        diagnoses.push(Diagnosis {
-            code: Code::NoAdvertisement,
-            object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
-            field: Some("metadata.labels".into()),
-            problem: format!(
-                "the advertisements covering pool {pool} ({}) select other Services by their serviceSelectors: this one's IPs are allocated but never announced",
-                pool_advertisements.join(", ")
-            ),
-            fix: "label the Service to match an advertisement's serviceSelectors, or add an advertisement that selects it".into(),
-        });
-    } else if let Some(pool) = &allocation.pool
-        && advertisements.is_empty()
-    {
-        diagnoses.push(Diagnosis {
-            code: Code::NoAdvertisement,
-            object: ObjectRef::namespaced("IPAddressPool", &snapshot.namespace, pool),
-            field: None,
-            problem: "no L2Advertisement or BGPAdvertisement covers this pool: its IPs are allocated but never announced".into(),
-            fix: format!("create an L2Advertisement or BGPAdvertisement in {} whose ipAddressPools (or ipAddressPoolSelectors) include {pool}", snapshot.namespace),
-        });
+    if let Some(name) = &allocation.pool {
+        diagnoses.extend(unadvertised(snapshot, key, name, pool, &advertisements));
     }
     let mut announcements = announcements(index, key);
     live_details(&index.live, key, &mut announcements);
     let traffic = traffic(index, key, service);
-    let local_endpoints: Option<BTreeSet<String>> = (traffic.external_traffic_policy == "Local")
-        .then(|| {
-            traffic
-                .ready_endpoints
-                .iter()
-                .filter(|(_, n)| **n > 0)
-                .map(|(node, _)| node.clone())
-                .collect()
-        });
-    let announced_by: BTreeSet<String> = announcements.iter().map(|a| a.node.clone()).collect();
     let mut specific = false;
-    if let Some(pool) = allocation
-        .pool
-        .as_deref()
-        .and_then(|p| snapshot.config.pools.get(p))
-        .filter(|_| !allocation.ips.is_empty())
-    {
-        let labels = service
-            .and_then(|s| s.metadata.labels.as_ref())
-            .unwrap_or(&NO_LABELS);
-        let (problems, live_notes) = live::diagnoses(
-            &snapshot.config,
-            &snapshot.namespace,
-            &snapshot.nodes,
-            &snapshot.speakers,
-            &index.live,
-            &live::Subject {
-                key,
-                pool,
-                labels,
-                announced_by: &announced_by,
-                local_endpoints: local_endpoints.as_ref(),
-            },
-        );
-        let problems: Vec<Diagnosis> = problems
-            .into_iter()
-            .filter(|d| !(snapshot.speakers_unknown && d.code == Code::NoSpeaker))
-            .collect();
+    if let Some(pool) = pool.filter(|_| !allocation.ips.is_empty()) {
+        let (problems, live_notes) =
+            live_diagnoses(snapshot, index, key, pool, labels, &announcements, &traffic);
         specific = problems.iter().any(|d| {
             matches!(
                 d.code,
@@ -462,6 +394,7 @@ fn explain_allocated(
     if let Some(why) = &snapshot.live_unavailable {
         notes.push(format!("the speakers' live reports were not read: {why}"));
     }
+    // Said only when no more specific cause was found.
     if !allocation.ips.is_empty()
         && !advertisements.is_empty()
         && announcements.is_empty()
@@ -475,19 +408,7 @@ fn explain_allocated(
             fix: "check that a speaker runs on the nodes the advertisements select (kubectl get pods -o wide), that those nodes are not excluded (node.kubernetes.io/exclude-from-external-load-balancers, NotReady), and with externalTrafficPolicy: Local that a ready endpoint is on one of them".into(),
         });
     }
-    if traffic.external_traffic_policy == "Local" {
-        for a in announcements.iter().filter(|a| a.mode == "layer2") {
-            if traffic.ready_endpoints.get(&a.node).copied().unwrap_or(0) == 0 {
-                diagnoses.push(Diagnosis {
-                    code: Code::LocalWithoutEndpoint,
-                    object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
-                    field: Some("spec.externalTrafficPolicy".into()),
-                    problem: format!("externalTrafficPolicy: Local, and the owner node {} has no ready endpoint: kube-proxy drops the traffic there", a.node),
-                    fix: "wait for the speaker to move the IP to a node with a ready endpoint, or use externalTrafficPolicy: Cluster".into(),
-                });
-            }
-        }
-    }
+    diagnoses.extend(owners_without_endpoint(key, &traffic, &announcements));
     if !allocation.ips.is_empty() {
         notes.push("kube-proxy forwards only the Service's ports: ping to the IP gets no answer, test with the port (e.g. curl or nc)".into());
     }
@@ -505,6 +426,109 @@ fn explain_allocated(
         diagnoses,
         notes,
     }
+}
+
+/// Pool `pool_name` (`pool` if it is in the configuration) gave the Service its IPs, but no
+/// `advertisements` announce them: those covering the pool select other Services, or none
+/// covers it.
+fn unadvertised(
+    snapshot: &Snapshot,
+    key: &ServiceKey,
+    pool_name: &str,
+    pool: Option<&ferrolb_config::model::Pool>,
+    advertisements: &[String],
+) -> Option<Diagnosis> {
+    if !advertisements.is_empty() {
+        return None;
+    }
+    let pool_advertisements = pool
+        .map(|pool| covering(&snapshot.config, pool, None))
+        .unwrap_or_default();
+    Some(if !pool_advertisements.is_empty() {
+        Diagnosis {
+            code: Code::NoAdvertisement,
+            object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+            field: Some("metadata.labels".into()),
+            problem: format!(
+                "the advertisements covering pool {pool_name} ({}) select other Services by their serviceSelectors: this one's IPs are allocated but never announced",
+                pool_advertisements.join(", ")
+            ),
+            fix: "label the Service to match an advertisement's serviceSelectors, or add an advertisement that selects it".into(),
+        }
+    } else {
+        Diagnosis {
+            code: Code::NoAdvertisement,
+            object: ObjectRef::namespaced("IPAddressPool", &snapshot.namespace, pool_name),
+            field: None,
+            problem: "no L2Advertisement or BGPAdvertisement covers this pool: its IPs are allocated but never announced".into(),
+            fix: format!("create an L2Advertisement or BGPAdvertisement in {} whose ipAddressPools (or ipAddressPoolSelectors) include {pool_name}", snapshot.namespace),
+        }
+    })
+}
+
+/// What the Nodes and the speakers' reports say about announcing the Service (see
+/// [`live::diagnoses`]). A missing speaker is not inferred when the speakers are unknown.
+fn live_diagnoses(
+    snapshot: &Snapshot,
+    index: &Index<'_>,
+    key: &ServiceKey,
+    pool: &ferrolb_config::model::Pool,
+    labels: &Labels,
+    announcements: &[Announcement],
+    traffic: &Traffic,
+) -> (Vec<Diagnosis>, Vec<String>) {
+    let local_endpoints: Option<BTreeSet<String>> = (traffic.external_traffic_policy == "Local")
+        .then(|| {
+            traffic
+                .ready_endpoints
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(node, _)| node.clone())
+                .collect()
+        });
+    let announced_by: BTreeSet<String> = announcements.iter().map(|a| a.node.clone()).collect();
+    let (problems, notes) = live::diagnoses(
+        &snapshot.config,
+        &snapshot.namespace,
+        &snapshot.nodes,
+        &snapshot.speakers,
+        &index.live,
+        &live::Subject {
+            key,
+            pool,
+            labels,
+            announced_by: &announced_by,
+            local_endpoints: local_endpoints.as_ref(),
+        },
+    );
+    let problems = problems
+        .into_iter()
+        .filter(|d| !(snapshot.speakers_unknown && d.code == Code::NoSpeaker))
+        .collect();
+    (problems, notes)
+}
+
+/// With `externalTrafficPolicy: Local`, each layer 2 owner without a ready endpoint: kube-proxy
+/// drops the traffic there.
+fn owners_without_endpoint<'a>(
+    key: &'a ServiceKey,
+    traffic: &'a Traffic,
+    announcements: &'a [Announcement],
+) -> impl Iterator<Item = Diagnosis> + 'a {
+    announcements
+        .iter()
+        .filter(move |a| {
+            traffic.external_traffic_policy == "Local"
+                && a.mode == "layer2"
+                && traffic.ready_endpoints.get(&a.node).copied().unwrap_or(0) == 0
+        })
+        .map(|a| Diagnosis {
+            code: Code::LocalWithoutEndpoint,
+            object: ObjectRef::namespaced("Service", key.namespace(), key.name()),
+            field: Some("spec.externalTrafficPolicy".into()),
+            problem: format!("externalTrafficPolicy: Local, and the owner node {} has no ready endpoint: kube-proxy drops the traffic there", a.node),
+            fix: "wait for the speaker to move the IP to a node with a ready endpoint, or use externalTrafficPolicy: Cluster".into(),
+        })
 }
 
 /// The advertisements covering `pool` (and, given a Service's `labels`, selecting it by their
@@ -736,8 +760,30 @@ fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<Po
 /// The report as text, step by step.
 pub fn render_text(r: &ServiceReport) -> String {
     let mut t = String::new();
-    let a = &r.allocation;
     let _ = writeln!(t, "Service {}", r.service);
+    write_allocation(&mut t, r);
+    let _ = writeln!(
+        t,
+        "2. Advertised:   {}",
+        if r.advertisements.is_empty() {
+            "nothing".to_string()
+        } else {
+            r.advertisements.join(", ")
+        }
+    );
+    write_announcements(&mut t, r);
+    write_traffic(&mut t, r);
+    write_kube_proxy(&mut t, r);
+    render_problems(&mut t, &r.diagnoses);
+    for n in &r.notes {
+        let _ = writeln!(t, "Note: {n}");
+    }
+    t
+}
+
+/// The IPs and step 1: the pool, the rule that chose it, sharing.
+fn write_allocation(t: &mut String, r: &ServiceReport) {
+    let a = &r.allocation;
     let ips: Vec<String> = a.ips.iter().map(IpAddr::to_string).collect();
     let _ = writeln!(
         t,
@@ -767,15 +813,10 @@ pub fn render_text(r: &ServiceReport) -> String {
             }
         );
     }
-    let _ = writeln!(
-        t,
-        "2. Advertised:   {}",
-        if r.advertisements.is_empty() {
-            "nothing".to_string()
-        } else {
-            r.advertisements.join(", ")
-        }
-    );
+}
+
+/// Step 3: who announces the IPs, with layer 2 interfaces and takeover order or BGP sessions.
+fn write_announcements(t: &mut String, r: &ServiceReport) {
     if r.announcements.is_empty() {
         let _ = writeln!(t, "3. Announced:    by no node");
     }
@@ -824,6 +865,10 @@ pub fn render_text(r: &ServiceReport) -> String {
             }
         }
     }
+}
+
+/// Step 4: traffic policy and ready endpoints.
+fn write_traffic(t: &mut String, r: &ServiceReport) {
     let eps: Vec<String> = r
         .traffic
         .ready_endpoints
@@ -840,6 +885,10 @@ pub fn render_text(r: &ServiceReport) -> String {
             eps.join(", ")
         }
     );
+}
+
+/// Step 5: kube-proxy's chains per port, iptables and nftables.
+fn write_kube_proxy(t: &mut String, r: &ServiceReport) {
     for p in &r.kube_proxy {
         let ipt = &p.iptables;
         let next = if r.traffic.external_traffic_policy == "Local" {
@@ -888,11 +937,6 @@ pub fn render_text(r: &ServiceReport) -> String {
             p.nftables.external
         );
     }
-    render_problems(&mut t, &r.diagnoses);
-    for n in &r.notes {
-        let _ = writeln!(t, "Note: {n}");
-    }
-    t
 }
 
 #[cfg(test)]
