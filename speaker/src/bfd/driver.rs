@@ -347,8 +347,14 @@ impl Task {
         }
     }
 
-    /// Carries out a session's actions: packets out, state changes reported.
+    /// Carries out a session's actions: packets out, state changes reported. Its log lines
+    /// carry the session's peer from the span (at ERROR level so that it is enabled whenever a
+    /// line inside is); none is made for no actions, the common case of a received packet.
     fn act(&mut self, key: &SessionKey, actions: Vec<Action>) {
+        if actions.is_empty() {
+            return;
+        }
+        let _peer = tracing::error_span!("bfd_session", peer = %key.peer).entered();
         for action in actions {
             match action {
                 Action::Send(packet) => self.send(key, &packet.encode()),
@@ -358,12 +364,12 @@ impl Task {
                     diagnostic,
                 } => {
                     if to == State::Up {
-                        tracing::info!(peer = %key.peer, from = state_name(from), "BFD session up");
+                        tracing::info!(from = state_name(from), "BFD session up");
                         if let Some(o) = self.out.get_mut(key) {
                             o.ups += 1;
                         }
                     } else {
-                        tracing::info!(peer = %key.peer, from = state_name(from), to = state_name(to), %diagnostic, "BFD session state changed");
+                        tracing::info!(from = state_name(from), to = state_name(to), %diagnostic, "BFD session state changed");
                     }
                     self.observer.state_changed(key, from, to, diagnostic);
                     self.publish(key);
@@ -396,7 +402,7 @@ impl Task {
                     out.socket = Some(s);
                 }
                 Err(e) => {
-                    tracing::warn!(peer = %key.peer, local = ?key.local, error = %e, "cannot open the BFD socket; trying again at the next packet");
+                    tracing::warn!(local = ?key.local, error = %e, "cannot open the BFD socket; trying again at the next packet");
                     return;
                 }
             }
@@ -408,7 +414,7 @@ impl Task {
             Ok(_) => self.observer.packet_out(key),
             // A full buffer loses this packet (BFD tolerates loss); an ICMP error from the
             // peer (nothing listens yet) is reported on the next send and means nothing.
-            Err(e) => tracing::trace!(peer = %key.peer, error = %e, "BFD packet not sent"),
+            Err(e) => tracing::trace!(error = %e, "BFD packet not sent"),
         }
     }
 

@@ -19,3 +19,10 @@ pub(crate) mod status;
 pub(crate) mod step;
 pub mod unnumbered;
 pub(crate) mod vrf;
+
+/// The span of what works for one BGPPeer alone (its session task, the report that it cannot
+/// start): each line inside carries `peer` without naming it. At ERROR level so that it is
+/// enabled whenever a line inside is: a span the filter disables loses its fields.
+pub(crate) fn peer_span(name: &str) -> tracing::Span {
+    tracing::error_span!("bgp_peer", peer = %name)
+}

@@ -312,14 +312,15 @@ impl Bgp {
     /// when its MD5 key is at fault.
     fn report_not_started(&mut self, not_started: &BTreeMap<String, NotStarted>) {
         for (name, n) in newly_not_started(&mut self.reported, not_started) {
+            let _peer = crate::bgp::peer_span(name).entered();
             match n.problem {
                 Problem::Md5 => {
-                    tracing::error!(peer = %name, error = %n.why, "BGP peer not started: its TCP MD5 key cannot be installed, and it is never run without it");
+                    tracing::error!(error = %n.why, "BGP peer not started: its TCP MD5 key cannot be installed, and it is never run without it");
                     self.events
                         .push(md5_key_failed(&self.namespace, name, &self.node, &n.why));
                 }
                 Problem::Interface => {
-                    tracing::error!(peer = %name, error = %n.why, "unnumbered BGP peer not started");
+                    tracing::error!(error = %n.why, "unnumbered BGP peer not started");
                     self.events.push(Queued {
                         warning: true,
                         reason: "BGPInterfaceNotUsable",
@@ -332,10 +333,10 @@ impl Bgp {
                     });
                 }
                 Problem::Searching => {
-                    tracing::info!(peer = %name, why = %n.why, "unnumbered BGP peer: waiting to hear it on its link");
+                    tracing::info!(why = %n.why, "unnumbered BGP peer: waiting to hear it on its link");
                 }
                 Problem::Other => {
-                    tracing::warn!(peer = %name, error = %n.why, "BGP peer not started")
+                    tracing::warn!(error = %n.why, "BGP peer not started")
                 }
             }
             // Dashboards and alerts watch this gauge: a peer that never ran would otherwise

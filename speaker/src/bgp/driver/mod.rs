@@ -28,6 +28,7 @@ use std::time::Duration;
 use ferrolb_config::model::{Peer, PeerAsn, PeerPassword, PeerTarget};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use ferrolb_bgp::adj_out::AdjRibOut;
 use ferrolb_bgp::fsm::{self, Backoff, PeerAs, State};
@@ -552,7 +553,7 @@ impl Driver {
             let (stop_tx, stop_rx) = watch::channel(false);
             let (incoming_tx, incoming_rx) = s.incoming;
             let (bfd_tx, bfd_rx) = watch::channel(None);
-            let task = tokio::spawn(session::run(
+            let session = session::run(
                 s.settings.clone(),
                 routes_rx,
                 status_tx,
@@ -560,7 +561,8 @@ impl Driver {
                 incoming_rx,
                 bfd_rx,
                 self.observer.clone(),
-            ));
+            );
+            let task = tokio::spawn(session.instrument(super::peer_span(&name)));
             self.peers.insert(
                 name,
                 Handle {

@@ -72,8 +72,8 @@ impl Link {
         }
     }
 
-    fn connection_lost(&mut self, name: &str, status: &watch::Sender<PeerStatus>, why: String) {
-        tracing::debug!(peer = %name, why, "BGP connection lost");
+    fn connection_lost(&mut self, status: &watch::Sender<PeerStatus>, why: String) {
+        tracing::debug!(why, "BGP connection lost");
         status.send_modify(|s| s.last_error = Some(why));
         self.conn = None;
         self.pending.push_back(Event::TcpConnectionFails);
@@ -103,7 +103,7 @@ impl Link {
         }
     }
 
-    async fn write(&mut self, name: &str, status: &watch::Sender<PeerStatus>, message: Message) {
+    async fn write(&mut self, status: &watch::Sender<PeerStatus>, message: Message) {
         // A peer that stops reading (while its kernel still acknowledges) must not block the
         // task: past the hold time the session would have ended anyway.
         let limit = self
@@ -118,15 +118,14 @@ impl Link {
         let bytes = match message.to_bytes(&self.codec) {
             Ok(b) => b,
             Err(e) => {
-                tracing::error!(peer = %name, error = %e, "cannot encode message");
+                tracing::error!(error = %e, "cannot encode message");
                 return;
             }
         };
         match tokio::time::timeout(limit, conn.writer.write_all(&bytes)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => self.connection_lost(name, status, format!("write: {e}")),
+            Ok(Err(e)) => self.connection_lost(status, format!("write: {e}")),
             Err(_) => self.connection_lost(
-                name,
                 status,
                 format!("write: the peer read nothing for {limit:?}"),
             ),
@@ -141,7 +140,6 @@ impl Link {
         settings: &PeerSettings,
         status: &watch::Sender<PeerStatus>,
     ) -> Option<Action> {
-        let name = settings.name.as_str();
         match action {
             Action::ConnectTcp => {
                 self.conn = None;
@@ -156,13 +154,13 @@ impl Link {
                 self.connecting = None;
                 self.codec = CodecContext::default();
             }
-            Action::SendOpen(open) => self.write(name, status, Message::Open(open)).await,
-            Action::SendKeepalive => self.write(name, status, Message::Keepalive).await,
+            Action::SendOpen(open) => self.write(status, Message::Open(open)).await,
+            Action::SendKeepalive => self.write(status, Message::Keepalive).await,
             Action::SendNotification(n) => {
-                tracing::info!(peer = %name, code = n.code, subcode = n.subcode, "sending NOTIFICATION");
-                self.write(name, status, Message::Notification(n)).await;
+                tracing::info!(code = n.code, subcode = n.subcode, "sending NOTIFICATION");
+                self.write(status, Message::Notification(n)).await;
             }
-            Action::SendUpdate(u) => self.write(name, status, Message::Update(u)).await,
+            Action::SendUpdate(u) => self.write(status, Message::Update(u)).await,
             Action::StartTimer(timer, after) => {
                 self.timers.insert(timer.into(), Instant::now() + after);
             }
@@ -338,7 +336,7 @@ pub(super) async fn run(
                         t.primary.pending.push_back(Event::TcpCRAcked);
                     }
                     Err(e) => {
-                        tracing::debug!(peer = %t.settings.name, error = %e, "BGP connect failed");
+                        tracing::debug!(error = %e, "BGP connect failed");
                         t.status.send_modify(|s| s.last_error = Some(format!("connect: {e}")));
                         t.primary.pending.push_back(Event::TcpConnectionFails);
                     }
@@ -364,15 +362,14 @@ impl Task {
     }
 
     fn read_result(&mut self, which: Which, r: std::io::Result<Vec<u8>>) {
-        let name = self.settings.name.clone();
         let status = self.status.clone();
         let Some(link) = self.link(which) else {
             return;
         };
         match r {
             Ok(bytes) if !bytes.is_empty() => link.received(&bytes),
-            Ok(_) => link.connection_lost(&name, &status, "connection closed by peer".into()),
-            Err(e) => link.connection_lost(&name, &status, format!("read: {e}")),
+            Ok(_) => link.connection_lost(&status, "connection closed by peer".into()),
+            Err(e) => link.connection_lost(&status, format!("read: {e}")),
         }
     }
 
@@ -381,7 +378,7 @@ impl Task {
     fn bfd(&mut self, verdict: Verdict) {
         match verdict {
             Verdict::Stop => {
-                tracing::warn!(peer = %self.settings.name, "BFD session down: stopping the BGP session until BFD is up again");
+                tracing::warn!("BFD session down: stopping the BGP session until BFD is up again");
                 self.status
                     .send_modify(|s| s.last_error = Some("BFD session down".into()));
                 self.primary.pending.push_back(Event::BfdDown);
@@ -390,11 +387,15 @@ impl Task {
                 }
             }
             Verdict::Start => {
-                tracing::info!(peer = %self.settings.name, "BFD session up (or no longer configured): starting the BGP session again");
+                tracing::info!(
+                    "BFD session up (or no longer configured): starting the BGP session again"
+                );
                 self.primary.pending.push_back(Event::ManualStart);
             }
             Verdict::WaitOver => {
-                tracing::info!(peer = %self.settings.name, "BFD still down after the wait: starting the BGP session again anyway");
+                tracing::info!(
+                    "BFD still down after the wait: starting the BGP session again anyway"
+                );
                 self.primary.pending.push_back(Event::ManualStart);
             }
         }
@@ -411,23 +412,22 @@ impl Task {
 
     /// A connection the peer opened to our listener.
     async fn accepted(&mut self, stream: TcpStream) {
-        let name = self.settings.name.clone();
         let conn = match Conn::new(stream) {
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!(peer = %name, error = %e, "accepted BGP connection is gone");
+                tracing::debug!(error = %e, "accepted BGP connection is gone");
                 return;
             }
         };
         match self.primary.session.state() {
             State::Established => {
                 // RFC 4271 §6.8: an Established session survives; the new connection is closed.
-                tracing::info!(peer = %name, "closing the peer's connection: session already established");
+                tracing::info!("closing the peer's connection: session already established");
             }
             State::Idle | State::Connect | State::Active => {
                 // No connection of ours yet: the peer's one carries the session (the state
                 // machine refuses it when stopped).
-                tracing::info!(peer = %name, "accepted BGP connection from the peer");
+                tracing::info!("accepted BGP connection from the peer");
                 self.primary.connecting = None;
                 self.primary.conn = Some(conn);
                 self.primary.initiator = Initiator::Remote;
@@ -450,7 +450,7 @@ impl Task {
                 let mut link = Link::new(session, Initiator::Remote);
                 link.conn = Some(conn);
                 link.pending.push_back(Event::TcpConnectionConfirmed);
-                tracing::info!(peer = %name, "accepted BGP connection from the peer while ours is opening");
+                tracing::info!("accepted BGP connection from the peer while ours is opening");
                 self.secondary = Some(link);
             }
         }
@@ -521,7 +521,7 @@ impl Task {
         } else {
             second.initiator
         };
-        tracing::info!(peer = %self.settings.name, ?kept, "connection collision resolved");
+        tracing::info!(?kept, "connection collision resolved");
         self.status.send_modify(|s| s.collisions += 1);
         if keep_primary {
             self.dump(second).await;
@@ -606,7 +606,7 @@ impl Task {
                 });
             }
             Err(e) => {
-                tracing::error!(peer = %self.settings.name, error = %e, "cannot encode UPDATE");
+                tracing::error!(error = %e, "cannot encode UPDATE");
             }
         }
     }
@@ -617,7 +617,7 @@ impl Task {
             Action::SessionEstablished(n) => {
                 if which == Which::Secondary {
                     // `settle` never lets the peer's second connection get this far.
-                    tracing::error!(peer = %self.settings.name, "second connection established");
+                    tracing::error!("second connection established");
                 }
                 let local = self
                     .link(which)
@@ -643,13 +643,15 @@ impl Task {
                     extended_next_hop: n.extended_next_hop,
                     codec: n.codec,
                 };
-                tracing::info!(peer = %self.settings.name, peer_as = n.peer_as, peer_id = %n.peer_bgp_id, "BGP session established");
+                tracing::info!(peer_as = n.peer_as, peer_id = %n.peer_bgp_id, "BGP session established");
                 if ctx.next_hop_v4.is_none()
                     && !ctx.extended_next_hop
                     && ctx.families.contains(&AfiSafi::IPV4_UNICAST)
                 {
                     // An unnumbered peer that did not take RFC 8950: IPv4 has no next hop here.
-                    tracing::warn!(peer = %self.settings.name, "the peer did not negotiate the extended next hop capability and this session has no IPv4 next hop: IPv4 prefixes are not sent to it");
+                    tracing::warn!(
+                        "the peer did not negotiate the extended next hop capability and this session has no IPv4 next hop: IPv4 prefixes are not sent to it"
+                    );
                 }
                 self.sent.clear();
                 self.context = Some(ctx);
@@ -662,7 +664,7 @@ impl Task {
                 self.pending_eor = n.families;
             }
             Action::SessionDown(reason) => {
-                tracing::info!(peer = %self.settings.name, ?reason, "BGP session down");
+                tracing::info!(?reason, "BGP session down");
                 self.context = None;
                 self.sent.clear();
                 self.observer.session_up(&self.settings.name, false);

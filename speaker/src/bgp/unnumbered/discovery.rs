@@ -113,6 +113,9 @@ fn open(link: &Link) -> io::Result<Socket> {
 }
 
 fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBool) {
+    // Every line of this thread is about its link: the span names it once (at ERROR level so
+    // that it is enabled whenever a line inside is).
+    let _link = tracing::error_span!("unnumbered_link", interface = %link.name).entered();
     let ra = RouterAdvertisement::not_a_default_router(link.mac);
     let advertisement = router_advertisement(&ra, link.link_local, ALL_NODES);
     let solicitation = router_solicitation(
@@ -124,12 +127,12 @@ fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBoo
     );
     let advertise = |why: &str| {
         if let Err(e) = send(socket, &advertisement, ALL_NODES, link.index) {
-            tracing::warn!(interface = %link.name, error = %e, why, "router advertisement not sent");
+            tracing::warn!(error = %e, why, "router advertisement not sent");
         }
     };
     // One solicitation gets FRR's advertisement now rather than within its 10 s.
     if let Err(e) = send(socket, &solicitation, ALL_ROUTERS, link.index) {
-        tracing::warn!(interface = %link.name, error = %e, "router solicitation not sent");
+        tracing::warn!(error = %e, "router solicitation not sent");
     }
     let mut schedule = Schedule::new(Instant::now());
     let mut peer = LinkPeer::default();
@@ -151,7 +154,7 @@ fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBoo
                 continue;
             }
             Err(e) => {
-                tracing::warn!(interface = %link.name, error = %e, "receive failed");
+                tracing::warn!(error = %e, "receive failed");
                 std::thread::sleep(POLL);
                 continue;
             }
@@ -160,7 +163,7 @@ fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBoo
             Ok(Some(RouterDiscovery::Advertisement(_))) => {
                 let heard = peer.heard(envelope.source);
                 if heard != Heard::Same {
-                    tracing::info!(interface = %link.name, peer = %envelope.source, ?heard, "BGP unnumbered peer found");
+                    tracing::info!(peer = %envelope.source, ?heard, "BGP unnumbered peer found");
                     let (p, r) = (peer.peer(), peer.replacements());
                     tx.send_modify(|f| {
                         f.peer = p;
@@ -177,7 +180,7 @@ fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBoo
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::debug!(interface = %link.name, from = %envelope.source, error = %e, "router discovery message refused");
+                tracing::debug!(from = %envelope.source, error = %e, "router discovery message refused");
                 tx.send_modify(|f| f.refused += 1);
             }
         }
