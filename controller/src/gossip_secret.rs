@@ -13,9 +13,12 @@ use std::io::Read;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrolb_runtime::owner::Owner;
+use ferrolb_runtime::owner::{Owner, OwnerCell};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
+
+/// How long the Secret waits for its owner to be learnt before it is created without one.
+const OWNER_WAIT: Duration = Duration::from_secs(15);
 
 /// Random bytes in a key: 256 bits, written as 64 hexadecimal characters.
 const KEY_BYTES: usize = 32;
@@ -46,6 +49,24 @@ pub fn secret(name: &str, namespace: &str, key: String, owner: Option<&Owner>) -
         string_data: Some(BTreeMap::from([("secretkey".to_string(), key)])),
         ..Default::default()
     }
+}
+
+/// Creates the Secret in the background, once: with its owner if that is learnt soon
+/// (`learning`: the owner is being learnt), since speakers of a first install wait for the
+/// Secret.
+pub fn spawn(
+    client: kube::Client,
+    namespace: String,
+    name: String,
+    owner: OwnerCell,
+    learning: bool,
+) {
+    tokio::spawn(async move {
+        if learning {
+            let _ = tokio::time::timeout(OWNER_WAIT, owner.settled()).await;
+        }
+        ensure(client, namespace, name, owner.get()).await;
+    });
 }
 
 /// Creates the Secret unless it exists; retries every 5 s until the API server has answered

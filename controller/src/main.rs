@@ -105,9 +105,33 @@ struct RunArgs {
     failpoints: Option<PathBuf>,
 }
 
-/// How long the gossip key Secret waits for its owner to be learnt before it is created
-/// without one.
-const GOSSIP_OWNER_WAIT: Duration = Duration::from_secs(15);
+/// The Lease's election, started unless `--leader-elect=false` (then this replica always
+/// leads); with the election's task, to wait for on shutdown (it releases the Lease).
+fn start_election(
+    args: &RunArgs,
+    client: &kube::Client,
+    identity: &str,
+    owner: &ferrolb_runtime::owner::OwnerCell,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    pulse: ferrolb_runtime::health::Pulse,
+) -> anyhow::Result<(leader::Leadership, Option<tokio::task::JoinHandle<()>>)> {
+    if !args.leader_elect {
+        return Ok((leader::Leadership::always(), None));
+    }
+    let timing = leader::Timing {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    timing.validate().map_err(anyhow::Error::msg)?;
+    let lease = leader::LeaseRef {
+        api: kube::Api::namespaced(client.clone(), &args.common.namespace),
+        name: args.lease_name.clone(),
+        owner: owner.clone(),
+    };
+    let (leadership, task) = leader::spawn(lease, identity.to_string(), timing, shutdown, pulse);
+    Ok((leadership, Some(task)))
+}
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = ferrolb_runtime::kube_client(args.common.kubeconfig.as_deref()).await?;
@@ -139,41 +163,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         owner::learn(&client, &args.common.namespace, account, owner.clone());
     }
     if let Some(name) = args.gossip_secret_name.clone() {
-        let (client, namespace, owner) =
-            (client.clone(), args.common.namespace.clone(), owner.clone());
-        let learning = args.service_account.is_some();
-        tokio::spawn(async move {
-            // The Secret is created once: with its owner if that is learnt soon (speakers of a
-            // first install wait for the Secret).
-            if learning {
-                let _ = tokio::time::timeout(GOSSIP_OWNER_WAIT, owner.settled()).await;
-            }
-            gossip_secret::ensure(client, namespace, name, owner.get()).await;
-        });
-    }
-    let (leadership, lease_task) = if args.leader_elect {
-        let timing = leader::Timing {
-            lease_duration: args.lease_duration,
-            renew_deadline: args.renew_deadline,
-            retry_period: args.retry_period,
-        };
-        timing.validate().map_err(anyhow::Error::msg)?;
-        let lease = leader::LeaseRef {
-            api: kube::Api::namespaced(client.clone(), &args.common.namespace),
-            name: args.lease_name.clone(),
-            owner: owner.clone(),
-        };
-        let (l, task) = leader::spawn(
-            lease,
-            identity.clone(),
-            timing,
-            shutdown_rx.clone(),
-            pulse.clone(),
+        gossip_secret::spawn(
+            client.clone(),
+            args.common.namespace.clone(),
+            name,
+            owner.clone(),
+            args.service_account.is_some(),
         );
-        (l, Some(task))
-    } else {
-        (leader::Leadership::always(), None)
-    };
+    }
+    let (leadership, lease_task) = start_election(
+        &args,
+        &client,
+        &identity,
+        &owner,
+        shutdown_rx.clone(),
+        pulse.clone(),
+    )?;
     tracing::info!(%identity, namespace = %args.common.namespace, lb_class = ?args.common.lb_class, "ferrolb-controller starting");
     let settings = run::Settings {
         namespace: args.common.namespace.clone(),
