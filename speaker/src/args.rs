@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use ferrolb_runtime::LogFormat;
+use ferrolb_runtime::args::{self, CommonArgs};
 
 /// ferrolb's speaker: announces Service IPs from this node (layer 2: ARP and NDP).
 ///
@@ -17,23 +17,9 @@ pub struct Args {
     /// This node's name (the Node object); in a Pod, from the downward API (spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// Namespace of the metallb.io configuration objects and of the status objects.
-    #[arg(
-        long,
-        short = 'n',
-        env = "FERROLB_NAMESPACE",
-        default_value = "metallb-system"
-    )]
-    pub namespace: String,
-    /// Serve only Services with this spec.loadBalancerClass (default: Services without a class).
-    #[arg(long, env = "FERROLB_LB_CLASS")]
-    pub lb_class: Option<String>,
-    /// Kubeconfig file (default: in-cluster config, or $KUBECONFIG / ~/.kube/config).
-    #[arg(long, env = "FERROLB_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "FERROLB_LISTEN", default_value = "0.0.0.0:7472")]
-    pub listen: SocketAddr,
+    /// Namespace, class, kubeconfig, listen address and logs: as the controller's.
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Serve /metrics, /healthz and /readyz on this IP instead of `--listen`'s (same port). The
     /// chart passes the node's own address: the speaker runs in the host network, and binding
     /// every interface would serve metrics on the LAN the LoadBalancer IPs face.
@@ -70,11 +56,11 @@ pub struct Args {
     #[arg(long, env = "FERROLB_GOSSIP_NEXT_KEY_FILE")]
     pub gossip_next_key_file: Option<PathBuf>,
     /// How often each speaker sends a heartbeat to every other speaker (Go duration).
-    #[arg(long, env = "FERROLB_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = duration)]
+    #[arg(long, env = "FERROLB_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = args::duration)]
     pub heartbeat_interval: Duration,
     /// A speaker not heard for this long counts as dead and its IPs move (Go duration). Failover
     /// takes about this long; at least three heartbeat intervals.
-    #[arg(long, env = "FERROLB_FAILURE_TIMEOUT", default_value = "500ms", value_parser = duration)]
+    #[arg(long, env = "FERROLB_FAILURE_TIMEOUT", default_value = "500ms", value_parser = args::duration)]
     pub failure_timeout: Duration,
     /// Interface name prefixes never announced on (comma-separated; replaces the default list).
     #[arg(
@@ -90,7 +76,7 @@ pub struct Args {
     /// burst (Go duration; 0s: never), so a client or switch that missed a takeover, or kept an
     /// entry from before it, is corrected within this time. 60 s stays well inside the usual
     /// 300 s MAC-table ageing of switches (docs/decisions/0015).
-    #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "60s", value_parser = duration)]
+    #[arg(long, env = "FERROLB_GARP_REFRESH", default_value = "60s", value_parser = args::duration)]
     pub garp_refresh: Duration,
     /// Flap damping: after losing its quorum, this node waits 2 s (doubling per loss within a
     /// minute, up to 30 s) before it may own layer 2 IPs again, so that an owner whose heartbeats
@@ -103,7 +89,7 @@ pub struct Args {
     /// node); its successor takes them up once ready. Also how long this speaker keeps a
     /// replaced peer's IPs. Meanwhile ARP/NDP for those IPs goes unanswered (established clients
     /// keep their entries). 0s: IPs move at once on every stop (Go duration).
-    #[arg(long, env = "FERROLB_RESTART_HOLD", default_value = "10s", value_parser = duration)]
+    #[arg(long, env = "FERROLB_RESTART_HOLD", default_value = "10s", value_parser = args::duration)]
     pub restart_hold: Duration,
     /// When a stop is a replacement: `pod-deleted` (this speaker's Pod, --pod-name, is being
     /// deleted, as in a rolling update; a node shutting down does not delete its pods) or
@@ -120,15 +106,5 @@ pub struct Args {
     /// `0.0.0.0:179,[::]:179`). Off by default: on the host network, port 179 may belong to
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.
     #[arg(long, env = "FERROLB_BGP_LISTEN", value_delimiter = ',')]
-    pub bgp_listen: Vec<std::net::SocketAddr>,
-    /// Log format.
-    #[arg(long, env = "FERROLB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// Log level (or a tracing filter); RUST_LOG overrides it.
-    #[arg(long, env = "FERROLB_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-}
-
-fn duration(text: &str) -> Result<Duration, ferrolb_config::validate::DurationError> {
-    ferrolb_config::validate::parse_go_duration(text)
+    pub bgp_listen: Vec<SocketAddr>,
 }

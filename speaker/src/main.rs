@@ -12,7 +12,7 @@ use ferrolb_speaker::args::Args;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    ferrolb_runtime::init_logs(args.log_format, &args.log_level);
+    args.common.init_logs();
     if args.failure_timeout < args.heartbeat_interval * 3 {
         tracing::error!(
             "--failure-timeout ({:?}) must be at least three --heartbeat-interval ({:?})",

@@ -10,11 +10,11 @@
 //! away (no renewal lands, so none ages) and keeps it from depending on clock offsets between
 //! this node and the others beyond seconds.
 //!
-//! [`Presence`] keeps this speaker's own Lease: renewed while the
-//! speaker runs, deleted when it stops cleanly. The Lease is owned by the speaker's DaemonSet
-//! once the speaker has read it from its Pod, else by the Node, so that deleting the DaemonSet
-//! (`helm uninstall`, whose RBAC goes at the same time and refuses the clean stop's delete) or
-//! the Node removes it, while a rolling update, which keeps the DaemonSet, does not.
+//! [`Presence`] keeps this speaker's own Lease: renewed while the speaker runs, deleted when it
+//! stops cleanly. The Lease is owned by the speaker's DaemonSet once the speaker has read it
+//! from its Pod, else by the Node, so that deleting the DaemonSet (`helm uninstall`, whose RBAC
+//! goes at the same time and refuses the clean stop's delete) or the Node removes it, while a
+//! rolling update, which keeps the DaemonSet, does not.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -211,20 +211,17 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use ferrolb_testkit::objects;
 
     fn lease(holder: &str, renewed_at_second: i64) -> Arc<Lease> {
-        let mut l = Lease::default();
-        l.metadata.name = Some(lease_name("ferrolb-speaker", holder));
-        l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-            holder_identity: Some(holder.into()),
-            lease_duration_seconds: Some(LEASE_SECONDS),
-            renew_time: Some(MicroTime(
-                Timestamp::from_second(1_800_000_000 + renewed_at_second).unwrap(),
-            )),
-            ..Default::default()
-        });
-        Arc::new(l)
+        let renewed = Timestamp::from_second(1_800_000_000 + renewed_at_second).unwrap();
+        Arc::new(
+            objects::lease(&lease_name("ferrolb-speaker", holder))
+                .holder(holder)
+                .duration_seconds(LEASE_SECONDS)
+                .renewed(MicroTime(renewed))
+                .build(),
+        )
     }
 
     #[test]

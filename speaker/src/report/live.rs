@@ -107,7 +107,7 @@ impl Live {
     }
 
     /// The page the metrics server serves.
-    pub fn page(&self) -> ferrolb_runtime::JsonPages {
+    pub fn page(&self) -> ferrolb_runtime::server::JsonPages {
         let live = self.clone();
         vec![(
             PATH,

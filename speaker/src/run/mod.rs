@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use ferrolb_runtime::events::{Always, EventQueue, Recorder};
 use ferrolb_runtime::owner::{Owner, OwnerCell};
+use ferrolb_runtime::server::{self, Ready, Server};
 use tokio::sync::Notify;
 
 use crate::args::Args;
@@ -40,30 +41,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         next: args.gossip_next_key_file.clone(),
     };
     let key_ring = key_files.read()?;
-    let client = ferrolb_runtime::kube_client(args.kubeconfig.as_deref()).await?;
+    let client = ferrolb_runtime::kube_client(args.common.kubeconfig.as_deref()).await?;
     let (metrics, registry) = Metrics::new();
-    let ready = ferrolb_runtime::Ready::default();
+    let ready = Ready::default();
     // The loop wakes at least every heartbeat interval; silent for this long, it is stuck.
     let pulse = ferrolb_runtime::health::Pulse::new(Duration::from_secs(10));
     // What `kubectl ferrolb explain` reads through the API server's proxy to this Pod.
     let live = Live::new(&args.node_name);
-    let mut server = tokio::spawn(ferrolb_runtime::serve(
+    let mut server = tokio::spawn(server::serve(
         listen_address(&args),
-        Arc::new(registry),
-        ready.clone(),
-        "caches not synced",
-        pulse.clone(),
-        args.metrics_tls.files()?,
-        if args.explain_report {
-            live.page()
-        } else {
-            Vec::new()
+        Server {
+            registry: Arc::new(registry),
+            ready: ready.clone(),
+            not_ready_reason: "caches not synced",
+            pulse: pulse.clone(),
+            tls: args.metrics_tls.files()?,
+            pages: if args.explain_report {
+                live.page()
+            } else {
+                Vec::new()
+            },
         },
     ));
     let changed = Arc::new(Notify::new());
     let stores = watch::start(
         &client,
-        &args.namespace,
+        &args.common.namespace,
         &args.presence_group,
         changed.clone(),
     );
@@ -77,7 +80,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let presence = |c: &kube::Client| {
         Presence::new(
             c,
-            &args.namespace,
+            &args.common.namespace,
             &args.presence_group,
             &args.node_name,
             owner.clone(),
@@ -99,13 +102,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     let scope = Scope {
         client: client.clone(),
-        namespace: args.namespace.clone(),
+        namespace: args.common.namespace.clone(),
         node: args.node_name.clone(),
         owner: owner.clone(),
         events: events.clone(),
     };
     let (status_tx, status_task) = status_objects::spawn::<status::Layer2>(scope.clone());
-    tracing::info!(node = %args.node_name, namespace = %args.namespace, "ferrolb-speaker starting");
+    tracing::info!(node = %args.node_name, namespace = %args.common.namespace, "ferrolb-speaker starting");
 
     let world = World {
         stores,
@@ -114,7 +117,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         bgp: Bgp::new(metrics.clone(), scope, &args.bgp_listen, changed.clone())
             .reporting_to(live.clone()),
         events: events.clone(),
-        namespace: args.namespace.clone(),
+        namespace: args.common.namespace.clone(),
     };
     let mut speaker = Speaker::new(args, world, metrics, live);
     let shutdown = ferrolb_runtime::shutdown_signal();
@@ -172,7 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let replaced = !speaker.args.restart_hold.is_zero()
         && restart::is_replacement(
             &client,
-            &speaker.args.namespace,
+            &speaker.args.common.namespace,
             speaker.args.pod_name.as_deref(),
             speaker.args.restart_hold_when,
         )
@@ -219,8 +222,9 @@ fn check_start(args: &Args) -> anyhow::Result<()> {
 
 /// Where /metrics, /healthz, /readyz (and the live report) are served.
 fn listen_address(args: &Args) -> SocketAddr {
-    args.listen_ip
-        .map_or(args.listen, |ip| SocketAddr::new(ip, args.listen.port()))
+    args.listen_ip.map_or(args.common.listen, |ip| {
+        SocketAddr::new(ip, args.common.listen.port())
+    })
 }
 
 /// Binds the heartbeat port and starts the heartbeats with the flags' timings.
@@ -252,7 +256,7 @@ fn learn_owner(client: &kube::Client, args: &Args) -> OwnerCell {
     let owner = OwnerCell::default();
     if let Some(pod) = args.pod_name.clone() {
         let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-            kube::Api::namespaced(client.clone(), &args.namespace);
+            kube::Api::namespaced(client.clone(), &args.common.namespace);
         tokio::spawn(ferrolb_runtime::owner::learn(
             owner.clone(),
             "the speaker's Pod",

@@ -78,7 +78,7 @@ impl<Io: LoopIo> Speaker<Io> {
 
     async fn step_at(&mut self, links: &BTreeMap<String, Interface>, now: Instant) -> Desired {
         if self.io.take_config_dirty() || self.config.is_none() {
-            let validated = self.io.validated(&self.args.namespace);
+            let validated = self.io.validated(&self.args.common.namespace);
             self.metrics.config_loaded.set(1);
             self.metrics
                 .config_stale
@@ -93,7 +93,7 @@ impl<Io: LoopIo> Speaker<Io> {
         let views = step::views(
             &self.io.services(),
             &self.io.slices(),
-            self.args.lb_class.as_deref(),
+            self.args.common.lb_class.as_deref(),
         );
         self.bgp_step(&config, &membership, &views.services);
         self.layer2
