@@ -1,8 +1,8 @@
 //! BGP failover in the lab: how long the external client behind the router loses a Service when
 //! the node its traffic goes through loses its link, with BFD and without.
 //!
-//! `cargo build --release -p ferrolb-controller -p ferrolb-speaker && cargo bench -p ferrolb-e2e
-//! --bench bgp_failover` (as root). Environment:
+//! `cargo bench -p ferrolb-e2e --bench bgp_failover` (as root; it builds the lab tool, the
+//! controller and the speaker it runs first, in the bench's release profile). Environment:
 //!
 //! * `FERROLB_BENCH_TRIALS` (default 10): trials per case.
 //! * `FERROLB_BENCH_CASES`: a comma-separated subset (default all): `bfd-300` (MetalLB's default

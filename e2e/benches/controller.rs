@@ -4,8 +4,8 @@
 //! creates N LoadBalancer Services while no controller runs, then starts one and times until all
 //! N have an IP.
 //!
-//! `cargo build --release -p ferrolb-controller && cargo bench -p ferrolb-e2e --bench controller`
-//! (as root). Environment:
+//! `cargo bench -p ferrolb-e2e --bench controller` (as root; it builds the lab tool, the
+//! controller and the speaker it runs first, in the bench's release profile). Environment:
 //!
 //! * `FERROLB_BENCH_SINGLES` (default 50): single Services, one after the other.
 //! * `FERROLB_BENCH_BURSTS` (default `1000`): comma-separated burst sizes; empty for none.
@@ -14,7 +14,7 @@
 //! * `FERROLB_BENCH_SPEAKERS` (default `0`): `1` also runs a speaker on every node (layer 2,
 //!   with an L2Advertisement for the bench's pool) and prints each speaker's memory after every
 //!   burst; bursts add up (`FERROLB_BENCH_BURSTS=1000,9000` measures at 1,000 and 10,000
-//!   Services). Build the speaker too: `cargo build --release -p ferrolb-speaker`.
+//!   Services).
 //! * `FERROLB_BENCH_KUBE_PROXY` (default `pause`): `pause` stops the lab's three kube-proxies
 //!   (SIGSTOP, resumed at the end, also on failure) for the run; `run` keeps them. In a cluster
 //!   kube-proxy runs on the nodes, not on the control plane's CPUs; in the lab all share 2
@@ -340,7 +340,7 @@ fn main() {
     // `cargo bench` asks.
     if !std::env::args().any(|a| a == "--bench") {
         println!(
-            "controller bench: run with `cargo build --release -p ferrolb-controller && cargo bench -p ferrolb-e2e --bench controller`"
+            "controller bench: run with `cargo bench -p ferrolb-e2e --bench controller` (as root)"
         );
         return;
     }
@@ -354,8 +354,8 @@ fn main() {
         .build()
         .expect("runtime");
     let lab_exe = PathBuf::from(env!("CARGO_BIN_EXE_ferrolb-lab"));
-    // Before minutes of setup: the binary the bench measures must be built (and current).
-    if let Err(e) = ferrolb_e2e::ferrolb::workspace_binary("ferrolb-controller") {
+    // Before minutes of setup: the binaries the bench runs must be built (and current).
+    if let Err(e) = ferrolb_e2e::ferrolb::build_binaries(&ferrolb_e2e::bench::BINARIES) {
         eprintln!("controller bench: {e:#}");
         std::process::exit(1);
     }

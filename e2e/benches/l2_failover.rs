@@ -1,8 +1,8 @@
 //! Layer 2 failover in the lab: how long a client loses a Service when the node that owns its IP
 //! loses its link, and when its speaker is SIGKILLed.
 //!
-//! `cargo build --release -p ferrolb-controller -p ferrolb-speaker && cargo bench -p ferrolb-e2e
-//! --bench l2_failover` (as root). Environment:
+//! `cargo bench -p ferrolb-e2e --bench l2_failover` (as root; it builds the lab tool, the
+//! controller and the speaker it runs first, in the bench's release profile). Environment:
 //!
 //! * `FERROLB_BENCH_TRIALS` (default 20): trials per fault.
 //! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).

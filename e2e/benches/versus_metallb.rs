@@ -3,8 +3,9 @@
 //! with the ratio per row (MetalLB ÷ ferrolb; every row is "lower is better", so a ratio above 1
 //! means ferrolb is ahead) and a last line starting `versus MetalLB:`.
 //!
-//! `cargo build --release -p ferrolb-controller -p ferrolb-speaker -p ferrolb-e2e --bins &&
-//! cargo bench -p ferrolb-e2e --bench versus_metallb` (as root; `e2e/install-deps` builds MetalLB).
+//! `cargo bench -p ferrolb-e2e --bench versus_metallb` (as root; it builds the lab tool, the
+//! controller and the speaker it runs first, in the bench's release profile; `e2e/install-deps`
+//! builds MetalLB).
 //!
 //! Rows so far: Service creation to IP (single Services one after the other, p50/p99; a burst,
 //! all IPs and p99), layer 2 outage when the owner's link is cut and when its speaker is killed

@@ -15,13 +15,15 @@ use kube::runtime::watcher::{self, Event};
 use crate::cluster::wait_for;
 use crate::{Lab, Options, ferrolb};
 
-/// Brings the lab up for a bench: fails unless root; builds the binaries first (a bench must
+/// The binaries a lab bench runs: the lab tool, the controller and the speaker.
+pub const BINARIES: [&str; 3] = ["ferrolb-lab", "ferrolb-controller", "ferrolb-speaker"];
+
+/// Brings the lab up for a bench: fails unless root; builds [`BINARIES`] first (a bench must
 /// run the current ones).
 pub async fn lab_up() -> anyhow::Result<Lab> {
     anyhow::ensure!(crate::is_root(), "the bench needs root (the lab)");
+    ferrolb::build_binaries(&BINARIES)?;
     let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
-    ferrolb::workspace_binary("ferrolb-controller")?;
-    ferrolb::workspace_binary("ferrolb-speaker")?;
     Lab::up(Options::default(), &lab_exe).await
 }
 

@@ -22,29 +22,14 @@ fn package_of(binary: &str) -> &str {
 }
 
 /// A binary of the workspace, next to the running test or bench binary (cargo builds every
-/// binary of the workspace for `cargo test --workspace` and `cargo bench --workspace`, and
-/// `e2e/lab` builds the ones it runs). Refuses a missing binary, and a stale one (a source file
-/// newer than the binary, by the dep-info file cargo writes next to it): a test must never run
-/// yesterday's speaker. Both errors give the command that builds it for this profile.
+/// binary of the workspace for `cargo test --workspace` and `cargo bench --workspace`, the
+/// benches build the ones they run with [`build_binaries`], and `e2e/lab` builds the ones it
+/// runs). Refuses a missing binary, and a stale one (a source file newer than the binary, by
+/// the dep-info file cargo writes next to it): a test must never run yesterday's speaker. Both
+/// errors give the command that builds it for this profile.
 pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // Binaries sit in target/<profile>/, test and bench binaries in target/<profile>/deps/.
-    let dir = exe.parent().context("target directory")?;
-    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.parent().context("target directory")?
-    } else {
-        dir
-    };
-    let build = format!(
-        "cargo build{} -p {} --bin {name}",
-        match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => String::new(),
-            // `cargo bench` uses the bench profile, which writes to target/release.
-            Some("release") => " --release".to_string(),
-            Some(other) => format!(" --profile {other}"),
-        },
-        package_of(name)
-    );
+    let profile_dir = profile_dir()?;
+    let build = format!("cargo {}", build_args(&[name], &profile_dir).join(" "));
     let path = profile_dir.join(name);
     ensure!(
         path.is_file(),
@@ -59,6 +44,66 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// Builds `binaries` of the workspace in the profile of the running test or bench binary (a
+/// bench in the release profile, as `cargo bench` builds it), with cargo's progress on stderr:
+/// what `e2e/lab` does before it runs the lab, here for a bench that must run current binaries.
+pub fn build_binaries(binaries: &[&str]) -> anyhow::Result<()> {
+    let args = build_args(binaries, &profile_dir()?);
+    // The cargo running this bench, also under sudo (whose PATH may lack ~/.cargo/bin).
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!(
+        "building {} (cargo {})",
+        binaries.join(", "),
+        args.join(" ")
+    );
+    let status = std::process::Command::new(cargo)
+        .args(&args)
+        .arg("--locked")
+        .current_dir(repo_root())
+        .status()
+        .context("running cargo")?;
+    ensure!(
+        status.success(),
+        "`cargo {}` failed: {status}",
+        args.join(" ")
+    );
+    Ok(())
+}
+
+/// target/<profile>/ of the running binary: binaries sit there, test and bench binaries in its
+/// deps/.
+fn profile_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("target directory")?;
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().context("target directory")?
+    } else {
+        dir
+    };
+    Ok(profile_dir.to_path_buf())
+}
+
+/// cargo's arguments that build `binaries` into `profile_dir`. Each binary is named with its
+/// package: `--bin` applies to every selected package.
+fn build_args(binaries: &[&str], profile_dir: &Path) -> Vec<String> {
+    let mut args = vec!["build".to_string()];
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        // `cargo bench` uses the bench profile, which writes to target/release.
+        Some("release") => args.push("--release".into()),
+        Some(other) => args.extend(["--profile".into(), other.into()]),
+    }
+    let mut packages: Vec<&str> = binaries.iter().map(|b| package_of(b)).collect();
+    packages.dedup();
+    for package in packages {
+        args.extend(["-p".into(), package.into()]);
+    }
+    for binary in binaries {
+        args.extend(["--bin".into(), binary.to_string()]);
+    }
+    args
 }
 
 /// A source file of `binary` (as listed in cargo's dep-info file `<binary>.d`) that is newer than
@@ -623,4 +668,33 @@ pub fn speaker_metric(lab: &Lab, node: &str, name: &str) -> anyhow::Result<f64> 
                 .with_context(|| format!("{node}: unreadable metric line {l:?}"))
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_command_names_each_package_and_binary_in_the_profile() {
+        let release = Path::new("/repo/target/release");
+        assert_eq!(
+            build_args(
+                &["ferrolb-lab", "ferrolb-controller", "ferrolb-speaker"],
+                release
+            )
+            .join(" "),
+            "build --release -p ferrolb-e2e -p ferrolb-controller -p ferrolb-speaker \
+             --bin ferrolb-lab --bin ferrolb-controller --bin ferrolb-speaker"
+        );
+        let debug = Path::new("/repo/target/debug");
+        assert_eq!(
+            build_args(&["ferrolb", "kubectl-ferrolb"], debug).join(" "),
+            "build -p ferrolb-cli --bin ferrolb --bin kubectl-ferrolb"
+        );
+        let custom = Path::new("/repo/target/profiling");
+        assert_eq!(
+            build_args(&["ferrolb-speaker"], custom).join(" "),
+            "build --profile profiling -p ferrolb-speaker --bin ferrolb-speaker"
+        );
+    }
 }
