@@ -51,8 +51,7 @@ impl Lab {
         self.build_network(state)?;
         eprintln!("lab: network ready ({:.1?})", started.elapsed());
 
-        let cp = t.apiserver_address();
-        let server = format!("https://{cp}:6443");
+        let server = format!("https://{}:6443", t.apiserver_address());
         let mut server_ips: Vec<std::net::IpAddr> = t
             .host("cp")
             .map(|h| vec![h.interfaces[0].ipv4.into(), h.interfaces[0].ipv6.into()])
@@ -61,6 +60,20 @@ impl Lab {
         let pki = Pki::ensure(&self.dir.join("pki"), &server, &server_ips)?;
         let bin = bin_dir();
 
+        self.start_etcd(state, &bin).await?;
+        let client = self.start_apiserver(state, &pki, &bin).await?;
+        eprintln!("lab: kube-apiserver ready ({:.1?})", started.elapsed());
+        self.start_controller_manager(state, &pki, &bin)?;
+        self.start_nodes(state, &pki, &bin, &client).await?;
+        self.start_kube_proxies(state, &pki, &bin)?;
+        self.start_router(state).await?;
+        self.wait_settled(&client).await?;
+        eprintln!("lab: up in {:.1?}", started.elapsed());
+        Ok(())
+    }
+
+    /// etcd in the control plane's namespace, from an empty data directory, once it answers.
+    async fn start_etcd(&self, state: &mut State, bin: &Path) -> anyhow::Result<()> {
         let etcd_dir = self.dir.join("etcd");
         let _ = std::fs::remove_dir_all(&etcd_dir);
         self.spawn(
@@ -91,14 +104,25 @@ impl Lab {
             },
         )
         .await?;
+        Ok(())
+    }
 
+    /// kube-apiserver, once it serves requests and has written the bootstrap RBAC policy: a
+    /// client with the admin's credentials.
+    async fn start_apiserver(
+        &self,
+        state: &mut State,
+        pki: &Pki,
+        bin: &Path,
+    ) -> anyhow::Result<kube::Client> {
+        let t = &self.topology;
         let v6_primary = t.options.families == crate::topology::Families::V6;
         let advertise = if v6_primary {
             t.host("cp")
                 .map(|h| h.interfaces[0].ipv6.to_string())
                 .unwrap_or_default()
         } else {
-            cp.to_string()
+            t.apiserver_address().to_string()
         };
         let p = |f: &str| pki.path(f).display().to_string();
         self.spawn(
@@ -164,8 +188,17 @@ impl Lab {
             },
         )
         .await?;
-        eprintln!("lab: kube-apiserver ready ({:.1?})", started.elapsed());
+        Ok(client)
+    }
 
+    /// kube-controller-manager (its readiness is awaited in [`Self::wait_settled`]).
+    fn start_controller_manager(
+        &self,
+        state: &mut State,
+        pki: &Pki,
+        bin: &Path,
+    ) -> anyhow::Result<()> {
+        let p = |f: &str| pki.path(f).display().to_string();
         let kcm = pki
             .kubeconfig("kube-controller-manager")
             .display()
@@ -191,6 +224,19 @@ impl Lab {
                 "--v=1".into(),
             ],
         )?;
+        Ok(())
+    }
+
+    /// The nodes: real kubelets (with the scheduler they need), or Node objects kept Ready by
+    /// the node agent.
+    async fn start_nodes(
+        &self,
+        state: &mut State,
+        pki: &Pki,
+        bin: &Path,
+        client: &kube::Client,
+    ) -> anyhow::Result<()> {
+        let t = &self.topology;
         if t.options.kubelet {
             // Deployments and DaemonSets need a scheduler once real kubelets run the pods.
             let kubeconfig = pki.kubeconfig("kube-scheduler").display().to_string();
@@ -210,10 +256,10 @@ impl Lab {
             )?;
             // The Node objects with their labels and pod CIDRs, which the kubelets adopt and keep
             // Ready themselves.
-            cluster::create_nodes(&client, t).await?;
-            self.build_kubelet_nodes(state, &pki, &client).await?;
+            cluster::create_nodes(client, t).await?;
+            self.build_kubelet_nodes(state, pki, client).await?;
         } else {
-            cluster::register_nodes(&client, t).await?;
+            cluster::register_nodes(client, t).await?;
             self.spawn(
                 state,
                 "node-agent",
@@ -222,10 +268,14 @@ impl Lab {
                 vec!["agent".into()],
             )?;
         }
+        Ok(())
+    }
 
-        for node in t.nodes() {
+    /// A kube-proxy in each node's namespace.
+    fn start_kube_proxies(&self, state: &mut State, pki: &Pki, bin: &Path) -> anyhow::Result<()> {
+        for node in self.topology.nodes() {
             let config = self.dir.join(format!("kube-proxy-{}.yaml", node.name));
-            std::fs::write(&config, self.kube_proxy_config(&pki, &node.name))?;
+            std::fs::write(&config, self.kube_proxy_config(pki, &node.name))?;
             self.spawn(
                 state,
                 &format!("kube-proxy-{}", node.name),
@@ -234,7 +284,12 @@ impl Lab {
                 vec![format!("--config={}", config.display()), "--v=1".into()],
             )?;
         }
+        Ok(())
+    }
 
+    /// The FRR router's daemons, once bfdd and bgpd are zebra's clients.
+    async fn start_router(&self, state: &mut State) -> anyhow::Result<()> {
+        let t = &self.topology;
         let frr_dir = self.dir.join("frr");
         std::fs::create_dir_all(&frr_dir)?;
         std::fs::write(frr_dir.join("zebra.conf"), router::zebra_config())?;
@@ -293,7 +348,12 @@ impl Lab {
             },
         )
         .await?;
+        Ok(())
+    }
 
+    /// Waits until kube-controller-manager serves and every kube-proxy has programmed its rules.
+    async fn wait_settled(&self, client: &kube::Client) -> anyhow::Result<()> {
+        let t = &self.topology;
         // kube-controller-manager is serving once it has created the default ServiceAccount.
         let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         cluster::wait_for(
@@ -323,7 +383,6 @@ impl Lab {
             )
             .await?;
         }
-        eprintln!("lab: up in {:.1?}", started.elapsed());
         Ok(())
     }
 
