@@ -63,6 +63,37 @@ pub async fn read(
     let now = server_time(client)
         .await
         .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().as_second());
+    let mut speakers = from_leases(leases, now);
+    let pods = match Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(selector))
+        .await
+    {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            return Ok(Speakers {
+                speakers,
+                unavailable: Some(forbidden(namespace)),
+                unknown: false,
+            });
+        }
+        Err(e) => return Err(e).context("listing the speaker Pods"),
+    };
+    let asks = speakers.iter().filter(|s| s.live).map(|s| {
+        let pod = running_pod(&pods, &s.node);
+        ask_node(client, namespace, selector, pod, s.node.clone())
+    });
+    let answers = futures::future::join_all(asks).await;
+    let unavailable = take_answers(&mut speakers, answers, namespace);
+    Ok(Speakers {
+        speakers,
+        unavailable,
+        unknown: false,
+    })
+}
+
+/// One speaker per presence Lease that is not being deleted and has a holder, sorted by node;
+/// live when renewed within its duration of `now` (seconds).
+fn from_leases(leases: Vec<Lease>, now: i64) -> Vec<LiveSpeaker> {
     let mut speakers: Vec<LiveSpeaker> = leases
         .into_iter()
         .filter(|l| l.metadata.deletion_timestamp.is_none())
@@ -80,48 +111,50 @@ pub async fn read(
         })
         .collect();
     speakers.sort_by(|a, b| a.node.cmp(&b.node));
-    let pods = match Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(selector))
-        .await
-    {
-        Ok(list) => list.items,
-        Err(kube::Error::Api(e)) if e.code == 403 => {
-            return Ok(Speakers {
-                speakers,
-                unavailable: Some(forbidden(namespace)),
-                unknown: false,
-            });
-        }
-        Err(e) => return Err(e).context("listing the speaker Pods"),
-    };
-    let asks = speakers.iter().filter(|s| s.live).map(|s| {
-        // The running speaker Pod on the node, the newest if there are several (a rolling
-        // update): an evicted or pending one never answers.
-        let pod = pods
-            .iter()
-            .filter(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(s.node.as_str())
-                    && p.metadata.deletion_timestamp.is_none()
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
-            .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
-        let node = s.node.clone();
-        async move {
-            match pod {
-                Some(pod) => match ask(client, namespace, pod).await {
-                    Ok(report) if report.node != node => Err(Asked::Failed(format!(
-                        "its Pod answered for node {:?}",
-                        report.node
-                    ))),
-                    other => other,
-                },
-                None => Err(Asked::Failed(format!(
-                    "no running speaker Pod ({selector}) on this node"
-                ))),
-            }
-        }
-    });
-    let answers = futures::future::join_all(asks).await;
+    speakers
+}
+
+/// The running speaker Pod on `node`, the newest if there are several (a rolling update): an
+/// evicted or pending one never answers.
+fn running_pod<'a>(pods: &'a [Pod], node: &str) -> Option<&'a Pod> {
+    pods.iter()
+        .filter(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                && p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
+}
+
+/// The report of the speaker on `node` from its `pod`, which must answer for that node.
+async fn ask_node(
+    client: &kube::Client,
+    namespace: &str,
+    selector: &str,
+    pod: Option<&Pod>,
+    node: String,
+) -> Result<SpeakerReport, Asked> {
+    match pod {
+        Some(pod) => match ask(client, namespace, pod).await {
+            Ok(report) if report.node != node => Err(Asked::Failed(format!(
+                "its Pod answered for node {:?}",
+                report.node
+            ))),
+            other => other,
+        },
+        None => Err(Asked::Failed(format!(
+            "no running speaker Pod ({selector}) on this node"
+        ))),
+    }
+}
+
+/// Stores the live speakers' `answers` (in their order) on them; returns why no report was
+/// read at all, if so.
+fn take_answers(
+    speakers: &mut [LiveSpeaker],
+    answers: Vec<Result<SpeakerReport, Asked>>,
+    namespace: &str,
+) -> Option<String> {
     let mut unavailable = None;
     let mut failures = Vec::new();
     let mut answered = 0;
@@ -150,11 +183,7 @@ pub async fn read(
             }
         }
     }
-    Ok(Speakers {
-        speakers,
-        unavailable,
-        unknown: false,
-    })
+    unavailable
 }
 
 /// The API server's clock, from the `Date` header of a request for its version (seconds).
