@@ -140,31 +140,7 @@ impl Core {
     pub fn reconcile(&mut self, service: &Service, namespace_labels: &Labels) -> Outcome {
         let key = key_of(service);
         if !is_ours(service, self.lb_class.as_deref()) {
-            self.forget(&key);
-            // A LoadBalancer of another class was never ours (the class cannot change while the
-            // type is LoadBalancer), even when it carries the pool annotation: MetalLB, or a
-            // second ferrolb with its own class, writes the same one, and clearing it would
-            // fight that controller for ever (found by the differential test against MetalLB).
-            // Only a Service that stopped being a LoadBalancer is cleared, and only if our
-            // annotation marks it.
-            let load_balancer = service
-                .spec
-                .as_ref()
-                .is_some_and(|s| s.type_.as_deref() == Some("LoadBalancer"));
-            if !load_balancer && current_pool(service).is_some() {
-                return Outcome {
-                    desired: Desired::Cleared,
-                    notes: vec![Note {
-                        warning: false,
-                        reason: "ClearAssignment",
-                        message: "Service is no longer a LoadBalancer of this controller; its IP was released".into(),
-                    }],
-                };
-            }
-            return Outcome {
-                desired: Desired::Untouched,
-                notes: Vec::new(),
-            };
+            return self.let_go(&key, service);
         }
         let mut notes = Vec::new();
         let parsed = match ServiceRequest::from_service(service, namespace_labels) {
@@ -228,6 +204,36 @@ impl Core {
                 Outcome { desired, notes }
             }
             Err(e) => self.failed(&key, service, e.to_string(), notes),
+        }
+    }
+
+    /// A Service that is not ours (any more): forgotten, and cleared only when it stopped being a
+    /// LoadBalancer and carries our annotation.
+    fn let_go(&mut self, key: &ServiceKey, service: &Service) -> Outcome {
+        self.forget(key);
+        // A LoadBalancer of another class was never ours (the class cannot change while the
+        // type is LoadBalancer), even when it carries the pool annotation: MetalLB, or a
+        // second ferrolb with its own class, writes the same one, and clearing it would
+        // fight that controller for ever (found by the differential test against MetalLB).
+        // Only a Service that stopped being a LoadBalancer is cleared, and only if our
+        // annotation marks it.
+        let load_balancer = service
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.type_.as_deref() == Some("LoadBalancer"));
+        if !load_balancer && current_pool(service).is_some() {
+            return Outcome {
+                desired: Desired::Cleared,
+                notes: vec![Note {
+                    warning: false,
+                    reason: "ClearAssignment",
+                    message: "Service is no longer a LoadBalancer of this controller; its IP was released".into(),
+                }],
+            };
+        }
+        Outcome {
+            desired: Desired::Untouched,
+            notes: Vec::new(),
         }
     }
 
