@@ -397,6 +397,17 @@ impl Lab {
     }
 
     fn build_network(&self, state: &mut State) -> anyhow::Result<()> {
+        self.build_bridges(state)?;
+        self.build_namespaces(state)?;
+        self.build_veths()?;
+        self.build_links()?;
+        self.address_interfaces()?;
+        self.route_hosts()
+    }
+
+    /// The host's unreachable routes for the lab ranges, and the segments' bridges with their
+    /// addresses.
+    fn build_bridges(&self, state: &mut State) -> anyhow::Result<()> {
         let t = &self.topology;
         // The host never routes lab addresses anywhere but the lab bridge.
         for (family, range) in [("-4", LAB_RANGE_V4), ("-6", LAB_RANGE_V6)] {
@@ -448,7 +459,13 @@ impl Lab {
             )?;
             run("ip", &["link", "set", &br.name, "up"])?;
         }
-        for host in &t.hosts {
+        Ok(())
+    }
+
+    /// A namespace per host, with loopback up, no duplicate address detection, and forwarding
+    /// as the host's role wants.
+    fn build_namespaces(&self, state: &mut State) -> anyhow::Result<()> {
+        for host in &self.topology.hosts {
             run("ip", &["netns", "add", &host.netns])?;
             state.netns.push(host.netns.clone());
             state.save(&self.dir)?;
@@ -459,6 +476,13 @@ impl Lab {
             sysctl_in(&host.netns, "net.ipv4.ip_forward", fwd)?;
             sysctl_in(&host.netns, "net.ipv6.conf.all.forwarding", fwd)?;
         }
+        Ok(())
+    }
+
+    /// Each interface's veth: to its segment's bridge, or straight to the other member of the
+    /// external segment.
+    fn build_veths(&self) -> anyhow::Result<()> {
+        let t = &self.topology;
         // The external segment has two members: a veth pair joins them directly.
         let mut external_peer: Option<(String, String)> = None;
         for host in &t.hosts {
@@ -520,7 +544,12 @@ impl Lab {
                 }
             }
         }
-        self.build_links()?;
+        Ok(())
+    }
+
+    /// Each interface's addresses (with its segment's prefix lengths), then up.
+    fn address_interfaces(&self) -> anyhow::Result<()> {
+        let t = &self.topology;
         for host in &t.hosts {
             for iface in &host.interfaces {
                 let seg = t.segments.iter().find(|s| s.name == iface.segment);
@@ -550,6 +579,12 @@ impl Lab {
                 ip_in(&host.netns, &["link", "set", &iface.name, "up"])?;
             }
         }
+        Ok(())
+    }
+
+    /// Each host's static routes, and the reverse-path filters its role needs off.
+    fn route_hosts(&self) -> anyhow::Result<()> {
+        let t = &self.topology;
         for host in &t.hosts {
             for route in &host.routes {
                 ip_in(
