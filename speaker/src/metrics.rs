@@ -94,164 +94,12 @@ impl Metrics {
     pub fn new() -> (Self, Registry) {
         let m = Metrics::default();
         let mut r = Registry::default();
-        r.register(
-            "metallb_speaker_announced",
-            "Services being announced from this node",
-            m.announced.clone(),
-        );
-        r.register(
-            "metallb_layer2_requests_received",
-            "Number of layer2 requests received for owned IPs",
-            m.requests_received.clone(),
-        );
-        r.register(
-            "metallb_layer2_responses_sent",
-            "Number of layer2 responses sent for owned IPs",
-            m.responses_sent.clone(),
-        );
-        r.register(
-            "metallb_layer2_gratuitous_sent",
-            "Number of gratuitous layer2 packets sent for owned IPs",
-            m.gratuitous_sent.clone(),
-        );
-        r.register(
-            "ferrolb_layer2_malformed_frames",
-            "ARP/NDP frames dropped as malformed",
-            m.malformed_frames.clone(),
-        );
-        r.register(
-            "ferrolb_speaker_heartbeats_refused",
-            "Heartbeats refused (authentication, replay, clock)",
-            m.heartbeats_refused.clone(),
-        );
-        // A counter's exposition adds `_total`: `ferrolb_speaker_heartbeats_other_key_total`.
-        r.register(
-            "ferrolb_speaker_heartbeats_other_key",
-            "Heartbeats verified by a key other than this speaker's signing key (key rotation in progress)",
-            m.heartbeats_other_key.clone(),
-        );
-        r.register(
-            "ferrolb_speaker_gossip_keys",
-            "Gossip keys held (2 while a next key is configured for a rotation)",
-            m.gossip_keys.clone(),
-        );
-        r.register(
-            "ferrolb_speaker_gossip_keys_loaded_timestamp_seconds",
-            "When the gossip keys in use were read from their files (start or last change), Unix time",
-            m.gossip_keys_loaded.clone(),
-        );
-        // `ferrolb_speaker_gossip_key_reloads_total{result}`.
-        r.register(
-            "ferrolb_speaker_gossip_key_reloads",
-            "Polls of the gossip key files that changed the keys (applied) or kept the last good keys (unreadable, invalid)",
-            m.gossip_key_reloads.clone(),
-        );
-        r.register(
-            "ferrolb_speaker_peers_alive",
-            "Other speakers heard within the failure timeout",
-            m.peers_alive.clone(),
-        );
-        r.register(
-            "ferrolb_speaker_known",
-            "Speakers with a current presence Lease (the set quorums are counted in)",
-            m.speakers_known.clone(),
-        );
-        r.register(
-            "ferrolb_layer2_damped",
-            "1 while flap damping holds this node back from owning layer 2 IPs after a loss of quorum",
-            m.damped.clone(),
-        );
-        r.register(
-            "ferrolb_layer2_tenure_lapsed",
-            "Checks at which this node owned layer 2 IPs but stopped answering for them: too few of its recent heartbeats were acknowledged by the other speakers (its outgoing heartbeats are being lost)",
-            m.tenure_lapsed.clone(),
-        );
-        r.register(
-            "ferrolb_layer2_quorum",
-            "1 while this node hears a majority of the known speakers and is heard by one; 0: it owns no layer 2 IP",
-            m.quorum.clone(),
-        );
-        r.register(
-            "ferrolb_speaker_presence_renewed",
-            "1 when the last renewal of this node's presence Lease succeeded",
-            m.presence_renewed.clone(),
-        );
-        r.register(
-            "ferrolb_layer2_takeovers",
-            "IPs this node became the owner of",
-            m.takeovers.clone(),
-        );
-        r.register(
-            "metallb_k8s_client_config_loaded_bool",
-            "1 if the configuration was loaded",
-            m.config_loaded.clone(),
-        );
-        r.register(
-            "metallb_k8s_client_config_stale_bool",
-            "1 if some configuration objects are left out",
-            m.config_stale.clone(),
-        );
-        r.register(
-            "metallb_bgp_session_up",
-            "BGP session state (1 is up, 0 is down)",
-            m.bgp_session_up.clone(),
-        );
-        // A counter's exposition adds `_total`: this is `metallb_bgp_updates_total`.
-        r.register(
-            "metallb_bgp_updates",
-            "Number of BGP UPDATE messages sent",
-            m.bgp_updates.clone(),
-        );
-        r.register(
-            "metallb_bgp_announced_prefixes_total",
-            "Number of prefixes currently being advertised on the BGP session",
-            m.bgp_announced_prefixes.clone(),
-        );
-        r.register(
-            "metallb_bfd_session_up",
-            "BFD session state (1 is up, 0 is down)",
-            m.bfd_session_up.clone(),
-        );
-        r.register(
-            "metallb_bfd_control_packet_input",
-            "Number of received BFD control packets",
-            m.bfd_control_in.clone(),
-        );
-        r.register(
-            "metallb_bfd_control_packet_output",
-            "Number of sent BFD control packets",
-            m.bfd_control_out.clone(),
-        );
-        r.register(
-            "metallb_bfd_echo_packet_input",
-            "Number of received BFD echo packets",
-            m.bfd_echo_in.clone(),
-        );
-        r.register(
-            "metallb_bfd_echo_packet_output",
-            "Number of sent BFD echo packets",
-            m.bfd_echo_out.clone(),
-        );
-        r.register(
-            "metallb_bfd_session_up_events",
-            "Number of BFD session up events",
-            m.bfd_up_events.clone(),
-        );
-        r.register(
-            "metallb_bfd_session_down_events",
-            "Number of BFD session down events",
-            m.bfd_down_events.clone(),
-        );
-        r.register(
-            "metallb_bfd_zebra_notifications",
-            "Number of BFD state changes told to the BGP sessions",
-            m.bfd_notifications.clone(),
-        );
-        r.register(
-            "ferrolb_bfd_packets_refused",
-            "Datagrams on the BFD ports dropped before reaching a session (malformed, TTL, unknown session)",
-            m.bfd_refused.clone(),
-        );
+        // The exposition lists the metrics in this order.
+        m.register_layer2(&mut r);
+        m.register_membership(&mut r);
+        m.register_config(&mut r);
+        m.register_bgp(&mut r);
+        m.register_bfd(&mut r);
         // A counter's exposition adds `_total`: `ferrolb_speaker_events_dropped_total`.
         r.register(
             "ferrolb_speaker_events_dropped",
@@ -259,6 +107,185 @@ impl Metrics {
             m.events_dropped.clone(),
         );
         (m, r)
+    }
+
+    /// Layer 2: what this node announces and answers.
+    fn register_layer2(&self, r: &mut Registry) {
+        r.register(
+            "metallb_speaker_announced",
+            "Services being announced from this node",
+            self.announced.clone(),
+        );
+        r.register(
+            "metallb_layer2_requests_received",
+            "Number of layer2 requests received for owned IPs",
+            self.requests_received.clone(),
+        );
+        r.register(
+            "metallb_layer2_responses_sent",
+            "Number of layer2 responses sent for owned IPs",
+            self.responses_sent.clone(),
+        );
+        r.register(
+            "metallb_layer2_gratuitous_sent",
+            "Number of gratuitous layer2 packets sent for owned IPs",
+            self.gratuitous_sent.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_malformed_frames",
+            "ARP/NDP frames dropped as malformed",
+            self.malformed_frames.clone(),
+        );
+    }
+
+    /// Membership: the heartbeats and their keys, who is alive, the quorum and who owns layer 2
+    /// IPs.
+    fn register_membership(&self, r: &mut Registry) {
+        r.register(
+            "ferrolb_speaker_heartbeats_refused",
+            "Heartbeats refused (authentication, replay, clock)",
+            self.heartbeats_refused.clone(),
+        );
+        // A counter's exposition adds `_total`: `ferrolb_speaker_heartbeats_other_key_total`.
+        r.register(
+            "ferrolb_speaker_heartbeats_other_key",
+            "Heartbeats verified by a key other than this speaker's signing key (key rotation in progress)",
+            self.heartbeats_other_key.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_gossip_keys",
+            "Gossip keys held (2 while a next key is configured for a rotation)",
+            self.gossip_keys.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_gossip_keys_loaded_timestamp_seconds",
+            "When the gossip keys in use were read from their files (start or last change), Unix time",
+            self.gossip_keys_loaded.clone(),
+        );
+        // `ferrolb_speaker_gossip_key_reloads_total{result}`.
+        r.register(
+            "ferrolb_speaker_gossip_key_reloads",
+            "Polls of the gossip key files that changed the keys (applied) or kept the last good keys (unreadable, invalid)",
+            self.gossip_key_reloads.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_peers_alive",
+            "Other speakers heard within the failure timeout",
+            self.peers_alive.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_known",
+            "Speakers with a current presence Lease (the set quorums are counted in)",
+            self.speakers_known.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_damped",
+            "1 while flap damping holds this node back from owning layer 2 IPs after a loss of quorum",
+            self.damped.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_tenure_lapsed",
+            "Checks at which this node owned layer 2 IPs but stopped answering for them: too few of its recent heartbeats were acknowledged by the other speakers (its outgoing heartbeats are being lost)",
+            self.tenure_lapsed.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_quorum",
+            "1 while this node hears a majority of the known speakers and is heard by one; 0: it owns no layer 2 IP",
+            self.quorum.clone(),
+        );
+        r.register(
+            "ferrolb_speaker_presence_renewed",
+            "1 when the last renewal of this node's presence Lease succeeded",
+            self.presence_renewed.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_takeovers",
+            "IPs this node became the owner of",
+            self.takeovers.clone(),
+        );
+    }
+
+    /// The configuration read from the API server.
+    fn register_config(&self, r: &mut Registry) {
+        r.register(
+            "metallb_k8s_client_config_loaded_bool",
+            "1 if the configuration was loaded",
+            self.config_loaded.clone(),
+        );
+        r.register(
+            "metallb_k8s_client_config_stale_bool",
+            "1 if some configuration objects are left out",
+            self.config_stale.clone(),
+        );
+    }
+
+    /// The BGP sessions.
+    fn register_bgp(&self, r: &mut Registry) {
+        r.register(
+            "metallb_bgp_session_up",
+            "BGP session state (1 is up, 0 is down)",
+            self.bgp_session_up.clone(),
+        );
+        // A counter's exposition adds `_total`: this is `metallb_bgp_updates_total`.
+        r.register(
+            "metallb_bgp_updates",
+            "Number of BGP UPDATE messages sent",
+            self.bgp_updates.clone(),
+        );
+        r.register(
+            "metallb_bgp_announced_prefixes_total",
+            "Number of prefixes currently being advertised on the BGP session",
+            self.bgp_announced_prefixes.clone(),
+        );
+    }
+
+    /// The BFD sessions.
+    fn register_bfd(&self, r: &mut Registry) {
+        r.register(
+            "metallb_bfd_session_up",
+            "BFD session state (1 is up, 0 is down)",
+            self.bfd_session_up.clone(),
+        );
+        r.register(
+            "metallb_bfd_control_packet_input",
+            "Number of received BFD control packets",
+            self.bfd_control_in.clone(),
+        );
+        r.register(
+            "metallb_bfd_control_packet_output",
+            "Number of sent BFD control packets",
+            self.bfd_control_out.clone(),
+        );
+        r.register(
+            "metallb_bfd_echo_packet_input",
+            "Number of received BFD echo packets",
+            self.bfd_echo_in.clone(),
+        );
+        r.register(
+            "metallb_bfd_echo_packet_output",
+            "Number of sent BFD echo packets",
+            self.bfd_echo_out.clone(),
+        );
+        r.register(
+            "metallb_bfd_session_up_events",
+            "Number of BFD session up events",
+            self.bfd_up_events.clone(),
+        );
+        r.register(
+            "metallb_bfd_session_down_events",
+            "Number of BFD session down events",
+            self.bfd_down_events.clone(),
+        );
+        r.register(
+            "metallb_bfd_zebra_notifications",
+            "Number of BFD state changes told to the BGP sessions",
+            self.bfd_notifications.clone(),
+        );
+        r.register(
+            "ferrolb_bfd_packets_refused",
+            "Datagrams on the BFD ports dropped before reaching a session (malformed, TTL, unknown session)",
+            self.bfd_refused.clone(),
+        );
     }
 }
 

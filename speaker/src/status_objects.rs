@@ -96,6 +96,14 @@ pub struct Scope {
 pub fn spawn<K: StatusKind>(
     scope: Scope,
 ) -> (watch::Sender<Desired<K>>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(Desired::<K>::new());
+    let handle = tokio::spawn(run::<K>(scope, rx));
+    (tx, handle)
+}
+
+/// The writer's task: writes what `rx` holds, again after a failure, an owner change or a
+/// delete from outside, until the sender is dropped.
+async fn run<K: StatusKind>(scope: Scope, mut rx: watch::Receiver<Desired<K>>) {
     let Scope {
         client,
         namespace,
@@ -103,106 +111,98 @@ pub fn spawn<K: StatusKind>(
         owner,
         events,
     } = scope;
-    let (tx, mut rx) = watch::channel(Desired::<K>::new());
-    let handle = tokio::spawn(async move {
-        let writer = Writer::<K> {
-            api: Api::namespaced(client, &namespace),
-            node: Arc::from(node.as_str()),
-            events,
-            owner,
-            adopted: Mutex::new(Adopted::default()),
-            owner_refused: AtomicBool::new(false),
+    let writer = Writer::<K> {
+        api: Api::namespaced(client, &namespace),
+        node: Arc::from(node.as_str()),
+        events,
+        owner,
+        adopted: Mutex::new(Adopted::default()),
+        owner_refused: AtomicBool::new(false),
+    };
+    // A newly learnt (or re-learnt) owner is given to what is already written.
+    let mut owner_changes = writer.owner.subscribe();
+    let mut written = writer.left_by_an_earlier_run().await;
+    // This node's objects as the API server has them: one that someone else deletes while
+    // it is still true (another node that briefly believed it owned the Service removes
+    // the others' objects) is written again, without a second Event. A delete made while
+    // the watch was down shows only as a missing object in the next relist, so each relist
+    // is compared with what was written.
+    let own = watcher(
+        writer.api.clone(),
+        watcher::Config::default().labels(&format!("{NODE_LABEL}={node}")),
+    )
+    .backoff(ferrolb_runtime::watch::WatchBackoff::default());
+    futures::pin_mut!(own);
+    let mut lost: BTreeSet<String> = BTreeSet::new();
+    let mut listing: Option<BTreeSet<String>> = None;
+    // Writes that failed (API server or etcd away) are tried again on their own: in a quiet
+    // cluster nothing else may change for hours.
+    let mut retries = ferrolb_runtime::watch::WatchBackoff::default();
+    loop {
+        let desired = rx.borrow_and_update().clone();
+        let retry_at = if writer.sync(&desired, &mut written, &mut lost).await {
+            kube::runtime::utils::Backoff::reset(&mut retries);
+            None
+        } else {
+            let wait = retries
+                .next()
+                .unwrap_or(ferrolb_runtime::watch::WatchBackoff::MAX);
+            tracing::debug!(kind = K::KIND, ?wait, "status writes failed; trying again");
+            Some(tokio::time::Instant::now() + wait)
         };
-        // A newly learnt (or re-learnt) owner is given to what is already written.
-        let mut owner_changes = writer.owner.subscribe();
-        // Objects a previous run of this speaker left: kept if still true, deleted otherwise.
-        let mut written: BTreeMap<String, Option<K::Value>> = BTreeMap::new();
-        match writer
-            .api
-            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={node}")))
-            .await
-        {
-            Ok(list) => {
-                for o in list.items {
-                    if let Some(name) = o.meta().name.clone() {
-                        written.insert(name, None);
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(kind = K::KIND, error = %e, "listing status objects"),
-        }
-        // This node's objects as the API server has them: one that someone else deletes while
-        // it is still true (another node that briefly believed it owned the Service removes
-        // the others' objects) is written again, without a second Event. A delete made while
-        // the watch was down shows only as a missing object in the next relist, so each relist
-        // is compared with what was written.
-        let own = watcher(
-            writer.api.clone(),
-            watcher::Config::default().labels(&format!("{NODE_LABEL}={node}")),
-        )
-        .backoff(ferrolb_runtime::watch::WatchBackoff::default());
-        futures::pin_mut!(own);
-        let mut lost: BTreeSet<String> = BTreeSet::new();
-        let mut listing: Option<BTreeSet<String>> = None;
-        // Writes that failed (API server or etcd away) are tried again on their own: in a quiet
-        // cluster nothing else may change for hours.
-        let mut retries = ferrolb_runtime::watch::WatchBackoff::default();
         loop {
-            let desired = rx.borrow_and_update().clone();
-            let retry_at = if writer.sync(&desired, &mut written, &mut lost).await {
-                kube::runtime::utils::Backoff::reset(&mut retries);
-                None
-            } else {
-                let wait = retries
-                    .next()
-                    .unwrap_or(ferrolb_runtime::watch::WatchBackoff::MAX);
-                tracing::debug!(kind = K::KIND, ?wait, "status writes failed; trying again");
-                Some(tokio::time::Instant::now() + wait)
-            };
-            loop {
-                tokio::select! {
-                    Ok(()) = owner_changes.changed() => break,
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            // Sender gone (shutdown): write the last value and stop.
-                            let desired = rx.borrow().clone();
-                            writer.sync(&desired, &mut written, &mut lost).await;
-                            return;
-                        }
+            tokio::select! {
+                Ok(()) = owner_changes.changed() => break,
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // Sender gone (shutdown): write the last value and stop.
+                        let desired = rx.borrow().clone();
+                        writer.sync(&desired, &mut written, &mut lost).await;
+                        return;
+                    }
+                    break;
+                }
+                () = sleep_until(retry_at), if retry_at.is_some() => break,
+                Some(event) = own.next() => {
+                    if watched(event, &mut written, &mut lost, &mut listing) {
                         break;
                     }
-                    () = sleep_until(retry_at), if retry_at.is_some() => break,
-                    Some(event) = own.next() => {
-                        let resync = match event {
-                            Ok(watcher::Event::Delete(object)) => object
-                                .meta()
-                                .name
-                                .as_deref()
-                                .is_some_and(|name| deleted(&mut written, &mut lost, name)),
-                            Ok(watcher::Event::Init) => {
-                                listing = Some(BTreeSet::new());
-                                false
-                            }
-                            Ok(watcher::Event::InitApply(object)) => {
-                                if let (Some(names), Some(name)) = (listing.as_mut(), object.meta().name.clone()) {
-                                    names.insert(name);
-                                }
-                                false
-                            }
-                            Ok(watcher::Event::InitDone) => listing
-                                .take()
-                                .is_some_and(|present| relisted(&mut written, &mut lost, &present)),
-                            Ok(watcher::Event::Apply(_)) | Err(_) => false,
-                        };
-                        if resync {
-                            break;
-                        }
-                    }
                 }
             }
         }
-    });
-    (tx, handle)
+    }
+}
+
+/// One event of the watch on this node's objects (`listing`: the names a relist found so far).
+/// Returns whether the writer must act: an object still true was deleted, or a relist found
+/// objects to adopt or missing ones to write again.
+fn watched<O: Resource, V>(
+    event: Result<watcher::Event<O>, watcher::Error>,
+    written: &mut BTreeMap<String, Option<V>>,
+    lost: &mut BTreeSet<String>,
+    listing: &mut Option<BTreeSet<String>>,
+) -> bool {
+    match event {
+        Ok(watcher::Event::Delete(object)) => object
+            .meta()
+            .name
+            .as_deref()
+            .is_some_and(|name| deleted(written, lost, name)),
+        Ok(watcher::Event::Init) => {
+            *listing = Some(BTreeSet::new());
+            false
+        }
+        Ok(watcher::Event::InitApply(object)) => {
+            if let (Some(names), Some(name)) = (listing.as_mut(), object.meta().name.clone()) {
+                names.insert(name);
+            }
+            false
+        }
+        Ok(watcher::Event::InitDone) => listing
+            .take()
+            .is_some_and(|present| relisted(written, lost, &present)),
+        Ok(watcher::Event::Apply(_)) | Err(_) => false,
+    }
 }
 
 /// Sleeps until `at`; never wakes without one (the branch is then disabled anyway).
@@ -357,6 +357,28 @@ impl<K: StatusKind> Writer<K> {
             }
         }
         complete
+    }
+
+    /// Objects an earlier run of this speaker left: kept if still true, deleted otherwise (a
+    /// failed list leaves them to the watch's first listing).
+    async fn left_by_an_earlier_run(&self) -> BTreeMap<String, Option<K::Value>> {
+        let mut written = BTreeMap::new();
+        let selector = format!("{NODE_LABEL}={}", self.node);
+        match self
+            .api
+            .list(&ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(list) => {
+                for o in list.items {
+                    if let Some(name) = o.meta().name.clone() {
+                        written.insert(name, None);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(kind = K::KIND, error = %e, "listing status objects"),
+        }
+        written
     }
 
     /// Deletes the objects other nodes wrote for a Service this node now holds exclusively.

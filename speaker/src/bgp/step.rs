@@ -3,14 +3,14 @@
 //! ServiceBGPStatus objects and `metallb_speaker_announced{protocol="bgp"}`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bgp::driver::{Driver, Observer, PeerSettings, SettingsError};
 use crate::bgp::plan::{self, Inputs};
 use crate::view::{NodeView, ServiceView};
-use ferrolb_config::model::{Config, PeerPassword, PeerTarget};
+use ferrolb_config::model::{Config, Peer, PeerPassword, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use tokio::sync::watch;
@@ -168,88 +168,20 @@ impl Bgp {
         let mut desired = BTreeMap::new();
         let mut not_started: BTreeMap<String, NotStarted> = BTreeMap::new();
         let mut missing_vrfs = BTreeSet::new();
-        let interfaces: BTreeSet<String> = plan
-            .peers
-            .keys()
-            .filter_map(|name| match &config.peers.get(name)?.target {
-                PeerTarget::Interface(i) => Some(i.clone()),
-                PeerTarget::Address(_) => None,
-            })
-            .collect();
-        let links = self.links.apply(&interfaces);
+        let links = self.links.apply(&unnumbered_interfaces(config, &plan));
         for (name, peer_plan) in &plan.peers {
             let Some(peer) = config.peers.get(name) else {
                 continue;
             };
-            let on_link = match &peer.target {
-                PeerTarget::Address(_) => None,
-                PeerTarget::Interface(i) => match links.get(i) {
-                    Some(LinkState::Found(on_link)) => Some(*on_link),
-                    other => {
-                        let (problem, why) = match other {
-                            Some(LinkState::Unusable(why)) => (Problem::Interface, why.clone()),
-                            _ => (
-                                Problem::Searching,
-                                SettingsError::NotFoundOnLink(i.clone()).to_string(),
-                            ),
-                        };
-                        not_started.insert(name.clone(), NotStarted { problem, why });
-                        continue;
-                    }
-                },
-            };
-            // A passwordSecret that is missing or unusable keeps only this peer down; the
-            // Secret's watch brings the loop back here when it changes.
-            let password = match &peer.password {
-                Some(PeerPassword::Secret {
-                    name: secret_name, ..
-                }) => match secret_password(secret_name, secret(secret_name).as_deref()) {
-                    Ok(p) => Some(p),
-                    Err(why) => {
-                        not_started.insert(
-                            name.clone(),
-                            NotStarted {
-                                problem: Problem::Other,
-                                why,
-                            },
-                        );
-                        continue;
-                    }
-                },
-                _ => None,
-            };
-            let settings = match on_link {
-                Some(on_link) => {
-                    PeerSettings::from_peer_on_link(peer, on_link, &addresses, password.as_deref())
-                }
-                None => PeerSettings::from_peer(peer, &addresses, password.as_deref()),
-            };
-            match settings {
-                Ok(mut settings) => {
-                    // An unnumbered session's next hops are link-local whatever its VRF.
-                    if let Some(vrf) = settings.connect.vrf.clone().filter(|_| on_link.is_none()) {
-                        let in_vrf = crate::bgp::vrf::addresses(&vrf);
-                        if in_vrf.is_empty() {
-                            // The session still starts: it retries (and says why) until the
-                            // VRF appears.
-                            missing_vrfs.insert((name.clone(), vrf.clone()));
-                        }
-                        settings.use_vrf_addresses(&in_vrf);
+            match session_settings(peer, &links, &addresses, &secret) {
+                Ok((settings, missing_vrf)) => {
+                    if let Some(vrf) = missing_vrf {
+                        missing_vrfs.insert((name.clone(), vrf));
                     }
                     desired.insert(name.clone(), (settings, peer_plan.routes.clone()));
                 }
-                Err(e) => {
-                    let problem = match e {
-                        SettingsError::PasswordTooLong { .. } => Problem::Md5,
-                        _ => Problem::Other,
-                    };
-                    not_started.insert(
-                        name.clone(),
-                        NotStarted {
-                            problem,
-                            why: e.to_string(),
-                        },
-                    );
+                Err(n) => {
+                    not_started.insert(name.clone(), n);
                 }
             }
         }
@@ -417,6 +349,86 @@ impl Bgp {
         drop(self.status);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.status_task).await;
     }
+}
+
+/// The interfaces of the planned unnumbered peers, where their peers are looked for.
+fn unnumbered_interfaces(config: &Config, plan: &plan::Plan) -> BTreeSet<String> {
+    plan.peers
+        .keys()
+        .filter_map(|name| match &config.peers.get(name)?.target {
+            PeerTarget::Interface(i) => Some(i.clone()),
+            PeerTarget::Address(_) => None,
+        })
+        .collect()
+}
+
+/// The session of `peer` on this node, with the VRF it names when that VRF has no address
+/// here (the session still starts: it retries, and says why, until the VRF appears); or why
+/// it cannot run. `links` says where each unnumbered peer's link stands, `addresses` are the
+/// node's, `secret` finds a Secret for `passwordSecret`.
+fn session_settings(
+    peer: &Peer,
+    links: &BTreeMap<String, LinkState>,
+    addresses: &[IpAddr],
+    secret: impl Fn(&str) -> Option<Arc<Secret>>,
+) -> Result<(PeerSettings, Option<String>), NotStarted> {
+    let on_link = match &peer.target {
+        PeerTarget::Address(_) => None,
+        PeerTarget::Interface(i) => match links.get(i) {
+            Some(LinkState::Found(on_link)) => Some(*on_link),
+            Some(LinkState::Unusable(why)) => {
+                return Err(NotStarted {
+                    problem: Problem::Interface,
+                    why: why.clone(),
+                });
+            }
+            _ => {
+                return Err(NotStarted {
+                    problem: Problem::Searching,
+                    why: SettingsError::NotFoundOnLink(i.clone()).to_string(),
+                });
+            }
+        },
+    };
+    // A passwordSecret that is missing or unusable keeps only this peer down; the Secret's
+    // watch brings the loop back here when it changes.
+    let password = match &peer.password {
+        Some(PeerPassword::Secret {
+            name: secret_name, ..
+        }) => match secret_password(secret_name, secret(secret_name).as_deref()) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                return Err(NotStarted {
+                    problem: Problem::Other,
+                    why,
+                });
+            }
+        },
+        _ => None,
+    };
+    let settings = match on_link {
+        Some(on_link) => {
+            PeerSettings::from_peer_on_link(peer, on_link, addresses, password.as_deref())
+        }
+        None => PeerSettings::from_peer(peer, addresses, password.as_deref()),
+    };
+    let mut settings = settings.map_err(|e| NotStarted {
+        problem: match e {
+            SettingsError::PasswordTooLong { .. } => Problem::Md5,
+            _ => Problem::Other,
+        },
+        why: e.to_string(),
+    })?;
+    let mut missing_vrf = None;
+    // An unnumbered session's next hops are link-local whatever its VRF.
+    if let Some(vrf) = settings.connect.vrf.clone().filter(|_| on_link.is_none()) {
+        let in_vrf = crate::bgp::vrf::addresses(&vrf);
+        if in_vrf.is_empty() {
+            missing_vrf = Some(vrf);
+        }
+        settings.use_vrf_addresses(&in_vrf);
+    }
+    Ok((settings, missing_vrf))
 }
 
 /// The password in a BGPPeer's `passwordSecret`, read as MetalLB reads it: the `password` key

@@ -78,21 +78,7 @@ struct Covered<'a> {
 pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a ServiceView>) -> Plan {
     let covered: Vec<Covered<'_>> = services
         .into_iter()
-        .filter_map(|service| {
-            let pool = pool_of(inputs.config, service)?;
-            let advertisements: Vec<&L2Advertisement> = inputs
-                .config
-                .l2_advertisements
-                .values()
-                .filter(|a| {
-                    a.pools.covers(pool) && any_matches(&a.service_selectors, &service.labels)
-                })
-                .collect();
-            (!advertisements.is_empty()).then_some(Covered {
-                service,
-                advertisements,
-            })
-        })
+        .filter_map(|service| covering(inputs.config, service))
         .collect();
     let mut plan = Plan::default();
     for group in sharing_groups(&covered) {
@@ -111,25 +97,7 @@ pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a Servi
         if serving.is_empty() {
             continue;
         }
-        let sets: Vec<BTreeSet<&str>> = serving.iter().map(|c| candidates(inputs, c)).collect();
-        let mut common = sets.first().cloned().unwrap_or_default();
-        for set in &sets[1..] {
-            common = common.intersection(set).copied().collect();
-        }
-        if common.is_empty() {
-            // Services sharing the IP disagree on where it may go: any node eligible for one of
-            // them still keeps the IP reachable, and one owner still serves the whole group.
-            common = sets.iter().flatten().copied().collect();
-        }
-        // The group's lowest IP keys the choice, so both families of a dual-stack Service and
-        // every Service sharing an IP land on the same node.
-        let key = serving
-            .iter()
-            .flat_map(|c| c.service.ips.iter())
-            .min()
-            .map(IpAddr::to_string)
-            .unwrap_or_default();
-        let ranked = owner::rank(&key, common.iter().copied());
+        let ranked = ranked_owners(inputs, &serving);
         let Some(owner) = ranked.first().copied() else {
             for c in &serving {
                 plan.services.insert(
@@ -147,42 +115,89 @@ pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a Servi
             );
             plan.takeover.insert(c.service.key.clone(), ranked.clone());
         }
-        if owner != inputs.me {
-            continue;
-        }
-        let mine = inputs
-            .members
-            .get(inputs.me)
-            .map(|m| &m.interfaces)
-            .cloned()
-            .unwrap_or_default();
-        let me_node = inputs.nodes.get(inputs.me);
-        for c in &serving {
-            let mut interfaces = BTreeSet::new();
-            for adv in &c.advertisements {
-                if !me_node.is_some_and(|n| any_matches(&adv.node_selectors, &n.labels)) {
-                    continue;
-                }
-                if adv.interfaces.is_empty() {
-                    interfaces.extend(mine.iter().cloned());
-                } else {
-                    interfaces.extend(adv.interfaces.iter().filter(|i| mine.contains(*i)).cloned());
-                }
-            }
-            for ip in &c.service.ips {
-                let entry = plan.announce.entry(*ip).or_insert_with(|| Announcement {
-                    interfaces: BTreeSet::new(),
-                    services: BTreeSet::new(),
-                });
-                entry.interfaces.extend(interfaces.iter().cloned());
-                entry.services.insert(c.service.key.clone());
-            }
+        if owner == inputs.me {
+            announce(&mut plan.announce, inputs, &serving);
         }
     }
     // An IP whose owner has no interface left for it would be a silent black hole; the
     // candidate rules make it impossible, and this keeps the plan honest if they change.
     plan.announce.retain(|_, a| !a.interfaces.is_empty());
     plan
+}
+
+/// The Service with the L2Advertisements that cover it; none when it is not in layer 2 mode.
+fn covering<'a>(config: &'a Config, service: &'a ServiceView) -> Option<Covered<'a>> {
+    let pool = pool_of(config, service)?;
+    let advertisements: Vec<&L2Advertisement> = config
+        .l2_advertisements
+        .values()
+        .filter(|a| a.pools.covers(pool) && any_matches(&a.service_selectors, &service.labels))
+        .collect();
+    (!advertisements.is_empty()).then_some(Covered {
+        service,
+        advertisements,
+    })
+}
+
+/// The nodes that may own the IPs of a group of serving Services sharing them, in the order
+/// they would: the owner first, then who takes over if it goes.
+fn ranked_owners<'a>(inputs: Inputs<'a>, serving: &[&Covered<'_>]) -> Vec<&'a str> {
+    let sets: Vec<BTreeSet<&str>> = serving.iter().map(|c| candidates(inputs, c)).collect();
+    let mut common = sets.first().cloned().unwrap_or_default();
+    for set in &sets[1..] {
+        common = common.intersection(set).copied().collect();
+    }
+    if common.is_empty() {
+        // Services sharing the IP disagree on where it may go: any node eligible for one of
+        // them still keeps the IP reachable, and one owner still serves the whole group.
+        common = sets.iter().flatten().copied().collect();
+    }
+    // The group's lowest IP keys the choice, so both families of a dual-stack Service and
+    // every Service sharing an IP land on the same node.
+    let key = serving
+        .iter()
+        .flat_map(|c| c.service.ips.iter())
+        .min()
+        .map(IpAddr::to_string)
+        .unwrap_or_default();
+    owner::rank(&key, common.iter().copied())
+}
+
+/// Adds to `announce` the IPs of `serving`, which this node owns, with the interfaces to answer
+/// on: those of this node's usable interfaces that the advertisements selecting it name.
+fn announce(
+    announce: &mut BTreeMap<IpAddr, Announcement>,
+    inputs: Inputs<'_>,
+    serving: &[&Covered<'_>],
+) {
+    let mine = inputs
+        .members
+        .get(inputs.me)
+        .map(|m| &m.interfaces)
+        .cloned()
+        .unwrap_or_default();
+    let me_node = inputs.nodes.get(inputs.me);
+    for c in serving {
+        let mut interfaces = BTreeSet::new();
+        for adv in &c.advertisements {
+            if !me_node.is_some_and(|n| any_matches(&adv.node_selectors, &n.labels)) {
+                continue;
+            }
+            if adv.interfaces.is_empty() {
+                interfaces.extend(mine.iter().cloned());
+            } else {
+                interfaces.extend(adv.interfaces.iter().filter(|i| mine.contains(*i)).cloned());
+            }
+        }
+        for ip in &c.service.ips {
+            let entry = announce.entry(*ip).or_insert_with(|| Announcement {
+                interfaces: BTreeSet::new(),
+                services: BTreeSet::new(),
+            });
+            entry.interfaces.extend(interfaces.iter().cloned());
+            entry.services.insert(c.service.key.clone());
+        }
+    }
 }
 
 /// The pool holding the Service's IPs (the controller allocates all of them from one pool).

@@ -254,25 +254,8 @@ pub(super) async fn run(
     observer: Arc<dyn Observer>,
 ) {
     let mut bfd = follow::Follower::new(bfd);
-    let session = match Session::new(settings.fsm.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            // PeerSettings::from_peer validated it already; report rather than panic.
-            status.send_modify(|s| s.last_error = Some(e.to_string()));
-            return;
-        }
-    };
-    let mut primary = Link::new(session, Initiator::Local);
-    primary.pending.push_back(Event::ManualStart);
-    let mut t = Task {
-        settings,
-        primary,
-        secondary: None,
-        context: None,
-        sent: AdjRibOut::new(),
-        status,
-        observer,
-        pending_eor: Vec::new(),
+    let Some(mut t) = Task::new(settings, status, observer) else {
+        return;
     };
     let mut incoming_open = true;
     loop {
@@ -282,14 +265,7 @@ pub(super) async fn run(
             t.stop().await;
             return;
         }
-        let deadline = [
-            (Which::Primary, Some(&t.primary)),
-            (Which::Secondary, t.secondary.as_ref()),
-        ]
-        .into_iter()
-        .filter_map(|(w, l)| l.map(|l| (w, l)))
-        .flat_map(|(w, l)| l.timers.iter().map(move |(k, at)| (w, *k, *at)))
-        .min_by_key(|(_, _, at)| *at);
+        let deadline = t.next_timer();
         let sleep = async {
             match deadline {
                 Some((_, _, at)) => tokio::time::sleep_until(at).await,
@@ -328,20 +304,7 @@ pub(super) async fn run(
                     link.pending.push_back(key.event());
                 }
             }
-            r = connecting => {
-                t.primary.connecting = None;
-                match r.and_then(Conn::new) {
-                    Ok(conn) => {
-                        t.primary.conn = Some(conn);
-                        t.primary.pending.push_back(Event::TcpCRAcked);
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "BGP connect failed");
-                        t.status.send_modify(|s| s.last_error = Some(format!("connect: {e}")));
-                        t.primary.pending.push_back(Event::TcpConnectionFails);
-                    }
-                }
-            }
+            r = connecting => t.connected(r),
             r = read_primary => t.read_result(Which::Primary, r),
             r = read_secondary => t.read_result(Which::Secondary, r),
             s = accept => match s {
@@ -354,6 +317,64 @@ pub(super) async fn run(
 }
 
 impl Task {
+    /// The task of a session about to start (ManualStart is pending); none when the state
+    /// machine refuses its configuration, which is then reported in the status.
+    fn new(
+        settings: PeerSettings,
+        status: watch::Sender<PeerStatus>,
+        observer: Arc<dyn Observer>,
+    ) -> Option<Self> {
+        let session = match Session::new(settings.fsm.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                // PeerSettings::from_peer validated it already; report rather than panic.
+                status.send_modify(|s| s.last_error = Some(e.to_string()));
+                return None;
+            }
+        };
+        let mut primary = Link::new(session, Initiator::Local);
+        primary.pending.push_back(Event::ManualStart);
+        Some(Task {
+            settings,
+            primary,
+            secondary: None,
+            context: None,
+            sent: AdjRibOut::new(),
+            status,
+            observer,
+            pending_eor: Vec::new(),
+        })
+    }
+
+    /// The timer of either connection that expires first.
+    fn next_timer(&self) -> Option<(Which, TimerKey, Instant)> {
+        [
+            (Which::Primary, Some(&self.primary)),
+            (Which::Secondary, self.secondary.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(w, l)| l.map(|l| (w, l)))
+        .flat_map(|(w, l)| l.timers.iter().map(move |(k, at)| (w, *k, *at)))
+        .min_by_key(|(_, _, at)| *at)
+    }
+
+    /// Our connect attempt ended: the connection, or why not.
+    fn connected(&mut self, r: std::io::Result<TcpStream>) {
+        self.primary.connecting = None;
+        match r.and_then(Conn::new) {
+            Ok(conn) => {
+                self.primary.conn = Some(conn);
+                self.primary.pending.push_back(Event::TcpCRAcked);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "BGP connect failed");
+                self.status
+                    .send_modify(|s| s.last_error = Some(format!("connect: {e}")));
+                self.primary.pending.push_back(Event::TcpConnectionFails);
+            }
+        }
+    }
+
     fn link(&mut self, which: Which) -> Option<&mut Link> {
         match which {
             Which::Primary => Some(&mut self.primary),
