@@ -38,15 +38,20 @@ pub(super) struct Decider {
 
 /// A validated configuration to report, with what its BFDProfile finalizers are decided from.
 pub(super) struct ConfigReport {
+    /// The model and the errors of the objects left out.
     pub(super) validated: Validated,
+    /// The BGPPeers as cached (their BFDProfile references).
     pub(super) peers: Vec<BGPPeer>,
+    /// The BFDProfiles as cached (their finalizers).
     pub(super) bfd_profiles: Vec<BFDProfile>,
 }
 
 /// One Service's write: what it should carry and the Events to record. The cached form, not the
 /// Service: a queue may hold thousands until written.
 pub(super) struct ServiceWrite {
+    /// The copy of the Service it was decided on (its resourceVersion fences the write).
     pub(super) service: Arc<CachedService>,
+    /// What the Service should carry, and the Events to record.
     pub(super) outcome: Outcome,
     /// The leadership term it was decided in: it is sent only while that term lasts.
     pub(super) term: u64,

@@ -31,13 +31,17 @@ pub(super) enum Work {
 
 /// The watches' caches, but for Services, which the work loop keeps itself.
 pub(super) struct Stores {
+    /// Namespaces' names and labels (pool admission).
     pub(super) namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// Nodes' names and labels (validation).
     pub(super) nodes: Store<PartialObjectMeta<Node>>,
+    /// The `metallb.io` objects of ferrolb's namespace.
     pub(super) config: ConfigStores,
 }
 
 /// The watches started: their caches, and how many must list before the controller acts.
 pub(super) struct Started {
+    /// The caches the watches fill.
     pub(super) stores: Stores,
     /// Counted as the watches start, so that a watch added can never be missing from it.
     pub(super) watches: usize,

@@ -22,9 +22,13 @@ const MIN_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_millis(5
 /// Writes one Service's outcome.
 #[derive(Clone)]
 pub(super) struct Writer {
+    /// The API server.
     pub(super) client: Client,
+    /// Checked before every write, and the end of its grant abandons a write.
     pub(super) leadership: Leadership,
+    /// Write latencies and failures.
     pub(super) metrics: Arc<Metrics>,
+    /// The queue the Services' Events go through.
     pub(super) events: EventQueue,
 }
 
