@@ -32,38 +32,7 @@ impl Lab {
         let Role::Node { index, .. } = host.role else {
             bail!("{node:?} is not a node")
         };
-        let (netns, veth, host_number) = {
-            let _guard = STATE_LOCK
-                .lock()
-                .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
-            let mut state = State::load(&self.dir)?.context("the lab is not up")?;
-            let used: Vec<u8> = state
-                .pods
-                .iter()
-                .filter(|p| p.node == node)
-                .map(|p| p.host_number)
-                .collect();
-            // The lower half of the node's pod CIDR: kubelet nodes' CNI hands out the upper.
-            let host_number = (10..=127)
-                .find(|n| !used.contains(n))
-                .context("no pod address left on this node")?;
-            let n = state.next_pod;
-            state.next_pod += 1;
-            // Recorded at once, so concurrent add_pod calls never share an address and `down`
-            // removes the namespace even if this call fails half-way.
-            state.pods.push(LabPod {
-                namespace: namespace.into(),
-                name: name.into(),
-                node: node.into(),
-                netns: format!("flb-pod{n}"),
-                host_number,
-                ips: Vec::new(),
-                process: None,
-                kubelet: false,
-            });
-            state.save(&self.dir)?;
-            (format!("flb-pod{n}"), format!("pv{n}"), host_number)
-        };
+        let (netns, veth, host_number) = self.reserve_pod(namespace, name, node)?;
         let fam = self.topology.options.families;
         let ip4 = format!("198.19.{index}.{host_number}");
         let ip6 = format!("fd00:19:{index:x}::{host_number:x}");
@@ -75,92 +44,8 @@ impl Lab {
             ips.push(ip6.clone());
         }
         run("ip", &["netns", "add", &netns])?;
-        let result: anyhow::Result<LabPod> = async {
-            ip_in(&netns, &["link", "set", "lo", "up"])?;
-            sysctl_in(&netns, "net.ipv6.conf.all.accept_dad", "0")?;
-            sysctl_in(&netns, "net.ipv6.conf.default.accept_dad", "0")?;
-            run(
-                "ip",
-                &[
-                    "link",
-                    "add",
-                    &veth,
-                    "netns",
-                    &host.netns,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    &netns,
-                ],
-            )?;
-            // Routed pod networking: the node answers at 169.254.1.1 / fe80::1 on every pod link,
-            // so all pod traffic crosses the node's IP stack (and kube-proxy's conntrack).
-            ip_in(
-                &host.netns,
-                &["addr", "add", "169.254.1.1/32", "dev", &veth],
-            )?;
-            ip_in(
-                &host.netns,
-                &["addr", "add", "fe80::1/64", "dev", &veth, "nodad"],
-            )?;
-            ip_in(&host.netns, &["link", "set", &veth, "up"])?;
-            ip_in(
-                &host.netns,
-                &["route", "replace", &format!("{ip4}/32"), "dev", &veth],
-            )?;
-            ip_in(
-                &host.netns,
-                &[
-                    "-6",
-                    "route",
-                    "replace",
-                    &format!("{ip6}/128"),
-                    "dev",
-                    &veth,
-                ],
-            )?;
-            ip_in(
-                &netns,
-                &["addr", "add", &format!("{ip4}/32"), "dev", "eth0"],
-            )?;
-            ip_in(
-                &netns,
-                &["addr", "add", &format!("{ip6}/128"), "dev", "eth0", "nodad"],
-            )?;
-            ip_in(&netns, &["link", "set", "eth0", "up"])?;
-            ip_in(
-                &netns,
-                &[
-                    "route",
-                    "add",
-                    "169.254.1.1",
-                    "dev",
-                    "eth0",
-                    "scope",
-                    "link",
-                ],
-            )?;
-            ip_in(
-                &netns,
-                &[
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    "169.254.1.1",
-                    "dev",
-                    "eth0",
-                ],
-            )?;
-            ip_in(
-                &netns,
-                &[
-                    "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-                ],
-            )?;
+        let result: anyhow::Result<LabPod> = (|| {
+            wire_pod(&host.netns, &netns, &veth, &ip4, &ip6)?;
             let log = log_path(&self.dir, &format!("pod-{namespace}-{name}"));
             let process = process::spawn(
                 &self.lab_exe,
@@ -180,8 +65,7 @@ impl Lab {
                 process: Some(process),
                 kubelet: false,
             })
-        }
-        .await;
+        })();
         let pod = match result {
             Ok(pod) => pod,
             Err(e) => {
@@ -191,20 +75,63 @@ impl Lab {
                 return Err(e);
             }
         };
-        {
-            let _guard = STATE_LOCK
-                .lock()
-                .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
-            let mut state = State::load(&self.dir)?.context("the lab is not up")?;
-            if let Some(p) = state.pods.iter_mut().find(|p| p.netns == netns) {
-                *p = pod.clone();
-            }
-            state.save(&self.dir)?;
-        }
+        self.record_pod(&pod)?;
         let client = self.client().await?;
         let host_ip = host.interfaces[0].ipv4.to_string();
         cluster::create_pod(&client, namespace, name, node, &host_ip, labels, &ips).await?;
         Ok(pod)
+    }
+
+    /// A free pod address on `node` and a pod number, recorded in the lab's state at once (so
+    /// concurrent calls never share an address and `down` removes the namespace even if the
+    /// pod fails half-way): its namespace, its veth's name on the node, its host number.
+    fn reserve_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+    ) -> anyhow::Result<(String, String, u8)> {
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        let used: Vec<u8> = state
+            .pods
+            .iter()
+            .filter(|p| p.node == node)
+            .map(|p| p.host_number)
+            .collect();
+        // The lower half of the node's pod CIDR: kubelet nodes' CNI hands out the upper.
+        let host_number = (10..=127)
+            .find(|n| !used.contains(n))
+            .context("no pod address left on this node")?;
+        let n = state.next_pod;
+        state.next_pod += 1;
+        state.pods.push(LabPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            node: node.into(),
+            netns: format!("flb-pod{n}"),
+            host_number,
+            ips: Vec::new(),
+            process: None,
+            kubelet: false,
+        });
+        state.save(&self.dir)?;
+        Ok((format!("flb-pod{n}"), format!("pv{n}"), host_number))
+    }
+
+    /// Replaces the reserved pod's record with the running pod.
+    fn record_pod(&self, pod: &LabPod) -> anyhow::Result<()> {
+        let _guard = STATE_LOCK
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        let mut state = State::load(&self.dir)?.context("the lab is not up")?;
+        if let Some(p) = state.pods.iter_mut().find(|p| p.netns == pod.netns) {
+            *p = pod.clone();
+        }
+        state.save(&self.dir)?;
+        Ok(())
     }
 
     /// On a kubelet node: a real Pod of the echo image, bound to `node`, once Ready.
@@ -365,4 +292,71 @@ pub(super) fn remove_pod_local(pod: &LabPod) {
     }
     // Deleting the namespace deletes the veth pair and with it the node's route.
     let _ = run("ip", &["netns", "del", &pod.netns]);
+}
+
+/// Routed pod networking for pod namespace `netns` on the node in `node_netns`: a veth `veth`
+/// (`eth0` in the pod) with the pod's addresses; the node answers at 169.254.1.1 / fe80::1 on
+/// every pod link, so all pod traffic crosses the node's IP stack (and kube-proxy's conntrack).
+fn wire_pod(node_netns: &str, netns: &str, veth: &str, ip4: &str, ip6: &str) -> anyhow::Result<()> {
+    ip_in(netns, &["link", "set", "lo", "up"])?;
+    sysctl_in(netns, "net.ipv6.conf.all.accept_dad", "0")?;
+    sysctl_in(netns, "net.ipv6.conf.default.accept_dad", "0")?;
+    run(
+        "ip",
+        &[
+            "link", "add", veth, "netns", node_netns, "type", "veth", "peer", "name", "eth0",
+            "netns", netns,
+        ],
+    )?;
+    ip_in(node_netns, &["addr", "add", "169.254.1.1/32", "dev", veth])?;
+    ip_in(
+        node_netns,
+        &["addr", "add", "fe80::1/64", "dev", veth, "nodad"],
+    )?;
+    ip_in(node_netns, &["link", "set", veth, "up"])?;
+    ip_in(
+        node_netns,
+        &["route", "replace", &format!("{ip4}/32"), "dev", veth],
+    )?;
+    ip_in(
+        node_netns,
+        &["-6", "route", "replace", &format!("{ip6}/128"), "dev", veth],
+    )?;
+    ip_in(netns, &["addr", "add", &format!("{ip4}/32"), "dev", "eth0"])?;
+    ip_in(
+        netns,
+        &["addr", "add", &format!("{ip6}/128"), "dev", "eth0", "nodad"],
+    )?;
+    ip_in(netns, &["link", "set", "eth0", "up"])?;
+    ip_in(
+        netns,
+        &[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ],
+    )?;
+    ip_in(
+        netns,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ],
+    )?;
+    ip_in(
+        netns,
+        &[
+            "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+        ],
+    )?;
+    Ok(())
 }
