@@ -22,6 +22,7 @@ use crate::args::Args;
 use crate::bgp::step::Bgp;
 use crate::l2::announce::Announcer;
 use crate::l2::gossip::{self, Gossip};
+use crate::l2::interfaces::Interface;
 use crate::l2::presence::Presence;
 use crate::l2::{gate, interfaces, keys, restart, status};
 use crate::metrics::Metrics;
@@ -34,6 +35,37 @@ use speaker::Speaker;
 /// Runs the speaker until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     check_start(&args)?;
+    let mut running = start(args).await?;
+    // The metrics server stopping ends the process at once; a signal hands over first.
+    running.work().await?;
+    running.hand_over().await;
+    Ok(())
+}
+
+/// What start-up leaves running: the work loop's state and the tasks it talks to.
+struct Running {
+    speaker: Speaker<World>,
+    client: kube::Client,
+    gossip: Arc<Gossip>,
+    /// Notified when something the loop reads changed.
+    changed: Arc<Notify>,
+    /// The node's interfaces, kept current by the poll task.
+    links: Arc<std::sync::Mutex<BTreeMap<String, Interface>>>,
+    ready: Ready,
+    pulse: ferrolb_runtime::health::Pulse,
+    /// The metrics server; the speaker stops if it does.
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// This speaker's presence Lease, and the task renewing it.
+    presence: Presence,
+    renewing: tokio::task::JoinHandle<()>,
+    /// What this node reports in ServiceL2Status, to the writer task.
+    status_tx: tokio::sync::watch::Sender<status::Desired>,
+    status_task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts everything the work loop needs: the metrics server, the watches, the heartbeats and
+/// key reload, the presence Lease, the interface poll, the Event queue and the status writer.
+async fn start(args: Args) -> anyhow::Result<Running> {
     // At start a missing or short key is fatal; later changes that break it keep the last good
     // keys instead (l2/keys.rs).
     let key_files = keys::KeyFiles {
@@ -48,7 +80,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let pulse = ferrolb_runtime::health::Pulse::new(Duration::from_secs(10));
     // What `kubectl ferrolb explain` reads through the API server's proxy to this Pod.
     let live = Live::new(&args.node_name);
-    let mut server = tokio::spawn(server::serve(
+    let server = tokio::spawn(server::serve(
         listen_address(&args),
         Server {
             registry: Arc::new(registry),
@@ -116,88 +148,131 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         announcer: Announcer::new(metrics.clone(), args.garp_refresh),
         bgp: Bgp::new(metrics.clone(), scope, &args.bgp_listen, changed.clone())
             .reporting_to(live.clone()),
-        events: events.clone(),
+        events,
         namespace: args.common.namespace.clone(),
     };
-    let mut speaker = Speaker::new(args, world, metrics, live);
-    let shutdown = ferrolb_runtime::shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        let now = Instant::now();
-        let wake = [gossip.next_silence(now), speaker.layer2.wake_at(now)]
+    Ok(Running {
+        speaker: Speaker::new(args, world, metrics, live),
+        client,
+        gossip,
+        changed,
+        links,
+        ready,
+        pulse,
+        server,
+        presence,
+        renewing,
+        status_tx,
+        status_task,
+    })
+}
+
+impl Running {
+    /// The work loop: a step when something changed (or a timer of the gate or the heartbeat
+    /// table is due), and between steps a check every heartbeat interval that renews the
+    /// mandate while the plan holds. Returns at SIGTERM or SIGINT, or with an error when the
+    /// metrics server stops.
+    async fn work(&mut self) -> anyhow::Result<()> {
+        let shutdown = ferrolb_runtime::shutdown_signal();
+        tokio::pin!(shutdown);
+        loop {
+            let now = Instant::now();
+            let wake = [
+                self.gossip.next_silence(now),
+                self.speaker.layer2.wake_at(now),
+            ]
             .into_iter()
             .flatten()
             .min()
             .map(|t| t + Duration::from_millis(1));
-        let sleep = async {
-            match wake {
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        // Between steps, the mandate to answer is renewed every heartbeat interval while the
-        // plan still holds.
-        let check = tokio::time::sleep(speaker.args.heartbeat_interval);
-        pulse.beat();
-        tokio::select! {
-            _ = changed.notified() => gossip.tell_changes().await,
-            _ = sleep => gossip.tell_changes().await,
-            _ = check => {
-                if speaker.io.stores.synced() {
-                    let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let valid = speaker.still_valid(&links).await;
-                    ready.set_result(speaker.readiness());
-                    if valid {
-                        continue;
+            let sleep = async {
+                match wake {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Between steps, the mandate to answer is renewed every heartbeat interval while
+            // the plan still holds.
+            let check = tokio::time::sleep(self.speaker.args.heartbeat_interval);
+            self.pulse.beat();
+            tokio::select! {
+                _ = self.changed.notified() => self.gossip.tell_changes().await,
+                _ = sleep => self.gossip.tell_changes().await,
+                _ = check => {
+                    if self.speaker.io.stores.synced() {
+                        let links = self.links();
+                        let valid = self.speaker.still_valid(&links).await;
+                        self.ready.set_result(self.speaker.readiness());
+                        if valid {
+                            continue;
+                        }
                     }
                 }
+                signal = &mut shutdown => {
+                    tracing::info!("{}: handing over and shutting down", signal.unwrap_or("signal"));
+                    return Ok(());
+                }
+                r = &mut self.server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
             }
-            signal = &mut shutdown => {
-                tracing::info!("{}: handing over and shutting down", signal.unwrap_or("signal"));
-                break;
+            if !self.speaker.io.stores.synced() {
+                continue;
             }
-            r = &mut server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+            let links = self.links();
+            let desired = self.speaker.step(&links).await;
+            self.ready.set_result(self.speaker.readiness());
+            self.status_tx.send_replace(desired);
         }
-        if !speaker.io.stores.synced() {
-            continue;
+    }
+
+    /// The interfaces as last polled.
+    fn links(&self) -> BTreeMap<String, Interface> {
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Clean shutdown: stop answering, then say so; the others take over at once (within a
+    /// few milliseconds). Answering until they have would be two owners for that moment. When
+    /// this speaker is being replaced (a rolling update), it asks them instead to keep its IPs
+    /// with this node for the restart hold: its successor takes them up, and the connections
+    /// kube-proxy tracks here survive. Its presence Lease and status objects stay for the
+    /// successor.
+    async fn hand_over(self) {
+        let Running {
+            mut speaker,
+            client,
+            gossip,
+            presence,
+            renewing,
+            status_tx,
+            status_task,
+            ..
+        } = self;
+        let args = &speaker.args;
+        let replaced = !args.restart_hold.is_zero()
+            && restart::is_replacement(
+                &client,
+                &args.common.namespace,
+                args.pod_name.as_deref(),
+                args.restart_hold_when,
+            )
+            .await;
+        speaker
+            .io
+            .announcer
+            .apply(&BTreeMap::new(), &BTreeMap::new());
+        gossip.leave(replaced).await;
+        renewing.abort();
+        if replaced {
+            tracing::info!(hold = ?speaker.args.restart_hold, "being replaced: the other speakers keep this node's IPs for its successor");
+        } else {
+            presence.remove().await;
         }
-        let links = links.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let desired = speaker.step(&links).await;
-        ready.set_result(speaker.readiness());
-        status_tx.send_replace(desired);
+        speaker.io.bgp.shutdown().await;
+        if !replaced {
+            status_tx.send_replace(status::Desired::new());
+        }
+        drop(status_tx);
+        let _ = tokio::time::timeout(Duration::from_secs(5), status_task).await;
     }
-    // Clean shutdown: stop answering, then say so; the others take over at once (within a
-    // few milliseconds). Answering until they have would be two owners for that moment. When
-    // this speaker is being replaced (a rolling update), it asks them instead to keep its IPs
-    // with this node for the restart hold: its successor takes them up, and the connections
-    // kube-proxy tracks here survive. Its presence Lease and status objects stay for the
-    // successor.
-    let replaced = !speaker.args.restart_hold.is_zero()
-        && restart::is_replacement(
-            &client,
-            &speaker.args.common.namespace,
-            speaker.args.pod_name.as_deref(),
-            speaker.args.restart_hold_when,
-        )
-        .await;
-    speaker
-        .io
-        .announcer
-        .apply(&BTreeMap::new(), &BTreeMap::new());
-    gossip.leave(replaced).await;
-    renewing.abort();
-    if replaced {
-        tracing::info!(hold = ?speaker.args.restart_hold, "being replaced: the other speakers keep this node's IPs for its successor");
-    } else {
-        presence.remove().await;
-    }
-    speaker.io.bgp.shutdown().await;
-    if !replaced {
-        status_tx.send_replace(status::Desired::new());
-    }
-    drop(status_tx);
-    let _ = tokio::time::timeout(Duration::from_secs(5), status_task).await;
-    Ok(())
 }
 
 /// What must hold before anything starts: a usable presence group, and the capability to send
