@@ -507,34 +507,30 @@ fn u32_value(value: &[u8]) -> Option<u32> {
 /// MP_(UN)REACH_NLRI ends the session; any other repeated attribute is discarded), then the
 /// optional and transitive flags of the attributes we interpret.
 fn screen(seen: &mut SeenCodes, flags: u8, type_code: u8) -> Result<(), Fault> {
+    // RFC 7606 resets the session for these errors in MP_(UN)REACH_NLRI only.
     let mp = matches!(type_code, code::MP_REACH_NLRI | code::MP_UNREACH_NLRI);
-    if !seen.insert(type_code) {
-        return Err(if mp {
-            Fault::Reset(
-                update_subcode::MALFORMED_ATTRIBUTE_LIST,
-                "repeated MP_(UN)REACH_NLRI",
-            )
+    let fault = |subcode, action, what| {
+        if mp {
+            Fault::Reset(subcode, what)
         } else {
-            Fault::Soft(
-                update_subcode::MALFORMED_ATTRIBUTE_LIST,
-                ErrorAction::AttributeDiscard,
-            )
-        });
+            Fault::Soft(subcode, action)
+        }
+    };
+    if !seen.insert(type_code) {
+        return Err(fault(
+            update_subcode::MALFORMED_ATTRIBUTE_LIST,
+            ErrorAction::AttributeDiscard,
+            "repeated MP_(UN)REACH_NLRI",
+        ));
     }
     if let Some(expected) = expected_flags(type_code)
         && flags & (flag::OPTIONAL | flag::TRANSITIVE) != expected
     {
-        return Err(if mp {
-            Fault::Reset(
-                update_subcode::ATTRIBUTE_FLAGS_ERROR,
-                "MP_(UN)REACH_NLRI flags",
-            )
-        } else {
-            Fault::Soft(
-                update_subcode::ATTRIBUTE_FLAGS_ERROR,
-                ErrorAction::TreatAsWithdraw,
-            )
-        });
+        return Err(fault(
+            update_subcode::ATTRIBUTE_FLAGS_ERROR,
+            ErrorAction::TreatAsWithdraw,
+            "MP_(UN)REACH_NLRI flags",
+        ));
     }
     Ok(())
 }
