@@ -435,31 +435,26 @@ impl Lab {
         pki: &Pki,
         client: &Client,
     ) -> anyhow::Result<()> {
-        let t = &self.topology;
         let bin = bin_dir();
-        for program in [
-            "containerd",
-            "containerd-shim-runc-v2",
-            "runc",
-            "ctr",
-            "kubelet",
-        ] {
-            if !bin.join(program).exists() {
-                bail!(
-                    "{} is missing: run e2e/install-deps first",
-                    bin.join(program).display()
-                );
-            }
-        }
-        for plugin in ["ptp", "host-local"] {
-            if !Path::new(CNI_BIN_DIR).join(plugin).exists() {
-                bail!(
-                    "the CNI plugin {CNI_BIN_DIR}/{plugin} is missing: run e2e/install-deps first"
-                );
-            }
-        }
-        let nsenter = on_path("nsenter").context("nsenter (util-linux) is not on PATH")?;
+        let nsenter = node_tools(&bin)?;
         let started = Instant::now();
+        self.prepare_node_mounts(state)?;
+        self.start_containerds(state, &bin, &nsenter)?;
+        self.start_kubelets(state, pki, &bin, &nsenter).await?;
+        wait_nodes_ready(state, client).await?;
+        eprintln!("lab: kubelet nodes Ready ({:.1?})", started.elapsed());
+        let oci = super::images::build()?;
+        self.import_images(&oci)?;
+        eprintln!(
+            "lab: ferrolb's images built and imported into every node ({:.1?})",
+            started.elapsed()
+        );
+        Ok(())
+    }
+
+    /// The nodes' directory as a private mount, and the mount points of the nodes' private
+    /// paths.
+    fn prepare_node_mounts(&self, state: &mut State) -> anyhow::Result<()> {
         // `unshare --mount=FILE` binds the node's new mount namespace onto FILE, which the kernel
         // refuses on a shared mount (systemd makes / shared): the nodes' directory becomes a
         // private mount of its own, as `ip netns` does for /run/netns. `down` unmounts it.
@@ -490,6 +485,17 @@ impl Lab {
                 state.save(&self.dir)?;
             }
         }
+        Ok(())
+    }
+
+    /// Each node's runtime directory, then its containerd.
+    fn start_containerds(
+        &self,
+        state: &mut State,
+        bin: &Path,
+        nsenter: &Path,
+    ) -> anyhow::Result<()> {
+        let t = &self.topology;
         for host in t.nodes() {
             let Role::Node { index, .. } = host.role else {
                 continue;
@@ -499,7 +505,7 @@ impl Lab {
             state.save(&self.dir)?;
             self.prepare_node(&rt, t, index)?;
             let (program, args) = rt.command(
-                &nsenter,
+                nsenter,
                 &bin.join("containerd"),
                 &[format!(
                     "--config={}",
@@ -514,6 +520,18 @@ impl Lab {
                 args,
             )?;
         }
+        Ok(())
+    }
+
+    /// Once its containerd answers: each node's pause image, credentials, and kubelet.
+    async fn start_kubelets(
+        &self,
+        state: &mut State,
+        pki: &Pki,
+        bin: &Path,
+        nsenter: &Path,
+    ) -> anyhow::Result<()> {
+        let t = &self.topology;
         for node in &state.kubelet_nodes.clone() {
             let host = t.host(node).context("kubelet node not in the topology")?;
             let rt = NodeRuntime::new(&self.dir, host);
@@ -532,7 +550,7 @@ impl Lab {
             std::fs::write(rt.dir.join("kubelet.yaml"), kubelet_config(&rt, pki))?;
             let ips: Vec<String> = node_ips(t, host).iter().map(ToString::to_string).collect();
             let (program, args) = rt.command(
-                &nsenter,
+                nsenter,
                 &bin.join("kubelet"),
                 &[
                     format!("--config={}", rt.dir.join("kubelet.yaml").display()),
@@ -546,42 +564,6 @@ impl Lab {
             );
             self.spawn(state, &format!("kubelet@{node}"), None, &program, args)?;
         }
-        let nodes: Api<Node> = Api::all(client.clone());
-        for node in &state.kubelet_nodes {
-            let nodes = nodes.clone();
-            cluster::wait_for(
-                &format!("the kubelet on {node} to report its Node Ready"),
-                Duration::from_secs(120),
-                || {
-                    let nodes = nodes.clone();
-                    async move {
-                        let n = nodes.get_opt(node).await.map_err(|e| e.to_string())?;
-                        let ready = n
-                            .as_ref()
-                            .and_then(|n| n.status.as_ref())
-                            .and_then(|s| s.conditions.as_ref())
-                            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
-                        match ready {
-                            Some(c) if c.status == "True" => Ok(Some(())),
-                            Some(c) => Err(format!(
-                                "Ready={}: {}",
-                                c.status,
-                                c.message.clone().unwrap_or_default()
-                            )),
-                            None => Err("no Ready condition yet".into()),
-                        }
-                    }
-                },
-            )
-            .await?;
-        }
-        eprintln!("lab: kubelet nodes Ready ({:.1?})", started.elapsed());
-        let oci = super::images::build()?;
-        self.import_images(&oci)?;
-        eprintln!(
-            "lab: ferrolb's images built and imported into every node ({:.1?})",
-            started.elapsed()
-        );
         Ok(())
     }
 
@@ -772,6 +754,64 @@ pub(super) fn teardown_node(lab_dir: &Path, state: &State, node: &str) -> Vec<St
         problems.push(format!("removing {}: {e}", dir.display()));
     }
     problems
+}
+
+/// The programs and CNI plugins the kubelet nodes need, all installed: the path of nsenter.
+fn node_tools(bin: &Path) -> anyhow::Result<PathBuf> {
+    for program in [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "runc",
+        "ctr",
+        "kubelet",
+    ] {
+        if !bin.join(program).exists() {
+            bail!(
+                "{} is missing: run e2e/install-deps first",
+                bin.join(program).display()
+            );
+        }
+    }
+    for plugin in ["ptp", "host-local"] {
+        if !Path::new(CNI_BIN_DIR).join(plugin).exists() {
+            bail!("the CNI plugin {CNI_BIN_DIR}/{plugin} is missing: run e2e/install-deps first");
+        }
+    }
+    on_path("nsenter").context("nsenter (util-linux) is not on PATH")
+}
+
+/// Waits until the kubelet of every kubelet node reports its Node Ready.
+async fn wait_nodes_ready(state: &State, client: &Client) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in &state.kubelet_nodes {
+        let nodes = nodes.clone();
+        cluster::wait_for(
+            &format!("the kubelet on {node} to report its Node Ready"),
+            Duration::from_secs(120),
+            || {
+                let nodes = nodes.clone();
+                async move {
+                    let n = nodes.get_opt(node).await.map_err(|e| e.to_string())?;
+                    let ready = n
+                        .as_ref()
+                        .and_then(|n| n.status.as_ref())
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+                    match ready {
+                        Some(c) if c.status == "True" => Ok(Some(())),
+                        Some(c) => Err(format!(
+                            "Ready={}: {}",
+                            c.status,
+                            c.message.clone().unwrap_or_default()
+                        )),
+                        None => Err("no Ready condition yet".into()),
+                    }
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
