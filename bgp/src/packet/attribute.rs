@@ -550,37 +550,17 @@ fn decode_aggregator(value: &[u8], ctx: &CodecContext) -> Option<Aggregator> {
     })
 }
 
-/// COMMUNITIES: one or more 4-octet values.
-fn decode_communities(value: &[u8]) -> Option<Vec<Community>> {
-    if value.is_empty() || !value.len().is_multiple_of(4) {
+/// A list attribute (COMMUNITIES, LARGE_COMMUNITY): one or more values of `width` octets.
+fn decode_list<T>(value: &[u8], width: usize, one: impl Fn(&[u8]) -> T) -> Option<Vec<T>> {
+    if value.is_empty() || !value.len().is_multiple_of(width) {
         return None;
     }
-    Some(
-        value
-            .chunks_exact(4)
-            .map(|c| Community(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-    )
+    Some(value.chunks_exact(width).map(one).collect())
 }
 
-/// LARGE_COMMUNITY: one or more 12-octet values.
-fn decode_large_communities(value: &[u8]) -> Option<Vec<LargeCommunity>> {
-    if value.is_empty() || !value.len().is_multiple_of(12) {
-        return None;
-    }
-    Some(
-        value
-            .chunks_exact(12)
-            .map(|c| {
-                let w = |i: usize| u32::from_be_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
-                LargeCommunity {
-                    global_admin: w(0),
-                    local_data_1: w(4),
-                    local_data_2: w(8),
-                }
-            })
-            .collect(),
-    )
+/// The big-endian 32-bit word at `at` of a value whose length was checked.
+fn word(c: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]])
 }
 
 /// What became of one attribute that could not be taken in.
@@ -723,9 +703,16 @@ impl PathAttributes {
             code::AGGREGATOR => {
                 self.aggregator = Some(decode_aggregator(value, ctx).ok_or(discard)?);
             }
-            code::COMMUNITIES => self.communities = decode_communities(value).ok_or(taw)?,
+            code::COMMUNITIES => {
+                self.communities = decode_list(value, 4, |c| Community(word(c, 0))).ok_or(taw)?;
+            }
             code::LARGE_COMMUNITY => {
-                self.large_communities = decode_large_communities(value).ok_or(taw)?;
+                let large = |c: &[u8]| LargeCommunity {
+                    global_admin: word(c, 0),
+                    local_data_1: word(c, 4),
+                    local_data_2: word(c, 8),
+                };
+                self.large_communities = decode_list(value, 12, large).ok_or(taw)?;
             }
             code::MP_REACH_NLRI => {
                 self.mp_reach = Some(MpReach::decode(value).ok_or(Fault::Reset(
