@@ -563,6 +563,15 @@ fn word(c: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]])
 }
 
+/// One 12-octet LARGE_COMMUNITY value.
+fn large_community(c: &[u8]) -> LargeCommunity {
+    LargeCommunity {
+        global_admin: word(c, 0),
+        local_data_1: word(c, 4),
+        local_data_2: word(c, 8),
+    }
+}
+
 /// What became of one attribute that could not be taken in.
 enum Fault {
     /// RFC 7606 lets the session survive: the attribute is left out, with this UPDATE Message
@@ -707,12 +716,7 @@ impl PathAttributes {
                 self.communities = decode_list(value, 4, |c| Community(word(c, 0))).ok_or(taw)?;
             }
             code::LARGE_COMMUNITY => {
-                let large = |c: &[u8]| LargeCommunity {
-                    global_admin: word(c, 0),
-                    local_data_1: word(c, 4),
-                    local_data_2: word(c, 8),
-                };
-                self.large_communities = decode_list(value, 12, large).ok_or(taw)?;
+                self.large_communities = decode_list(value, 12, large_community).ok_or(taw)?;
             }
             code::MP_REACH_NLRI => {
                 self.mp_reach = Some(MpReach::decode(value).ok_or(Fault::Reset(
