@@ -271,152 +271,194 @@ fn v6(segments: [u16; 8]) -> Ipv6Addr {
     Ipv6Addr::from(segments)
 }
 
+/// Interface `name` of a host on the lab segment, at address `last` of it.
+fn lab_if(name: &str, last: u8) -> Interface {
+    Interface {
+        name: name.into(),
+        segment: LAB_SEGMENT.into(),
+        ipv4: Ipv4Addr::new(198, 18, 0, last),
+        ipv6: v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(last)]),
+    }
+}
+
+/// The routes to node `index`'s pods, through that node.
+fn pod_routes(index: u8) -> [Route; 2] {
+    [
+        Route {
+            to: format!("198.19.{index}.0/24"),
+            via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10 + index)),
+        },
+        Route {
+            to: format!("fd00:19:{index:x}::/64"),
+            via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(10 + index)])),
+        },
+    ]
+}
+
+/// The routes to the external segment, through the router.
+fn external_routes() -> [Route; 2] {
+    [
+        Route {
+            to: "198.19.254.0/24".into(),
+            via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 254)),
+        },
+        Route {
+            to: "fd00:1a::/64".into(),
+            via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 0xfe])),
+        },
+    ]
+}
+
+/// The control plane's host.
+fn control_plane(options: &Options, node_count: u8) -> Host {
+    // With kubelet nodes, pods talk to the API server (the controller, through the
+    // `kubernetes` Service) from their own addresses, which kube-proxy leaves alone inside
+    // the cluster CIDR: the control plane routes the replies to each node.
+    let routes = if options.kubelet {
+        (1..=node_count).flat_map(pod_routes).collect()
+    } else {
+        Vec::new()
+    };
+    Host {
+        name: "cp".into(),
+        netns: "flb-cp".into(),
+        role: Role::ControlPlane,
+        interfaces: vec![lab_if("eth0", 2)],
+        routes,
+        forwarding: false,
+    }
+}
+
+/// Node `index` of `node_count`.
+fn node(options: &Options, index: u8, node_count: u8) -> Host {
+    let mut routes: Vec<Route> = (1..=node_count)
+        .filter(|o| *o != index)
+        .flat_map(pod_routes)
+        .collect();
+    if options.kubelet {
+        // Host-network pods (the speakers) reach the API server at the `kubernetes`
+        // Service's ClusterIP: the kernel needs a route for it before kube-proxy's DNAT
+        // sends it to the control plane.
+        if options.families.v4() {
+            routes.push(Route {
+                to: SERVICE_RANGE_V4.into(),
+                via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+            });
+        }
+        if options.families.v6() {
+            routes.push(Route {
+                to: SERVICE_RANGE_V6.into(),
+                via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 2])),
+            });
+        }
+    }
+    // Routes towards the external segment go through the router.
+    routes.extend(external_routes());
+    Host {
+        name: format!("node{index}"),
+        netns: format!("flb-node{index}"),
+        role: Role::Node {
+            index,
+            pod_cidr_v4: format!("198.19.{index}.0/24"),
+            pod_cidr_v6: format!("fd00:19:{index:x}::/64"),
+        },
+        interfaces: vec![lab_if("eth0", 10 + index)],
+        routes,
+        forwarding: true,
+    }
+}
+
+/// The client on the lab segment.
+fn client() -> Host {
+    Host {
+        name: "client".into(),
+        netns: "flb-client".into(),
+        role: Role::Client,
+        interfaces: vec![lab_if("eth0", 100)],
+        routes: external_routes().into(),
+        forwarding: false,
+    }
+}
+
+/// The router, between the lab segment and the external one.
+fn router() -> Host {
+    Host {
+        name: "router".into(),
+        netns: "flb-router".into(),
+        role: Role::Router {
+            asn: ROUTER_ASN,
+            bfd: RouterBfd::default(),
+        },
+        interfaces: vec![
+            lab_if("eth0", 254),
+            Interface {
+                name: "eth1".into(),
+                segment: EXTERNAL_SEGMENT.into(),
+                ipv4: Ipv4Addr::new(198, 19, 254, 1),
+                ipv6: v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 1]),
+            },
+        ],
+        routes: vec![],
+        forwarding: true,
+    }
+}
+
+/// The external client, behind the router.
+fn external_client() -> Host {
+    Host {
+        name: "ext".into(),
+        netns: "flb-ext".into(),
+        role: Role::ExternalClient,
+        interfaces: vec![Interface {
+            name: "eth0".into(),
+            segment: EXTERNAL_SEGMENT.into(),
+            ipv4: Ipv4Addr::new(198, 19, 254, 10),
+            ipv6: v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 0xa]),
+        }],
+        routes: vec![
+            Route {
+                to: "198.18.0.0/16".into(),
+                via: IpAddr::V4(Ipv4Addr::new(198, 19, 254, 1)),
+            },
+            Route {
+                to: "fd00:18::/64".into(),
+                via: IpAddr::V6(v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 1])),
+            },
+        ],
+        forwarding: false,
+    }
+}
+
+/// The lab segment (with the host's bridge) and the external segment.
+fn segments() -> Vec<Segment> {
+    vec![
+        Segment {
+            name: LAB_SEGMENT.into(),
+            ipv4: "198.18.0.0/16".into(),
+            ipv6: "fd00:18::/64".into(),
+            host_bridge: Some(HostBridge {
+                name: "flb-br0".into(),
+                ipv4: Ipv4Addr::new(198, 18, 0, 1),
+                ipv6: v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 1]),
+            }),
+        },
+        Segment {
+            name: EXTERNAL_SEGMENT.into(),
+            ipv4: "198.19.254.0/24".into(),
+            ipv6: "fd00:1a::/64".into(),
+            host_bridge: None,
+        },
+    ]
+}
+
 impl Topology {
     /// The standard lab: control plane, N nodes, a client and a router with an external client.
     pub fn standard(options: Options) -> Self {
-        let lab_if = |name: &str, last: u8| Interface {
-            name: name.into(),
-            segment: LAB_SEGMENT.into(),
-            ipv4: Ipv4Addr::new(198, 18, 0, last),
-            ipv6: v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(last)]),
-        };
-        let router_v4 = Ipv4Addr::new(198, 18, 0, 254);
-        let router_v6 = v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 0xfe]);
         // Node N's pods use 198.19.N.0/24, below the Service range 198.19.64.0/18.
         let node_count = options.nodes.clamp(1, 60);
-        // With kubelet nodes, pods talk to the API server (the controller, through the
-        // `kubernetes` Service) from their own addresses, which kube-proxy leaves alone inside
-        // the cluster CIDR: the control plane routes the replies to each node.
-        let mut cp_routes = Vec::new();
-        if options.kubelet {
-            for index in 1..=node_count {
-                cp_routes.push(Route {
-                    to: format!("198.19.{index}.0/24"),
-                    via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10 + index)),
-                });
-                cp_routes.push(Route {
-                    to: format!("fd00:19:{index:x}::/64"),
-                    via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(10 + index)])),
-                });
-            }
-        }
-        let mut hosts = vec![Host {
-            name: "cp".into(),
-            netns: "flb-cp".into(),
-            role: Role::ControlPlane,
-            interfaces: vec![lab_if("eth0", 2)],
-            routes: cp_routes,
-            forwarding: false,
-        }];
-        for index in 1..=node_count {
-            let mut routes = Vec::new();
-            for other in (1..=node_count).filter(|o| *o != index) {
-                routes.push(Route {
-                    to: format!("198.19.{other}.0/24"),
-                    via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10 + other)),
-                });
-                routes.push(Route {
-                    to: format!("fd00:19:{other:x}::/64"),
-                    via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, u16::from(10 + other)])),
-                });
-            }
-            if options.kubelet {
-                // Host-network pods (the speakers) reach the API server at the `kubernetes`
-                // Service's ClusterIP: the kernel needs a route for it before kube-proxy's DNAT
-                // sends it to the control plane.
-                if options.families.v4() {
-                    routes.push(Route {
-                        to: SERVICE_RANGE_V4.into(),
-                        via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
-                    });
-                }
-                if options.families.v6() {
-                    routes.push(Route {
-                        to: SERVICE_RANGE_V6.into(),
-                        via: IpAddr::V6(v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 2])),
-                    });
-                }
-            }
-            // Routes towards the external segment go through the router.
-            routes.push(Route {
-                to: "198.19.254.0/24".into(),
-                via: IpAddr::V4(router_v4),
-            });
-            routes.push(Route {
-                to: "fd00:1a::/64".into(),
-                via: IpAddr::V6(router_v6),
-            });
-            hosts.push(Host {
-                name: format!("node{index}"),
-                netns: format!("flb-node{index}"),
-                role: Role::Node {
-                    index,
-                    pod_cidr_v4: format!("198.19.{index}.0/24"),
-                    pod_cidr_v6: format!("fd00:19:{index:x}::/64"),
-                },
-                interfaces: vec![lab_if("eth0", 10 + index)],
-                routes,
-                forwarding: true,
-            });
-        }
-        hosts.push(Host {
-            name: "client".into(),
-            netns: "flb-client".into(),
-            role: Role::Client,
-            interfaces: vec![lab_if("eth0", 100)],
-            routes: vec![
-                Route {
-                    to: "198.19.254.0/24".into(),
-                    via: IpAddr::V4(router_v4),
-                },
-                Route {
-                    to: "fd00:1a::/64".into(),
-                    via: IpAddr::V6(router_v6),
-                },
-            ],
-            forwarding: false,
-        });
-        hosts.push(Host {
-            name: "router".into(),
-            netns: "flb-router".into(),
-            role: Role::Router {
-                asn: ROUTER_ASN,
-                bfd: RouterBfd::default(),
-            },
-            interfaces: vec![
-                lab_if("eth0", 254),
-                Interface {
-                    name: "eth1".into(),
-                    segment: EXTERNAL_SEGMENT.into(),
-                    ipv4: Ipv4Addr::new(198, 19, 254, 1),
-                    ipv6: v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 1]),
-                },
-            ],
-            routes: vec![],
-            forwarding: true,
-        });
-        hosts.push(Host {
-            name: "ext".into(),
-            netns: "flb-ext".into(),
-            role: Role::ExternalClient,
-            interfaces: vec![Interface {
-                name: "eth0".into(),
-                segment: EXTERNAL_SEGMENT.into(),
-                ipv4: Ipv4Addr::new(198, 19, 254, 10),
-                ipv6: v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 0xa]),
-            }],
-            routes: vec![
-                Route {
-                    to: "198.18.0.0/16".into(),
-                    via: IpAddr::V4(Ipv4Addr::new(198, 19, 254, 1)),
-                },
-                Route {
-                    to: "fd00:18::/64".into(),
-                    via: IpAddr::V6(v6([0xfd00, 0x1a, 0, 0, 0, 0, 0, 1])),
-                },
-            ],
-            forwarding: false,
-        });
+        let mut hosts = vec![control_plane(&options, node_count)];
+        hosts.extend((1..=node_count).map(|index| node(&options, index, node_count)));
+        hosts.extend([client(), router(), external_client()]);
         // node1 and the router are also joined directly, with no addresses, for BGP unnumbered.
         let mut links = Vec::new();
         if hosts.iter().any(|h| h.name == "node1") {
@@ -447,24 +489,7 @@ impl Topology {
                 nodes: node_count,
                 ..options
             },
-            segments: vec![
-                Segment {
-                    name: LAB_SEGMENT.into(),
-                    ipv4: "198.18.0.0/16".into(),
-                    ipv6: "fd00:18::/64".into(),
-                    host_bridge: Some(HostBridge {
-                        name: "flb-br0".into(),
-                        ipv4: Ipv4Addr::new(198, 18, 0, 1),
-                        ipv6: v6([0xfd00, 0x18, 0, 0, 0, 0, 0, 1]),
-                    }),
-                },
-                Segment {
-                    name: EXTERNAL_SEGMENT.into(),
-                    ipv4: "198.19.254.0/24".into(),
-                    ipv6: "fd00:1a::/64".into(),
-                    host_bridge: None,
-                },
-            ],
+            segments: segments(),
             hosts,
             service_cidrs,
             cluster_cidrs,
