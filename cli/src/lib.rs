@@ -246,12 +246,8 @@ async fn read(
     let node_objects: Vec<Node> = list!(Api::<Node>::all(client.clone()), "Nodes");
     let nodes: Vec<NodeInfo> = node_objects
         .iter()
-        .filter_map(|n| {
-            Some(NodeInfo {
-                name: n.metadata.name.clone()?,
-                labels: n.metadata.labels.clone().unwrap_or_default(),
-            })
-        })
+        .filter(|n| n.metadata.name.is_some())
+        .map(|n| NodeInfo::from_metadata(&n.metadata))
         .collect();
     let speakers = live::read(client, namespace, speaker_selector).await?;
     let ns = |c: &kube::Client| c.clone();

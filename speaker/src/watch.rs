@@ -62,10 +62,7 @@ impl Stores {
             .nodes
             .state()
             .iter()
-            .map(|n| NodeInfo {
-                name: n.metadata.name.clone().unwrap_or_default(),
-                labels: n.metadata.labels.clone().unwrap_or_default(),
-            })
+            .map(|n| NodeInfo::from_metadata(&n.metadata))
             .collect();
         validate(&self.config.objects(namespace, nodes))
     }

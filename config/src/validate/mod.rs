@@ -115,6 +115,17 @@ pub struct NodeInfo {
     pub labels: Labels,
 }
 
+impl NodeInfo {
+    /// A Node's name and labels from its metadata (a Node without a name gets an empty one,
+    /// which no selector names).
+    pub fn from_metadata(metadata: &ObjectMeta) -> Self {
+        NodeInfo {
+            name: metadata.name.clone().unwrap_or_default(),
+            labels: metadata.labels.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// Everything validation reads: the ferrolb objects and, when known, the cluster's nodes.
 #[derive(Clone, Debug, Default)]
 pub struct Objects {

@@ -165,10 +165,7 @@ impl Decide for Decider {
             .nodes
             .state()
             .iter()
-            .map(|n| NodeInfo {
-                name: n.metadata.name.clone().unwrap_or_default(),
-                labels: n.metadata.labels.clone().unwrap_or_default(),
-            })
+            .map(|n| NodeInfo::from_metadata(&n.metadata))
             .collect();
         let objects = s.config.objects(&self.namespace, nodes);
         let validated = validate(&objects);
