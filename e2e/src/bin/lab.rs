@@ -296,6 +296,28 @@ fn write_status(out: &mut String) -> anyhow::Result<()> {
         t.options.families
     )?;
     writeln!(out, "state: {}", dir.display())?;
+    write_hosts(out, t)?;
+    write_processes(out, &state)?;
+    if !state.pods.is_empty() {
+        writeln!(out, "\npods:")?;
+        for p in &state.pods {
+            writeln!(
+                out,
+                "  {}/{} on {} {} {}",
+                p.namespace,
+                p.name,
+                p.node,
+                p.netns,
+                p.ips.join(",")
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The status's hosts with their addresses, and the unnumbered links.
+fn write_hosts(out: &mut String, t: &Topology) -> anyhow::Result<()> {
+    use std::fmt::Write;
     writeln!(out, "\nhosts:")?;
     for h in &t.hosts {
         let addrs: Vec<String> = h
@@ -319,6 +341,12 @@ fn write_status(out: &mut String) -> anyhow::Result<()> {
             )?;
         }
     }
+    Ok(())
+}
+
+/// The status's processes, and the last lines of each dead one.
+fn write_processes(out: &mut String, state: &State) -> anyhow::Result<()> {
+    use std::fmt::Write;
     writeln!(out, "\nprocesses:")?;
     for p in &state.processes {
         let running = process::running(p);
@@ -350,20 +378,6 @@ fn write_status(out: &mut String) -> anyhow::Result<()> {
             writeln!(out, "  | {line}")?;
         }
     }
-    if !state.pods.is_empty() {
-        writeln!(out, "\npods:")?;
-        for p in &state.pods {
-            writeln!(
-                out,
-                "  {}/{} on {} {} {}",
-                p.namespace,
-                p.name,
-                p.node,
-                p.netns,
-                p.ips.join(",")
-            )?;
-        }
-    }
     Ok(())
 }
 
@@ -385,182 +399,187 @@ fn main() -> ExitCode {
             }
         };
     }
-    let result: anyhow::Result<i32> = (|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        match cli.command {
-            Command::Up {
-                nodes,
-                proxy_mode,
-                families,
-                kubelet,
-            } => {
-                let lab = rt.block_on(Lab::up(
-                    Options {
-                        nodes,
-                        proxy_mode,
-                        families,
-                        kubelet,
-                    },
-                    &exe()?,
-                ))?;
-                println!(
-                    "lab up: kubectl --kubeconfig {}",
-                    lab.admin_kubeconfig().display()
-                );
-                Ok(0)
-            }
-            Command::Demo { bgp, helm } => {
-                let mode = match (bgp, helm) {
-                    (true, _) => ferrolb_e2e::demo::Mode::Bgp,
-                    (false, true) => ferrolb_e2e::demo::Mode::Helm,
-                    (false, false) => ferrolb_e2e::demo::Mode::Layer2,
-                };
-                rt.block_on(ferrolb_e2e::demo::run(&exe()?, mode))
-                    .map(|_| 0)
-            }
-            Command::Down => {
-                ferrolb_e2e::down()?;
-                println!("lab down");
-                Ok(0)
-            }
-            Command::Status => status().map(|_| 0),
-            Command::Containerlab {
-                nodes,
-                proxy_mode,
-                families,
-                kind_image,
-            } => {
-                let topology = Topology::standard(Options {
-                    nodes,
-                    proxy_mode,
-                    families,
-                    kubelet: false,
-                });
-                let settings = containerlab::Settings {
-                    kind_image,
-                    ..containerlab::Settings::default()
-                };
-                let yaml = containerlab::generate(&topology, &settings)?;
-                // A reader that stops early (`| head`) ends it quietly, as for `status`.
-                match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
-                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
-                    other => other.context("writing the topology")?,
-                }
-                for bridge in containerlab::bridges(&topology) {
-                    eprintln!(
-                        "containerlab does not create bridges: before `containerlab deploy`, run\n  ip link add {bridge} type bridge && ip link set {bridge} up"
-                    );
-                }
-                Ok(0)
-            }
-            Command::Exec { host, command } => {
-                let lab = running_lab()?;
-                let netns = lab.netns_of(&host)?;
-                let status = std::process::Command::new("ip")
-                    .args(["netns", "exec", &netns])
-                    .args(&command)
-                    .status()?;
-                Ok(status.code().unwrap_or(1))
-            }
-            Command::Kubectl { args } => {
-                let kubeconfig = lab_dir().join("pki/admin.kubeconfig");
-                let status = std::process::Command::new(bin_dir().join("kubectl"))
-                    .arg("--kubeconfig")
-                    .arg(kubeconfig)
-                    .args(&args)
-                    .status()
-                    .context("running kubectl")?;
-                Ok(status.code().unwrap_or(1))
-            }
-            Command::Restart { name } => {
-                let lab = running_lab()?;
-                let p = lab.restart(&name)?;
-                println!("{} restarted: pid {}, log {}", p.name, p.pid, p.log);
-                Ok(0)
-            }
-            Command::Supervise { .. } => Ok(1), // handled above, before the runtime
-            Command::Agent => rt.block_on(agent()).map(|_| 0),
-            Command::Echo { name } => ferrolb_e2e::echo::serve(&name).map(|_| 0),
-            Command::Probe {
-                ip,
-                interval_ms,
-                duration_ms,
-            } => ferrolb_e2e::probe::run(
-                std::net::SocketAddr::new(ip, ferrolb_e2e::echo::UDP_PORT),
-                std::time::Duration::from_millis(interval_ms),
-                std::time::Duration::from_millis(duration_ms),
-            )
-            .and_then(|r| {
-                println!("{}", serde_json::to_string(&r)?);
-                Ok(0)
-            }),
-            Command::NdpSolicit {
-                interface,
-                target,
-                count,
-                wait_ms,
-            } => {
-                ferrolb_e2e::ndp::solicit(&interface, target, count, Duration::from_millis(wait_ms))
-                    .map(|_| 0)
-            }
-            Command::SendUdp {
-                to,
-                from_port,
-                ttl,
-                hex,
-            } => ferrolb_e2e::faults::send_udp(to, from_port, ttl, &hex).map(|_| 0),
-            Command::DelayRelay {
-                delay_ms,
-                route,
-                limit_ms,
-            } => {
-                let routes = route
-                    .iter()
-                    .map(|r| {
-                        let (listen, to) = r
-                            .split_once('=')
-                            .with_context(|| format!("--route {r}: LISTEN=TO"))?;
-                        Ok((listen.parse()?, to.parse()?))
-                    })
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                let closed = stdin_closed();
-                ferrolb_e2e::faults::relay(
-                    &routes,
-                    std::time::Duration::from_millis(delay_ms),
-                    std::time::Duration::from_millis(limit_ms),
-                    || closed.load(std::sync::atomic::Ordering::Relaxed),
-                )
-                .map(|_| 0)
-            }
-            Command::Hold {
-                ip,
-                interval_ms,
-                limit_ms,
-            } => {
-                let closed = stdin_closed();
-                ferrolb_e2e::probe::hold(
-                    std::net::SocketAddr::new(ip, 80),
-                    std::time::Duration::from_millis(interval_ms),
-                    std::time::Duration::from_millis(limit_ms),
-                    || closed.load(std::sync::atomic::Ordering::Relaxed),
-                )
-                .and_then(|r| {
-                    println!("{}", serde_json::to_string(&r)?);
-                    Ok(0)
-                })
-            }
-        }
-    })();
-    match result {
+    match run(cli.command) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Runs a command (but `supervise`): its exit code.
+fn run(command: Command) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match command {
+        Command::Up {
+            nodes,
+            proxy_mode,
+            families,
+            kubelet,
+        } => {
+            let lab = rt.block_on(Lab::up(
+                Options {
+                    nodes,
+                    proxy_mode,
+                    families,
+                    kubelet,
+                },
+                &exe()?,
+            ))?;
+            println!(
+                "lab up: kubectl --kubeconfig {}",
+                lab.admin_kubeconfig().display()
+            );
+            Ok(0)
+        }
+        Command::Demo { bgp, helm } => {
+            let mode = match (bgp, helm) {
+                (true, _) => ferrolb_e2e::demo::Mode::Bgp,
+                (false, true) => ferrolb_e2e::demo::Mode::Helm,
+                (false, false) => ferrolb_e2e::demo::Mode::Layer2,
+            };
+            rt.block_on(ferrolb_e2e::demo::run(&exe()?, mode))
+                .map(|_| 0)
+        }
+        Command::Down => {
+            ferrolb_e2e::down()?;
+            println!("lab down");
+            Ok(0)
+        }
+        Command::Status => status().map(|_| 0),
+        Command::Containerlab {
+            nodes,
+            proxy_mode,
+            families,
+            kind_image,
+        } => print_containerlab(nodes, proxy_mode, families, kind_image),
+        Command::Exec { host, command } => exec(&host, &command),
+        Command::Kubectl { args } => kubectl(&args),
+        Command::Restart { name } => {
+            let lab = running_lab()?;
+            let p = lab.restart(&name)?;
+            println!("{} restarted: pid {}, log {}", p.name, p.pid, p.log);
+            Ok(0)
+        }
+        Command::Supervise { .. } => Ok(1), // handled above, before the runtime
+        Command::Agent => rt.block_on(agent()).map(|_| 0),
+        Command::Echo { name } => ferrolb_e2e::echo::serve(&name).map(|_| 0),
+        Command::Probe {
+            ip,
+            interval_ms,
+            duration_ms,
+        } => ferrolb_e2e::probe::run(
+            std::net::SocketAddr::new(ip, ferrolb_e2e::echo::UDP_PORT),
+            std::time::Duration::from_millis(interval_ms),
+            std::time::Duration::from_millis(duration_ms),
+        )
+        .and_then(|r| {
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(0)
+        }),
+        Command::NdpSolicit {
+            interface,
+            target,
+            count,
+            wait_ms,
+        } => ferrolb_e2e::ndp::solicit(&interface, target, count, Duration::from_millis(wait_ms))
+            .map(|_| 0),
+        Command::SendUdp {
+            to,
+            from_port,
+            ttl,
+            hex,
+        } => ferrolb_e2e::faults::send_udp(to, from_port, ttl, &hex).map(|_| 0),
+        Command::DelayRelay {
+            delay_ms,
+            route,
+            limit_ms,
+        } => delay_relay(delay_ms, &route, limit_ms),
+        Command::Hold {
+            ip,
+            interval_ms,
+            limit_ms,
+        } => hold(ip, interval_ms, limit_ms),
+    }
+}
+
+/// `containerlab`: the lab's topology as a containerlab topology on stdout.
+fn print_containerlab(
+    nodes: u8,
+    proxy_mode: ProxyMode,
+    families: Families,
+    kind_image: Option<String>,
+) -> anyhow::Result<i32> {
+    let topology = Topology::standard(Options {
+        nodes,
+        proxy_mode,
+        families,
+        kubelet: false,
+    });
+    let settings = containerlab::Settings {
+        kind_image,
+        ..containerlab::Settings::default()
+    };
+    let yaml = containerlab::generate(&topology, &settings)?;
+    // A reader that stops early (`| head`) ends it quietly, as for `status`.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+        other => other.context("writing the topology")?,
+    }
+    for bridge in containerlab::bridges(&topology) {
+        eprintln!(
+            "containerlab does not create bridges: before `containerlab deploy`, run\n  ip link add {bridge} type bridge && ip link set {bridge} up"
+        );
+    }
+    Ok(0)
+}
+
+/// `exec HOST -- CMD`: runs CMD in the host's namespace; its exit code.
+fn exec(host: &str, command: &[String]) -> anyhow::Result<i32> {
+    let lab = running_lab()?;
+    let netns = lab.netns_of(host)?;
+    let status = std::process::Command::new("ip")
+        .args(["netns", "exec", &netns])
+        .args(command)
+        .status()?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// `kubectl ARGS` with the lab's admin credentials; its exit code.
+fn kubectl(args: &[String]) -> anyhow::Result<i32> {
+    let kubeconfig = lab_dir().join("pki/admin.kubeconfig");
+    let status = std::process::Command::new(bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .status()
+        .context("running kubectl")?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// `delay-relay`: relays datagrams with a delay until stdin closes or the limit passes.
+fn delay_relay(delay_ms: u64, route: &[String], limit_ms: u64) -> anyhow::Result<i32> {
+    let routes = route
+        .iter()
+        .map(|r| {
+            let (listen, to) = r
+                .split_once('=')
+                .with_context(|| format!("--route {r}: LISTEN=TO"))?;
+            Ok((listen.parse()?, to.parse()?))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let closed = stdin_closed();
+    ferrolb_e2e::faults::relay(
+        &routes,
+        std::time::Duration::from_millis(delay_ms),
+        std::time::Duration::from_millis(limit_ms),
+        || closed.load(std::sync::atomic::Ordering::Relaxed),
+    )
+    .map(|_| 0)
 }
 
 /// Set once stdin is closed: how a test stops a helper it started (`hold`, `delay-relay`).
@@ -572,4 +591,20 @@ fn stdin_closed() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
         flag.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     closed
+}
+
+/// `hold`: a long-lived TCP connection to the IP's port 80, until stdin closes or the limit
+/// passes; what happened to it, as JSON on stdout.
+fn hold(ip: std::net::IpAddr, interval_ms: u64, limit_ms: u64) -> anyhow::Result<i32> {
+    let closed = stdin_closed();
+    ferrolb_e2e::probe::hold(
+        std::net::SocketAddr::new(ip, 80),
+        std::time::Duration::from_millis(interval_ms),
+        std::time::Duration::from_millis(limit_ms),
+        || closed.load(std::sync::atomic::Ordering::Relaxed),
+    )
+    .and_then(|r| {
+        println!("{}", serde_json::to_string(&r)?);
+        Ok(0)
+    })
 }
