@@ -1,4 +1,5 @@
-//! ferrolb's test kit, for tests and benches only (never a dependency of a binary):
+//! ferrolb's test kit, for tests, benches and the lab tool (`ferrolb-lab`) only, never a
+//! dependency of a shipped binary:
 //!
 //! * [`netns`]: a lab of network namespaces of a test's own, joined by veth pairs, with the
 //!   processes started in them; all of it removed on drop, also when the test panics.
