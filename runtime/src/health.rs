@@ -6,6 +6,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Why the work loop counts as unhealthy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    /// The loop returned or panicked.
+    #[error("the work loop has ended")]
+    Ended,
+    /// The loop has not beaten for longer than the limit.
+    #[error(
+        "the work loop has not made progress for {:.1} s (limit {:.1} s)",
+        silent.as_secs_f64(),
+        limit.as_secs_f64()
+    )]
+    Stalled {
+        /// Since the last beat.
+        silent: Duration,
+        /// The pulse's limit.
+        limit: Duration,
+    },
+}
+
 /// The work loop's pulse, shared between the loop (which beats) and whoever checks it.
 #[derive(Clone, Debug)]
 pub struct Pulse(Arc<Inner>);
@@ -51,26 +71,25 @@ impl Pulse {
     }
 
     /// Ok while the loop beats; otherwise why not.
-    pub fn check_at(&self, now: Instant) -> Result<(), String> {
+    pub fn check_at(&self, now: Instant) -> Result<(), Unhealthy> {
         if self.0.ended.load(Ordering::Relaxed) {
-            return Err("the work loop has ended".into());
+            return Err(Unhealthy::Ended);
         }
         let silent = Duration::from_millis(
             self.ms(now)
                 .saturating_sub(self.0.last_ms.load(Ordering::Relaxed)),
         );
         if silent > self.0.limit {
-            return Err(format!(
-                "the work loop has not made progress for {:.1} s (limit {:.1} s)",
-                silent.as_secs_f64(),
-                self.0.limit.as_secs_f64()
-            ));
+            return Err(Unhealthy::Stalled {
+                silent,
+                limit: self.0.limit,
+            });
         }
         Ok(())
     }
 
     /// [`Pulse::check_at`] now.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Unhealthy> {
         self.check_at(Instant::now())
     }
 
@@ -102,7 +121,10 @@ mod tests {
         let t0 = Instant::now();
         p.beat_at(t0);
         assert!(p.check_at(t0 + Duration::from_secs(10)).is_ok());
-        let err = p.check_at(t0 + Duration::from_secs(11)).unwrap_err();
+        let err = p
+            .check_at(t0 + Duration::from_secs(11))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not made progress"), "{err}");
         p.beat_at(t0 + Duration::from_secs(11));
         assert!(p.check_at(t0 + Duration::from_secs(12)).is_ok());
@@ -121,7 +143,10 @@ mod tests {
         })
         .join();
         assert!(joined.is_err());
-        assert_eq!(p.check().unwrap_err(), "the work loop has ended");
+        assert_eq!(
+            p.check().unwrap_err().to_string(),
+            "the work loop has ended"
+        );
         p.beat();
         assert!(p.check().is_err());
     }
