@@ -15,7 +15,8 @@ use ferrolb_explain::service::Snapshot;
 use ferrolb_explain::speaker_report::{Layer2Report, Layer2Service, SCHEMA, SpeakerReport};
 use ferrolb_explain::status::status;
 use ferrolb_testkit::model::pool;
-use k8s_openapi::api::core::v1::Service;
+use ferrolb_testkit::objects::service;
+use k8s_openapi::api::core::v1::ServicePort;
 
 /// `n` Services in pool `big` (a /16), each holding one address, covered by one L2Advertisement,
 /// and three speakers whose live reports list every one of them (as they do).
@@ -33,14 +34,14 @@ fn snapshot(n: usize) -> Snapshot {
     );
     let services = (0..n)
         .map(|i| {
-            serde_json::from_value::<Service>(serde_json::json!({
-                "metadata": {"namespace": "ns", "name": format!("svc{i}")},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-                "status": {"loadBalancer": {"ingress": [
-                    {"ip": format!("198.18.{}.{}", i / 256, i % 256)}
-                ]}},
-            }))
-            .unwrap()
+            service(&format!("svc{i}"))
+                .namespace("ns")
+                .add_port(ServicePort {
+                    port: 80,
+                    ..Default::default()
+                })
+                .ingress(&[&format!("198.18.{}.{}", i / 256, i % 256)])
+                .build()
         })
         .collect();
     let nodes = ["node1", "node2", "node3"];

@@ -478,25 +478,21 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use ferrolb_testkit::model::pool;
+    use ferrolb_testkit::objects;
 
     use super::*;
 
     const NS: &str = "metallb-system";
 
-    /// A LoadBalancer Service `ns/name` with these annotations and status IPs.
+    /// A LoadBalancer Service `web/name` on port 80 with these annotations and status IPs
+    /// (the annotation map and the ingress list are present even when empty).
     fn service(name: &str, annotations: &[(&str, &str)], ips: &[&str]) -> Service {
-        let annotations: BTreeMap<String, String> = annotations
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect();
-        let ingress: Vec<serde_json::Value> =
-            ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "web", "name": name, "annotations": annotations},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-            "status": {"loadBalancer": {"ingress": ingress}},
-        }))
-        .unwrap()
+        objects::service(name)
+            .namespace("web")
+            .annotations(annotations.iter().copied())
+            .port(80, "TCP")
+            .ingress(ips)
+            .build()
     }
 
     fn run(pools: &[Pool], services: &[Service], target: &str) -> Allocation {
@@ -671,23 +667,15 @@ mod tests {
     #[test]
     fn shared_ips_name_the_other_services() {
         let pools = [pool("default", &["198.18.200.0/24"])];
-        let mut one = service(
-            "one",
-            &[("metallb.io/allow-shared-ip", "k")],
-            &["198.18.200.4"],
-        );
-        let mut two = service(
-            "two",
-            &[("metallb.io/allow-shared-ip", "k")],
-            &["198.18.200.4"],
-        );
-        for (s, port) in [(&mut one, 80), (&mut two, 443)] {
-            s.spec.as_mut().unwrap().ports = Some(vec![
-                serde_json::from_value(serde_json::json!({"port": port, "protocol": "TCP"}))
-                    .unwrap(),
-            ]);
-        }
-        let a = run(&pools, &[one, two], "two");
+        let sharing = |name: &str, port: i32| {
+            objects::service(name)
+                .namespace("web")
+                .annotation("metallb.io/allow-shared-ip", "k")
+                .port(port, "TCP")
+                .ingress(&["198.18.200.4"])
+                .build()
+        };
+        let a = run(&pools, &[sharing("one", 80), sharing("two", 443)], "two");
         assert_eq!(a.shared_with, ["web/one"]);
         assert_eq!(a.sharing_key.as_deref(), Some("k"));
         assert!(a.diagnoses.is_empty(), "{:?}", a.diagnoses);

@@ -945,11 +945,45 @@ mod tests {
 
     use ferrolb_config::model::{L2Advertisement, PoolSelection};
     use ferrolb_testkit::model::pool;
+    use ferrolb_testkit::objects::{self, EndpointBuilder, ServiceBuilder, endpoint};
 
     use super::*;
 
     fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// LoadBalancer Service `web/name` with `policy` and port `http` 80/TCP (no target port),
+    /// without status.
+    fn web_service(name: &str, policy: &str) -> ServiceBuilder {
+        objects::service(name)
+            .namespace("web")
+            .external_traffic_policy(policy)
+            .add_port(k8s_openapi::api::core::v1::ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            })
+    }
+
+    /// EndpointSlice `web/name` of Service web with port `http` 8080/TCP and these endpoints.
+    fn web_slice(
+        name: &str,
+        address_type: &str,
+        endpoints: impl IntoIterator<Item = EndpointBuilder>,
+    ) -> EndpointSlice {
+        endpoints
+            .into_iter()
+            .fold(
+                objects::endpoint_slice(name)
+                    .namespace("web")
+                    .service("web")
+                    .address_type(address_type)
+                    .port(Some("http"), 8080, "TCP"),
+                |slice, e| slice.endpoint(e),
+            )
+            .build()
     }
 
     /// A cluster with pool `default` covered by L2Advertisement `l2`, Service web/web at
@@ -970,21 +1004,19 @@ mod tests {
         Snapshot {
             namespace: "metallb-system".into(),
             config,
-            services: vec![from(serde_json::json!({
-                "metadata": {"namespace": "web", "name": "web"},
-                "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
-                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
-                "status": {"loadBalancer": {"ingress": [{"ip": "198.18.200.0"}]}},
-            }))],
-            slices: vec![from(serde_json::json!({
-                "metadata": {"namespace": "web", "name": "web-x",
-                             "labels": {"kubernetes.io/service-name": "web"}},
-                "addressType": "IPv4",
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                "endpoints": [{"addresses": ["198.19.2.5"], "nodeName": "node2",
-                               "targetRef": {"kind": "Pod", "name": "web-0"},
-                               "conditions": {"ready": true}}],
-            }))],
+            services: vec![
+                web_service("web", policy)
+                    .ingress(&["198.18.200.0"])
+                    .build(),
+            ],
+            slices: vec![web_slice(
+                "web-x",
+                "IPv4",
+                [endpoint("198.19.2.5")
+                    .node("node2")
+                    .pod("web-0")
+                    .ready(true)],
+            )],
             l2_statuses: vec![from(serde_json::json!({
                 "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
                 "metadata": {"namespace": "metallb-system", "name": "l2-x"},
@@ -1335,28 +1367,20 @@ mod tests {
     fn one_replay_explains_every_service_as_a_fresh_one_does() {
         let mut s = snapshot("Cluster");
         for i in 1..6 {
-            let mut more = s.services[0].clone();
-            more.metadata.name = Some(format!("web{i}"));
-            more.status = None;
+            let mut more = web_service(&format!("web{i}"), "Cluster");
             if i % 2 == 0 {
-                more.status = Some(from(serde_json::json!(
-                    {"loadBalancer": {"ingress": [{"ip": format!("198.18.200.{i}")}]}}
-                )));
+                more = more.ingress(&[&format!("198.18.200.{i}")]);
             }
-            s.services.push(more);
+            s.services.push(more.build());
         }
         // Two Services holding one IP that they may not share (the first claim wins the
         // replay), and two that share one with a key.
-        let template = s.services[0].clone();
         let holding = |name: &str, ip: &str, key: Option<&str>| {
-            let mut x = template.clone();
-            x.metadata.name = Some(name.into());
-            x.metadata.annotations =
-                key.map(|k| [("metallb.io/allow-shared-ip".to_string(), k.to_string())].into());
-            x.status = Some(from(
-                serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
-            ));
-            x
+            let mut x = web_service(name, "Cluster").ingress(&[ip]);
+            if let Some(k) = key {
+                x = x.annotation("metallb.io/allow-shared-ip", k);
+            }
+            x.build()
         };
         s.services.push(holding("clash-a", "198.18.200.9", None));
         s.services.push(holding("clash-b", "198.18.200.9", None));
@@ -1399,35 +1423,21 @@ mod tests {
     /// under Local policy over those on the node the traffic enters.
     #[test]
     fn each_endpoint_weighs_its_share() {
-        let endpoints = serde_json::json!([
-            {"addresses": ["198.19.1.5"], "nodeName": "node1", "conditions": {"ready": true}},
-            {"addresses": ["198.19.1.6"], "nodeName": "node1", "conditions": {"ready": true}},
-            {"addresses": ["198.19.2.5"], "nodeName": "node2", "conditions": {"ready": true}},
-            {"addresses": ["198.19.2.9"], "nodeName": "node2", "conditions": {"ready": false}},
-        ]);
-        let v6 = serde_json::json!([
-            {"addresses": ["fd00:19:1::5"], "nodeName": "node1", "conditions": {"ready": true}},
-        ]);
+        let endpoints = [
+            endpoint("198.19.1.5").node("node1").ready(true),
+            endpoint("198.19.1.6").node("node1").ready(true),
+            endpoint("198.19.2.5").node("node2").ready(true),
+            endpoint("198.19.2.9").node("node2").ready(false),
+        ];
+        let v6 = [endpoint("fd00:19:1::5").node("node1").ready(true)];
         for (policy, want) in [
             ("Cluster", ["1/3", "1/3", "1/3", "1/1"]),
             ("Local", ["1/2", "1/2", "1/1", "1/1"]),
         ] {
             let mut s = snapshot(policy);
             s.slices = vec![
-                from(serde_json::json!({
-                    "metadata": {"namespace": "web", "name": "web-4",
-                                 "labels": {"kubernetes.io/service-name": "web"}},
-                    "addressType": "IPv4",
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                    "endpoints": endpoints,
-                })),
-                from(serde_json::json!({
-                    "metadata": {"namespace": "web", "name": "web-6",
-                                 "labels": {"kubernetes.io/service-name": "web"}},
-                    "addressType": "IPv6",
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                    "endpoints": v6,
-                })),
+                web_slice("web-4", "IPv4", endpoints.clone()),
+                web_slice("web-6", "IPv6", v6.clone()),
             ];
             let r = explain(&s, &key());
             let got: Vec<&str> = r.kube_proxy[0]

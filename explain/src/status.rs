@@ -253,6 +253,8 @@ mod tests {
 
     use ferrolb_config::model::{Config, L2Advertisement};
     use ferrolb_testkit::model::pool;
+    use ferrolb_testkit::objects;
+    use k8s_openapi::api::core::v1::ServicePort;
 
     use super::*;
 
@@ -273,28 +275,25 @@ mod tests {
                 ..Default::default()
             },
         );
-        let svc = |name: &str,
-                   ann: serde_json::Value,
-                   ips: &[&str]|
-         -> k8s_openapi::api::core::v1::Service {
-            let ingress: Vec<serde_json::Value> =
-                ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
-            from(serde_json::json!({
-                "metadata": {"namespace": "web", "name": name, "annotations": ann},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-                "status": {"loadBalancer": {"ingress": ingress}},
-            }))
+        // Port 80 without a protocol; the annotation map and the ingress list are present
+        // even when empty.
+        let svc = |name: &str, annotations: &[(&str, &str)], ips: &[&str]| {
+            objects::service(name)
+                .namespace("web")
+                .annotations(annotations.iter().copied())
+                .add_port(ServicePort {
+                    port: 80,
+                    ..Default::default()
+                })
+                .ingress(ips)
+                .build()
         };
         Snapshot {
             namespace: "metallb-system".into(),
             config,
             services: vec![
-                svc("ok", serde_json::json!({}), &["198.18.200.0"]),
-                svc(
-                    "bad",
-                    serde_json::json!({"metallb.io/address-pool": "nope"}),
-                    &[],
-                ),
+                svc("ok", &[], &["198.18.200.0"]),
+                svc("bad", &[("metallb.io/address-pool", "nope")], &[]),
             ],
             l2_statuses: vec![from(serde_json::json!({
                 "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
