@@ -267,6 +267,7 @@ mod tests {
 
     use super::*;
     use ferrolb_config::address::IpRange;
+    use ferrolb_testkit::objects::{self, ServiceBuilder};
 
     fn pool(name: &str, range: &str) -> Pool {
         Pool {
@@ -279,33 +280,16 @@ mod tests {
         }
     }
 
-    fn service(name: &str, json: serde_json::Value) -> Service {
-        let mut base = serde_json::json!({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-        });
-        merge(&mut base, json);
-        serde_json::from_value(base).unwrap()
+    /// LoadBalancer Service `name` in `default` with port 80/TCP.
+    fn service(name: &str) -> ServiceBuilder {
+        objects::service(name).namespace("default").port(80, "TCP")
     }
 
-    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-                for (k, v) in b {
-                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-                }
-            }
-            (a, b) => *a = b,
-        }
-    }
-
-    fn with_status(mut svc: Service, ip: &str, pool: &str) -> Service {
-        svc.status =
-            serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}))
-                .unwrap();
-        svc.metadata.annotations =
-            Some([(IP_ALLOCATED_FROM_POOL.to_string(), pool.to_string())].into());
-        svc
+    /// `svc` holding `ip` from `pool`: its ingress and the pool annotation.
+    fn with_status(svc: ServiceBuilder, ip: &str, pool: &str) -> Service {
+        svc.ingress(&[ip])
+            .annotation(IP_ALLOCATED_FROM_POOL, pool)
+            .build()
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -328,7 +312,7 @@ mod tests {
     fn a_new_service_gets_the_first_free_ip_and_an_event() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-        let out = core.reconcile(&service("a", serde_json::json!({})), &Labels::new());
+        let out = core.reconcile(&service("a").build(), &Labels::new());
         assert_eq!(
             out.desired,
             Desired::Assigned {
@@ -348,7 +332,7 @@ mod tests {
     fn a_service_already_carrying_its_ip_needs_no_write_and_no_event() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-        let svc = with_status(service("a", serde_json::json!({})), "198.18.200.2", "p");
+        let svc = with_status(service("a"), "198.18.200.2", "p");
         let out = core.reconcile(&svc, &Labels::new());
         assert_eq!(
             out.desired,
@@ -365,8 +349,8 @@ mod tests {
     fn reclaim_first_keeps_every_ip_across_a_restart() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-        let holder = with_status(service("old", serde_json::json!({})), "198.18.200.0", "p");
-        let pending = service("new", serde_json::json!({}));
+        let holder = with_status(service("old"), "198.18.200.0", "p");
+        let pending = service("new").build();
         // Pending first would steal .0 if the holder were not reclaimed before.
         assert!(core.reclaim(&holder, &Labels::new()));
         let out = core.reconcile(&pending, &Labels::new());
@@ -391,7 +375,7 @@ mod tests {
     fn an_ip_outside_every_pool_is_cleared_and_replaced() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-        let svc = with_status(service("a", serde_json::json!({})), "198.18.201.9", "gone");
+        let svc = with_status(service("a"), "198.18.201.9", "gone");
         let out = core.reconcile(&svc, &Labels::new());
         assert_eq!(
             out.desired,
@@ -407,11 +391,7 @@ mod tests {
     fn a_service_that_stops_being_a_load_balancer_is_cleared_once() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-        let svc = with_status(
-            service("a", serde_json::json!({"spec": {"type": "ClusterIP"}})),
-            "198.18.200.0",
-            "p",
-        );
+        let svc = with_status(service("a").service_type("ClusterIP"), "198.18.200.0", "p");
         let out = core.reconcile(&svc, &Labels::new());
         assert_eq!(out.desired, Desired::Cleared);
         assert_eq!(out.notes[0].reason, "ClearAssignment");
@@ -430,15 +410,12 @@ mod tests {
         for ours in [None, Some("ferrolb.io/a")] {
             let mut core = Core::new(ours.map(str::to_string));
             core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-            for class in [
-                serde_json::json!({"loadBalancerClass": "metallb.io/other"}),
-                serde_json::json!({}),
-            ] {
-                let svc = with_status(
-                    service("a", serde_json::json!({ "spec": class })),
-                    "198.18.200.1",
-                    "p",
-                );
+            for class in [Some("metallb.io/other"), None] {
+                let svc = match class {
+                    Some(class) => service("a").load_balancer_class(class),
+                    None => service("a"),
+                };
+                let svc = with_status(svc, "198.18.200.1", "p");
                 if is_ours(&svc, ours) {
                     continue;
                 }
@@ -448,7 +425,7 @@ mod tests {
                         desired: Desired::Untouched,
                         notes: vec![]
                     },
-                    "ours {ours:?}, Service class {class}"
+                    "ours {ours:?}, Service class {class:?}"
                 );
             }
         }
@@ -458,14 +435,10 @@ mod tests {
     fn a_foreign_load_balancer_class_is_left_alone() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/30")]);
-        let mut svc = service(
-            "a",
-            serde_json::json!({"spec": {"loadBalancerClass": "other.io/lb"}}),
-        );
-        svc.status = serde_json::from_value(
-            serde_json::json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]}}),
-        )
-        .unwrap();
+        let svc = service("a")
+            .load_balancer_class("other.io/lb")
+            .ingress(&["203.0.113.1"])
+            .build();
         assert_eq!(
             core.reconcile(&svc, &Labels::new()),
             Outcome {
@@ -479,9 +452,9 @@ mod tests {
     fn a_failure_is_reported_once_and_clears_a_held_ip() {
         let mut core = Core::new(None);
         core.set_pools(vec![pool("p", "198.18.200.0/32")]);
-        let first = core.reconcile(&service("a", serde_json::json!({})), &Labels::new());
+        let first = core.reconcile(&service("a").build(), &Labels::new());
         assert!(matches!(first.desired, Desired::Assigned { .. }));
-        let b = service("b", serde_json::json!({}));
+        let b = service("b").build();
         let out = core.reconcile(&b, &Labels::new());
         assert_eq!(out.desired, Desired::Untouched);
         assert_eq!(out.notes.len(), 1);
@@ -490,10 +463,10 @@ mod tests {
             core.reconcile(&b, &Labels::new()).notes.is_empty(),
             "reported once"
         );
-        let both = service(
-            "c",
-            serde_json::json!({"metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.200.0"}}, "spec": {"loadBalancerIP": "198.18.200.0"}}),
-        );
+        let both = service("c")
+            .annotation("metallb.io/loadBalancerIPs", "198.18.200.0")
+            .load_balancer_ip("198.18.200.0")
+            .build();
         let out = core.reconcile(&both, &Labels::new());
         assert_eq!(out.notes[0].reason, "AllocationFailed");
         assert!(
@@ -510,10 +483,9 @@ mod tests {
             pool("p", "198.18.200.0/30"),
             pool("q", "198.18.201.0/30"),
         ]);
-        let svc = service(
-            "a",
-            serde_json::json!({"metadata": {"annotations": {"metallb.io/address-pool": "q"}}}),
-        );
+        let svc = service("a")
+            .annotation("metallb.io/address-pool", "q")
+            .build();
         assert!(matches!(
             core.reconcile(&svc, &Labels::new()).desired,
             Desired::Assigned { .. }

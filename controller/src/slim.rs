@@ -356,61 +356,104 @@ mod tests {
     use ferrolb_config::allocator::{ServiceRequest, is_ours};
     use ferrolb_config::model::Pool;
     use ferrolb_config::selector::Labels;
+    use ferrolb_testkit::objects::{ServiceBuilder, service};
+    use k8s_openapi::api::core::v1::PortStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        Condition, FieldsV1, ManagedFieldsEntry, Time,
+    };
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use kube::Resource;
 
-    /// A Service as the API server sends it, with every kind of field set.
-    fn full(extra: serde_json::Value) -> Service {
-        let mut base = serde_json::json!({
-            "metadata": {
-                "name": "web", "namespace": "shop", "uid": "4a7c", "resourceVersion": "812",
-                "generation": 3, "creationTimestamp": "2026-01-02T03:04:05Z",
-                "labels": {"app": "web", "tier": "front"},
-                "annotations": {
-                    "kubectl.kubernetes.io/last-applied-configuration": "{\"big\": \"json\"}",
-                    "metallb.io/address-pool": "blue",
-                    "metallb.universe.tf/allow-shared-ip": "k",
-                    "metallb.io/ip-allocated-from-pool": "blue",
-                    "example.com/other": "x"
-                },
-                "finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
-                "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
-                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:ports": {}}}}]
-            },
-            "spec": {
-                "type": "LoadBalancer", "clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1", "fd00::1"],
-                "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack",
-                "ports": [
-                    {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080},
-                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns", "appProtocol": "dns"}
-                ],
-                "selector": {"app": "web"}, "sessionAffinity": "None",
-                "externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Cluster",
-                "allocateLoadBalancerNodePorts": true
-            },
-            "status": {"loadBalancer": {"ingress": [
-                {"ip": "198.18.200.1", "ipMode": "VIP", "ports": [{"port": 80, "protocol": "TCP"}]},
-                {"ip": "fd00:18::c8:1", "ipMode": "VIP"}
-            ]}, "conditions": [{"type": "x", "status": "True", "reason": "r", "message": "m",
-                "lastTransitionTime": "2026-01-02T03:04:05Z"}]}
-        });
-        merge(&mut base, extra);
-        serde_json::from_value(base).unwrap()
+    /// Service `name` as the API server sends it, with every kind of field set.
+    fn full(name: &str) -> ServiceBuilder {
+        service(name)
+            .namespace("shop")
+            .uid("4a7c")
+            .labels([("app", "web"), ("tier", "front")])
+            .annotations([
+                (
+                    "kubectl.kubernetes.io/last-applied-configuration",
+                    "{\"big\": \"json\"}",
+                ),
+                ("metallb.io/address-pool", "blue"),
+                ("metallb.universe.tf/allow-shared-ip", "k"),
+                ("metallb.io/ip-allocated-from-pool", "blue"),
+                ("example.com/other", "x"),
+            ])
+            .ip_families(&["IPv4", "IPv6"])
+            .ip_family_policy("PreferDualStack")
+            .add_port(ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                target_port: Some(IntOrString::Int(8080)),
+                node_port: Some(30080),
+                ..Default::default()
+            })
+            .add_port(ServicePort {
+                name: Some("dns".into()),
+                port: 53,
+                protocol: Some("UDP".into()),
+                target_port: Some(IntOrString::String("dns".into())),
+                app_protocol: Some("dns".into()),
+                ..Default::default()
+            })
+            .selector("app", "web")
+            .external_traffic_policy("Cluster")
+            .with(|s| {
+                let meta = &mut s.metadata;
+                meta.resource_version = Some("812".into());
+                meta.generation = Some(3);
+                meta.creation_timestamp = Some(time("2026-01-02T03:04:05Z"));
+                meta.finalizers = Some(vec!["service.kubernetes.io/load-balancer-cleanup".into()]);
+                meta.managed_fields = Some(vec![ManagedFieldsEntry {
+                    manager: Some("kubectl".into()),
+                    operation: Some("Update".into()),
+                    api_version: Some("v1".into()),
+                    fields_type: Some("FieldsV1".into()),
+                    fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:ports": {}}}))),
+                    ..Default::default()
+                }]);
+                let spec = s.spec.as_mut().unwrap();
+                spec.cluster_ip = Some("10.0.0.1".into());
+                spec.cluster_ips = Some(vec!["10.0.0.1".into(), "fd00::1".into()]);
+                spec.session_affinity = Some("None".into());
+                spec.internal_traffic_policy = Some("Cluster".into());
+                spec.allocate_load_balancer_node_ports = Some(true);
+                s.status = Some(ServiceStatus {
+                    load_balancer: Some(LoadBalancerStatus {
+                        ingress: Some(vec![
+                            LoadBalancerIngress {
+                                ip: Some("198.18.200.1".into()),
+                                ip_mode: Some("VIP".into()),
+                                ports: Some(vec![PortStatus {
+                                    port: 80,
+                                    protocol: "TCP".into(),
+                                    error: None,
+                                }]),
+                                ..Default::default()
+                            },
+                            LoadBalancerIngress {
+                                ip: Some("fd00:18::c8:1".into()),
+                                ip_mode: Some("VIP".into()),
+                                ..Default::default()
+                            },
+                        ]),
+                    }),
+                    conditions: Some(vec![Condition {
+                        type_: "x".into(),
+                        status: "True".into(),
+                        reason: "r".into(),
+                        message: "m".into(),
+                        last_transition_time: time("2026-01-02T03:04:05Z"),
+                        observed_generation: None,
+                    }]),
+                });
+            })
     }
 
-    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-                // As a JSON merge patch: null removes.
-                for (k, v) in b {
-                    if v.is_null() {
-                        a.remove(&k);
-                    } else {
-                        merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-                    }
-                }
-            }
-            (a, b) => *a = b,
-        }
+    fn time(rfc3339: &str) -> Time {
+        Time(rfc3339.parse().unwrap())
     }
 
     fn slimmed(s: &Service) -> Service {
@@ -459,28 +502,33 @@ mod tests {
 
     #[test]
     fn a_trimmed_service_decides_as_the_full_one() {
-        assert_same_reading(&full(serde_json::json!({})));
-        assert_same_reading(&full(
-            serde_json::json!({"spec": {"externalTrafficPolicy": "Local"}}),
-        ));
-        assert_same_reading(&full(serde_json::json!({
-            "metadata": {"annotations": {"metallb.io/loadBalancerIPs": "198.18.200.9,fd00:18::c8:9",
-                "metallb.io/address-pool": null}},
-            "spec": {"loadBalancerIP": null}
-        })));
-        assert_same_reading(&full(serde_json::json!({"spec": {"type": "ClusterIP"}})));
-        assert_same_reading(&full(
-            serde_json::json!({"spec": {"loadBalancerClass": "other"}}),
-        ));
-        assert_same_reading(&full(serde_json::json!({"status": null})));
-        assert_same_reading(&full(
-            serde_json::json!({"metadata": {"annotations": null, "labels": null}}),
-        ));
+        assert_same_reading(&full("web").build());
+        assert_same_reading(&full("web").external_traffic_policy("Local").build());
+        assert_same_reading(
+            &full("web")
+                .annotation("metallb.io/loadBalancerIPs", "198.18.200.9,fd00:18::c8:9")
+                .with(|s| {
+                    let annotations = s.metadata.annotations.as_mut().unwrap();
+                    annotations.remove("metallb.io/address-pool");
+                })
+                .build(),
+        );
+        assert_same_reading(&full("web").service_type("ClusterIP").build());
+        assert_same_reading(&full("web").load_balancer_class("other").build());
+        assert_same_reading(&full("web").with(|s| s.status = None).build());
+        assert_same_reading(
+            &full("web")
+                .with(|s| {
+                    s.metadata.annotations = None;
+                    s.metadata.labels = None;
+                })
+                .build(),
+        );
     }
 
     #[test]
     fn a_trimmed_service_keeps_only_what_is_read() {
-        let slim = slimmed(&full(serde_json::json!({})));
+        let slim = slimmed(&full("web").build());
         let m = &slim.metadata;
         assert!(m.managed_fields.is_none() && m.finalizers.is_none());
         assert!(m.creation_timestamp.is_none() && m.generation.is_none());
@@ -518,14 +566,24 @@ mod tests {
         );
     }
 
+    /// Service `name` of [`full`] whose ingress is `ip` alone (its conditions kept), or with no
+    /// status for `None`.
+    fn holding(name: &str, ip: Option<&str>) -> ServiceBuilder {
+        full(name).with(|s| match ip {
+            Some(ip) => {
+                s.status.as_mut().unwrap().load_balancer = Some(LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress {
+                        ip: Some(ip.into()),
+                        ..Default::default()
+                    }]),
+                });
+            }
+            None => s.status = None,
+        })
+    }
+
     fn cached(name: &str, ip: Option<&str>) -> CachedService {
-        let status = ip.map_or(
-            serde_json::Value::Null,
-            |ip| serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
-        );
-        CachedService::new(full(serde_json::json!({
-            "metadata": {"name": name}, "status": status
-        })))
+        CachedService::new(holding(name, ip).build())
     }
 
     fn keys(mut k: Vec<ServiceKey>) -> Vec<String> {
@@ -564,13 +622,10 @@ mod tests {
     }
 
     fn versioned(name: &str, ip: Option<&str>, version: &str) -> CachedService {
-        let status = ip.map_or(
-            serde_json::Value::Null,
-            |ip| serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
-        );
-        CachedService::new(full(serde_json::json!({
-            "metadata": {"name": name, "resourceVersion": version}, "status": status
-        })))
+        let service = holding(name, ip)
+            .with(|s| s.metadata.resource_version = Some(version.into()))
+            .build();
+        CachedService::new(service)
     }
 
     #[test]

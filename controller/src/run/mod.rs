@@ -327,6 +327,7 @@ mod driver_tests {
 
     use ferrolb_config::crd::{IPAddressPool, IPAddressPoolStatus};
     use ferrolb_runtime::watch::ConfigStores;
+    use ferrolb_testkit::objects;
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
 
@@ -435,11 +436,10 @@ mod driver_tests {
     }
 
     fn created(name: &str) -> Work {
-        let service: Service = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-        }))
-        .unwrap();
+        let service = objects::service(name)
+            .namespace("default")
+            .port(80, "TCP")
+            .build();
         Work::Service(Box::new(Event::Apply(CachedService::new(service))))
     }
 

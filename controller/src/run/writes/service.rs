@@ -194,9 +194,15 @@ mod tests {
 
     use super::*;
 
-    fn annotated(annotations: serde_json::Value) -> Service {
-        serde_json::from_value(serde_json::json!({"metadata": {"annotations": annotations}}))
-            .unwrap()
+    /// A Service with nothing but `annotations` (no map at all for `None`): all the check reads.
+    fn annotated(annotations: Option<&[(&str, &str)]>) -> Service {
+        let mut service = Service::default();
+        service.metadata.annotations = annotations.map(|a| {
+            a.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        });
+        service
     }
 
     #[test]
@@ -206,19 +212,18 @@ mod tests {
             "metallb.universe.tf/ip-allocated-from-pool": null,
         });
         let patch = patch.as_object().unwrap();
-        let ok = annotated(serde_json::json!({"metallb.io/ip-allocated-from-pool": "p", "x": "y"}));
+        let ok = annotated(Some(&[
+            ("metallb.io/ip-allocated-from-pool", "p"),
+            ("x", "y"),
+        ]));
         assert!(annotations_applied(&ok, patch));
-        let ignored =
-            annotated(serde_json::json!({"metallb.universe.tf/ip-allocated-from-pool": "p"}));
+        let ignored = annotated(Some(&[("metallb.universe.tf/ip-allocated-from-pool", "p")]));
         assert!(!annotations_applied(&ignored, patch));
-        let other_pool = annotated(serde_json::json!({"metallb.io/ip-allocated-from-pool": "q"}));
+        let other_pool = annotated(Some(&[("metallb.io/ip-allocated-from-pool", "q")]));
         assert!(!annotations_applied(&other_pool, patch));
         let clear = serde_json::json!({"metallb.io/ip-allocated-from-pool": null});
         let clear = clear.as_object().unwrap();
-        assert!(annotations_applied(
-            &annotated(serde_json::Value::Null),
-            clear
-        ));
+        assert!(annotations_applied(&annotated(None), clear));
         assert!(!annotations_applied(&ok, clear));
     }
 }
