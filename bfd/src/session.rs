@@ -18,10 +18,37 @@
 //! * A peer in demand mode with both sides Up stops this system's periodic packets (6.6).
 //! * Packets are refused when they name another discriminator, when they name none but say Init
 //!   or Up, when they carry authentication (none is configured), and while AdminDown (6.8.6).
+//! * Once Up, a packet must come from the peer's session this one came Up with: its My
+//!   Discriminator must be the one recorded ([`Refusal::OtherPeerSession`]). RFC 5880 lets a
+//!   packet with Your Discriminator 0 be matched by its source address alone; taken at an Up
+//!   session, one forged packet from the segment (the peer's address, TTL 255, State Down)
+//!   would take it down. The peer's own packets keep their My Discriminator, also the Down it
+//!   sends with Your Discriminator 0 once its detection time expired (6.8.1), so that notice
+//!   still takes effect at once; a forger must know the peer's discriminator, which only
+//!   crosses the segment in the unicast packets between the two. A peer that restarted (a new
+//!   discriminator) is noticed by the detection time, and the handshake then starts again.
 
 use std::time::{Duration, Instant};
 
 use crate::packet::{ControlPacket, Diagnostic, State};
+
+/// Why a session refuses a control packet (RFC 5880 6.8.6, and the rule for Up sessions in the
+/// module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Its Your Discriminator is another session's.
+    #[error("it names another session")]
+    OtherSession,
+    /// It names no session but says Init or Up.
+    #[error("it names no session but is not Down")]
+    NoDiscriminator,
+    /// It carries authentication, which this system does not configure.
+    #[error("it is authenticated")]
+    Authentication,
+    /// Its My Discriminator is not that of the peer's session this one came Up with.
+    #[error("it comes from another session of the peer than the one this session is Up with")]
+    OtherPeerSession,
+}
 
 /// The slowest Desired Min TX while not Up (RFC 5880 6.8.3).
 pub const SLOW_TX: Duration = Duration::from_secs(1);
@@ -185,20 +212,32 @@ impl Session {
         }
     }
 
-    /// Handles a received control packet (already decoded, so the session-independent checks
-    /// passed). Returns nothing when the packet is refused.
-    pub fn receive(&mut self, packet: &ControlPacket, now: Instant) -> Vec<Action> {
-        let mut actions = Vec::new();
+    /// Whether this session takes `packet` (already decoded, so the session-independent
+    /// checks passed), or why not.
+    pub fn accepts(&self, packet: &ControlPacket) -> Result<(), Refusal> {
         if packet.your_discriminator != 0 && packet.your_discriminator != self.local_discriminator {
-            return actions;
+            return Err(Refusal::OtherSession);
         }
         if packet.your_discriminator == 0 && !matches!(packet.state, State::Down | State::AdminDown)
         {
-            return actions;
+            return Err(Refusal::NoDiscriminator);
         }
         // No authentication is configured: a packet with it is refused, as is one without it
         // when it is (6.8.6); this system never configures it.
         if packet.auth.is_some() {
+            return Err(Refusal::Authentication);
+        }
+        if self.state == State::Up && packet.my_discriminator != self.remote_discriminator {
+            return Err(Refusal::OtherPeerSession);
+        }
+        Ok(())
+    }
+
+    /// Handles a received control packet (already decoded, so the session-independent checks
+    /// passed). Returns nothing when the packet is refused ([`Session::accepts`]).
+    pub fn receive(&mut self, packet: &ControlPacket, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if self.accepts(packet).is_err() {
             return actions;
         }
         let heard_first = self.remote_discriminator == 0;
@@ -775,6 +814,62 @@ mod tests {
             vec![(State::Down, State::Init, Diagnostic::None)]
         );
         assert_eq!(s.remote_discriminator(), 77);
+    }
+
+    #[test]
+    fn an_up_session_ignores_packets_not_from_the_peer_session_it_is_up_with() {
+        let mut pair = Pair::new(Config::default(), Config::default());
+        pair.run(ms(50));
+        assert_eq!(pair.a.state(), State::Up);
+        // A forged Down from the segment: the peer's address and TTL 255 pass the table, but
+        // the forger knows neither session's discriminator.
+        let mut forged = pair.b.packet(false, false);
+        forged.state = State::Down;
+        forged.diagnostic = Diagnostic::NeighborSignaledDown;
+        forged.your_discriminator = 0;
+        forged.my_discriminator = 0x9999;
+        assert_eq!(pair.a.accepts(&forged), Err(Refusal::OtherPeerSession));
+        assert!(pair.a.receive(&forged, pair.now).is_empty());
+        // Naming this session (a guessed discriminator), still from another session of the peer.
+        forged.your_discriminator = pair.a.local_discriminator();
+        assert_eq!(pair.a.accepts(&forged), Err(Refusal::OtherPeerSession));
+        assert!(pair.a.receive(&forged, pair.now).is_empty());
+        assert_eq!(pair.a.state(), State::Up);
+        assert_eq!(pair.a.remote_discriminator(), 0x2222);
+        // The peer's own Down still takes it down at once.
+        let mut real = pair.b.packet(false, false);
+        real.state = State::Down;
+        assert_eq!(
+            changes(&pair.a.receive(&real, pair.now)),
+            vec![(State::Up, State::Down, Diagnostic::NeighborSignaledDown)]
+        );
+    }
+
+    #[test]
+    fn a_peer_that_restarts_is_found_again_after_the_detection_time() {
+        let mut pair = Pair::new(Config::default(), Config::default());
+        pair.run(ms(2000));
+        assert_eq!(pair.a.state(), State::Up);
+        // b restarts: a new session with a new discriminator, Down, naming no session.
+        pair.b = Session::new(Config::default(), 0x3333, 5, pair.now);
+        pair.wire.clear();
+        pair.log.clear();
+        pair.run(ms(5000));
+        assert_eq!(pair.a.state(), State::Up);
+        assert_eq!(pair.b.state(), State::Up);
+        assert_eq!(pair.a.remote_discriminator(), 0x3333);
+        // a noticed by the detection time, not by the new session's packets.
+        let a_changes: Vec<_> = pair
+            .log
+            .iter()
+            .filter(|(a, _)| *a)
+            .flat_map(|(_, action)| changes(std::slice::from_ref(action)))
+            .collect();
+        assert_eq!(
+            a_changes.first(),
+            Some(&(State::Up, State::Down, Diagnostic::DetectionTimeExpired)),
+            "{a_changes:?}"
+        );
     }
 
     #[test]

@@ -5,6 +5,50 @@ use std::time::{Duration, Instant};
 
 use ferrolb_bfd::packet::{ControlPacket, Diagnostic, State};
 use ferrolb_bfd::session::{Action, Config, Session};
+
+/// Two sessions brought Up by the handshake: `a` (discriminator 0x1234) and its peer `b`
+/// (0x5678), with the time after it.
+fn up_pair() -> (Session, Session, Instant) {
+    let mut now = Instant::now();
+    let mut a = Session::new(Config::default(), 0x1234, 9, now);
+    let mut b = Session::new(Config::default(), 0x5678, 7, now);
+    for _ in 0..10 {
+        now += Duration::from_millis(1000);
+        // Packets in flight, each with whether a sent it; delivered until none is left.
+        let mut wire: Vec<(bool, ControlPacket)> = a
+            .on_timer(now)
+            .into_iter()
+            .filter_map(sent)
+            .map(|p| (true, p))
+            .chain(
+                b.on_timer(now)
+                    .into_iter()
+                    .filter_map(sent)
+                    .map(|p| (false, p)),
+            )
+            .collect();
+        while let Some((from_a, p)) = wire.pop() {
+            let to = if from_a { &mut b } else { &mut a };
+            wire.extend(
+                to.receive(&p, now)
+                    .into_iter()
+                    .filter_map(sent)
+                    .map(|q| (!from_a, q)),
+            );
+        }
+        if (a.state(), b.state()) == (State::Up, State::Up) {
+            return (a, b, now);
+        }
+    }
+    panic!("no handshake: {:?} {:?}", a.state(), b.state());
+}
+
+fn sent(action: Action) -> Option<ControlPacket> {
+    match action {
+        Action::Send(p) => Some(p),
+        Action::StateChanged { .. } => None,
+    }
+}
 use proptest::prelude::*;
 
 fn state() -> impl Strategy<Value = State> {
@@ -143,6 +187,30 @@ proptest! {
                     }
                 }
             }
+        }
+    }
+
+    /// Forged packets from the segment: whatever they say, packets that name no session or come
+    /// from another session of the peer never change an Up session's state or its peer.
+    #[test]
+    fn an_up_session_is_moved_only_by_its_peer_session(
+        packets in proptest::collection::vec(packet(), 1..40),
+        name_us in proptest::collection::vec(any::<bool>(), 40),
+    ) {
+        let (mut a, _b, mut now) = up_pair();
+        for (i, mut p) in packets.into_iter().enumerate() {
+            now += Duration::from_millis(10);
+            p.your_discriminator = if name_us[i] { 0x1234 } else { 0 };
+            if p.my_discriminator == 0x5678 {
+                p.my_discriminator = 0x5679;
+            }
+            let actions = a.receive(&p, now);
+            prop_assert!(
+                actions.iter().all(|a| !matches!(a, Action::StateChanged { .. })),
+                "{:?} moved the session: {:?}", p, actions
+            );
+            prop_assert_eq!(a.state(), State::Up);
+            prop_assert_eq!(a.remote_discriminator(), 0x5678);
         }
     }
 }

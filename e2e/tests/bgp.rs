@@ -890,7 +890,7 @@ async fn bfd_survives_a_bfdd_restart(ctx: Ctx) -> anyhow::Result<()> {
 /// well-formed one with TTL 64 (single hop takes 255 only), one naming an unknown session:
 /// all dropped and counted, the session stays Up and does not flap. Our side is passive here
 /// (`passiveMode`): the sessions come up because the router speaks first.
-async fn bfd_malformed_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
+async fn bfd_malformed_and_forged_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
     let _bfd = WithBfd::apply(lab, "{passiveMode: true}")?;
     wait_router_bfd(lab, &NODES, &["up"]).await?;
@@ -898,7 +898,8 @@ async fn bfd_malformed_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
     let before = ferrolb::speaker_metric(lab, "node1", downs)?;
     let refused =
         |reason: &str| format!("ferrolb_bfd_packets_refused_total{{reason=\"{reason}\"}}");
-    let refused_before: Vec<f64> = ["malformed", "ttl", "no_session"]
+    let reasons = ["malformed", "ttl", "no_session", "other_peer_session"];
+    let refused_before: Vec<f64> = reasons
         .iter()
         .map(|r| ferrolb::speaker_metric(lab, "node1", &refused(r)))
         .collect::<anyhow::Result<_>>()?;
@@ -933,16 +934,23 @@ async fn bfd_malformed_packets_are_ignored(ctx: Ctx) -> anyhow::Result<()> {
     let valid_down = "20400318deadbeef00000000000f4240000f424000000000";
     send(valid_down, "64")?;
     send("20c00318deadbeef12345678000f4240000f424000000000", "255")?;
+    // A forged Down at TTL 255 from the router's address naming no session, as a host on the
+    // nodes' segment can send: RFC 5880 would let the address pick the session; it is not from
+    // the router's session, so the Up session ignores it.
+    for _ in 0..5 {
+        send(valid_down, "255")?;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let refused_after: Vec<f64> = ["malformed", "ttl", "no_session"]
+    let refused_after: Vec<f64> = reasons
         .iter()
         .map(|r| ferrolb::speaker_metric(lab, "node1", &refused(r)))
         .collect::<anyhow::Result<_>>()?;
     ensure!(
         refused_after[0] >= refused_before[0] + 3.0
             && refused_after[1] > refused_before[1]
-            && refused_after[2] > refused_before[2],
-        "refusals (malformed, ttl, no_session) {refused_before:?} → {refused_after:?}"
+            && refused_after[2] > refused_before[2]
+            && refused_after[3] >= refused_before[3] + 5.0,
+        "refusals {reasons:?} {refused_before:?} → {refused_after:?}"
     );
     ensure!(
         ferrolb::speaker_metric(lab, "node1", downs)? == before,
@@ -1448,8 +1456,8 @@ fn main() -> std::process::ExitCode {
         .test("bfd_survives_a_bfdd_restart", |c| {
             Box::pin(bfd_survives_a_bfdd_restart(c))
         })
-        .test("bfd_malformed_packets_are_ignored", |c| {
-            Box::pin(bfd_malformed_packets_are_ignored(c))
+        .test("bfd_malformed_and_forged_packets_are_ignored", |c| {
+            Box::pin(bfd_malformed_and_forged_packets_are_ignored(c))
         })
         .test("dual_stack_address_family_decides_the_families", |c| {
             Box::pin(dual_stack_address_family_decides_the_families(c))

@@ -283,7 +283,7 @@ impl Metrics {
         );
         r.register(
             "ferrolb_bfd_packets_refused",
-            "Datagrams on the BFD ports dropped before reaching a session (malformed, TTL, unknown session)",
+            "Datagrams on the BFD ports dropped before reaching a session, or refused by it (malformed, TTL, unknown session, not from the peer's session)",
             self.bfd_refused.clone(),
         );
     }

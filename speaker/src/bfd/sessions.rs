@@ -13,6 +13,7 @@ use crate::bfd::table::Refused;
 use crate::bfd::{SessionKey, Settings, Unsupported, state_name};
 use crate::bgp::driver::Driver;
 use ferrolb_bfd::packet::{Diagnostic, State};
+use ferrolb_bfd::session::Refusal;
 use ferrolb_config::model::{Config, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
 
@@ -298,6 +299,10 @@ impl Observer for BfdObserver {
             Refused::Malformed(_) => "malformed",
             Refused::Ttl { .. } => "ttl",
             Refused::NoSession => "no_session",
+            Refused::Session(Refusal::OtherSession) => "other_session",
+            Refused::Session(Refusal::NoDiscriminator) => "no_discriminator",
+            Refused::Session(Refusal::Authentication) => "authenticated",
+            Refused::Session(Refusal::OtherPeerSession) => "other_peer_session",
         };
         self.metrics
             .bfd_refused

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use ferrolb_bfd::packet::{ControlPacket, DecodeError};
-use ferrolb_bfd::session::{Action, Session};
+use ferrolb_bfd::session::{Action, Refusal, Session};
 
 use super::{SessionKey, Settings};
 
@@ -42,6 +42,10 @@ pub enum Refused {
     /// No session of this node has that discriminator or that peer.
     #[error("no session for it")]
     NoSession,
+    /// Its session refuses it (RFC 5880 6.8.6, and an Up session takes packets only from the
+    /// peer's session it came Up with: `ferrolb_bfd::session`).
+    #[error("refused by its session: {0}")]
+    Session(#[from] Refusal),
 }
 
 /// One session with its settings.
@@ -135,8 +139,9 @@ impl Table {
 
     /// Hands a datagram to its session: the one its Your Discriminator names, or, when that is
     /// zero, the session with its source address on its port (RFC 5880 6.8.6; single hop and
-    /// multihop sessions are told apart by port). Packets below the session's TTL minimum are
-    /// dropped before the session sees them.
+    /// multihop sessions are told apart by port). Packets below the session's TTL minimum, and
+    /// packets the session refuses (a forged one from the peer's address among them), are
+    /// dropped with the reason.
     pub fn receive(
         &mut self,
         datagram: Datagram<'_>,
@@ -162,6 +167,7 @@ impl Table {
         if ttl < minimum {
             return Err(Refused::Ttl { ttl, minimum });
         }
+        entry.session.accepts(&packet)?;
         Ok((key, entry.session.receive(&packet, now)))
     }
 
@@ -293,6 +299,41 @@ mod tests {
             .receive(dgram(&second, "::ffff:198.18.0.254", false, 255), now)
             .unwrap();
         assert_eq!(k, a);
+    }
+
+    /// A forged Down from the peer's address at TTL 255 naming no session (RFC 5880 lets the
+    /// address alone pick the session then) does not take an Up session down: its sender is
+    /// not the peer's session the session came Up with.
+    #[test]
+    fn a_forged_down_from_the_peers_address_is_refused_once_up() {
+        let now = Instant::now();
+        let mut t = Table::new(7);
+        let a = key("198.18.0.254", false);
+        t.upsert(a, settings(255), now);
+        let mine = t.get(&a).unwrap().session.local_discriminator();
+        let from = "198.18.0.254";
+        t.receive(dgram(&packet(State::Down, 99, 0), from, false, 255), now)
+            .unwrap();
+        let (_, actions) = t
+            .receive(dgram(&packet(State::Up, 99, mine), from, false, 255), now)
+            .unwrap();
+        assert_eq!(states(&actions), vec![State::Up]);
+        for forged in [
+            packet(State::Down, 0xdead_beef, 0),
+            packet(State::Down, 0xdead_beef, mine),
+        ] {
+            assert_eq!(
+                t.receive(dgram(&forged, from, false, 255), now)
+                    .unwrap_err(),
+                Refused::Session(Refusal::OtherPeerSession)
+            );
+        }
+        assert_eq!(t.get(&a).unwrap().session.state(), State::Up);
+        // The peer's own Down, also naming no session (its detection time expired), is taken.
+        let (_, actions) = t
+            .receive(dgram(&packet(State::Down, 99, 0), from, false, 255), now)
+            .unwrap();
+        assert_eq!(states(&actions), vec![State::Down]);
     }
 
     /// Single hop takes TTL 255 only (GTSM); multihop takes anything from its minimum up; an
