@@ -339,6 +339,19 @@ pub fn start_speaker(
     node: &str,
     extra: &[&str],
 ) -> anyhow::Result<LabProcess> {
+    start_speaker_clocked(lab, credentials, node, extra, None)
+}
+
+/// [`start_speaker`] with the speaker's wall clock off by `offset` (libfaketime's notation,
+/// e.g. `+90s`, `-1h`) when given: the node's NTP broken. Its monotonic clock is left alone,
+/// as a wall clock step leaves a real one (`faketime --exclude-monotonic`).
+pub fn start_speaker_clocked(
+    lab: &Lab,
+    credentials: &SpeakerCredentials,
+    node: &str,
+    extra: &[&str],
+    offset: Option<&str>,
+) -> anyhow::Result<LabProcess> {
     let host = lab
         .topology
         .host(node)
@@ -361,13 +374,21 @@ pub fn start_speaker(
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     speaker_pod(lab, node, &host.interfaces[0].ipv4.to_string())?;
-    let exe = workspace_binary("ferrolb-speaker")?;
+    let exe = workspace_binary("ferrolb-speaker")?.display().to_string();
+    let (program, args) = match offset {
+        None => (exe, args),
+        Some(offset) => {
+            let faketime = ["-m", "--exclude-monotonic", "-f", offset, &exe];
+            let wrapped = faketime.iter().map(|s| s.to_string()).chain(args);
+            ("faketime".to_string(), wrapped.collect())
+        }
+    };
     let p = process::spawn_kind(
         &lab.lab_exe,
         &format!("speaker@{node}"),
         process::Kind::Ferrolb,
         Some(&host.netns),
-        &exe.display().to_string(),
+        &program,
         &args,
         &log,
     )?;
@@ -518,6 +539,13 @@ impl Speakers {
         let mut extra: Vec<&str> = extra.split_whitespace().collect();
         extra.extend_from_slice(more);
         let p = start_speaker(&self.lab, &self.credentials, node, &extra)?;
+        self.running().insert(node.to_string(), p);
+        Ok(())
+    }
+
+    /// [`Self::start`] with the speaker's wall clock off by `offset` ([`start_speaker_clocked`]).
+    pub fn start_clocked(&self, node: &str, offset: &str) -> anyhow::Result<()> {
+        let p = start_speaker_clocked(&self.lab, &self.credentials, node, &[], Some(offset))?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }

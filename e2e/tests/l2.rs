@@ -1016,6 +1016,70 @@ async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Resul
     Ok(())
 }
 
+/// Issue 33: a speaker whose wall clock is 90 s ahead (its node's NTP broken), first on the
+/// owner, then on another node. Its heartbeats fall outside the others' clock window and theirs
+/// outside its own, so it is a speaker nobody hears: a minority that gives up its IPs, never
+/// (as when presence Leases were aged by the time written in them) the only speaker the others
+/// know of. Checked for longer than a presence Lease lasts (40 s), request by request: never
+/// two MACs for one IP, and every IP answered by a node whose clock is right.
+async fn a_speaker_with_its_clock_ahead_never_makes_a_second_owner(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (scope, ips, owner) = owned_web(lab, "l2-clock-ahead").await?;
+    for skewed in [owner.clone(), other_than(&owner).to_string()] {
+        let refused = "ferrolb_speaker_heartbeats_refused_total{reason=\"clock\"}";
+        let healthy = other_than(&skewed);
+        let refused_before = ferrolb::speaker_metric(lab, healthy, refused).unwrap_or(0.0);
+        ctx.speakers.stop(&skewed);
+        ctx.speakers.start_clocked(&skewed, "+90s")?;
+        let (mut requests, mut most, mut unanswered) = (0usize, 0usize, 0usize);
+        let outcome = async {
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_secs(50) {
+                for ip in &ips {
+                    for macs in lab.l2_answers_by_request("client", ip)? {
+                        requests += 1;
+                        most = most.max(macs.len());
+                        unanswered += usize::from(macs.is_empty());
+                        ensure!(
+                            macs.len() <= 1,
+                            "{skewed}'s clock 90 s ahead: {ip} answered by {macs:?}"
+                        );
+                    }
+                }
+            }
+            for ip in &ips {
+                let node = answering_node(lab, ip).await?;
+                ensure!(
+                    node != skewed,
+                    "{ip} answered by {skewed}, whose clock is 90 s ahead"
+                );
+            }
+            // The skew was real: the others refused its heartbeats for their time.
+            let refused_after = ferrolb::speaker_metric(lab, healthy, refused)?;
+            ensure!(
+                refused_after > refused_before,
+                "{healthy} refused no heartbeat for its clock ({refused_before} → {refused_after})"
+            );
+            anyhow::Ok(())
+        }
+        .await;
+        let role = if skewed == owner {
+            "owner"
+        } else {
+            "non-owner"
+        };
+        eprintln!(
+            "l2 clock 90 s ahead on the {role} ({skewed}), 50 s: most MACs answering one request {most} of {requests}; unanswered requests {unanswered}"
+        );
+        // The right clock back, whatever happened.
+        ctx.speakers.stop(&skewed);
+        ctx.speakers.start(&skewed)?;
+        outcome?;
+        settled_owner(lab, &scope.namespace, &ips).await?;
+    }
+    Ok(())
+}
+
 /// How long the API server stays down in [`control_plane_outages`]
 /// (`FERROLB_API_OUTAGE_SECONDS`, default 60; etcd stays down a third of it).
 fn api_outage() -> Duration {
@@ -1402,6 +1466,10 @@ fn main() -> std::process::ExitCode {
         .test("frozen_owner_resumes_without_a_second_answer", |c| {
             Box::pin(frozen_owner_resumes_without_a_second_answer(c))
         })
+        .test(
+            "a_speaker_with_its_clock_ahead_never_makes_a_second_owner",
+            |c| Box::pin(a_speaker_with_its_clock_ahead_never_makes_a_second_owner(c)),
+        )
         // Before the tests that stop the API server: kube-controller-manager backs off after
         // an outage and may take minutes to write a new Service's EndpointSlices.
         .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))

@@ -4,11 +4,14 @@
 //!
 //! Every speaker renews a Lease `<group>-<node>` (holder: its node; the group is
 //! `--presence-group`, `ferrolb-speaker` unless a chart release names its own) every
-//! [`RENEW_EVERY`] and deletes it on a clean shutdown. A Lease counts while it was renewed
-//! within [`LEASE_SECONDS`] of the newest renewal of any speaker. Measuring age against the
-//! newest renewal, not against this node's clock, keeps the set still while the API server is
-//! away (no renewal lands, so none ages) and keeps it from depending on clock offsets between
-//! this node and the others beyond seconds.
+//! [`RENEW_EVERY`] and deletes it on a clean shutdown. [`Known`] ages each Lease by when this
+//! node saw its `renewTime` change, on this node's monotonic clock, never by the time written in
+//! it: that comes from the writer's wall clock, and one node whose clock is far ahead would
+//! otherwise look like the only live speaker to everybody (issue 33: two owners for one IP). A
+//! Lease counts while it was seen renewed within [`LEASE_SECONDS`] of the last renewal this node
+//! saw of any Lease, so the set stays still while the API server is away (no renewal is seen,
+//! so none ages). Only Leases held by a Node of the cluster count: a Lease written for a name
+//! that is not a Node cannot grow the set.
 //!
 //! [`Presence`] keeps this speaker's own Lease: renewed while the speaker runs, deleted when it
 //! stops cleanly. The Lease is owned by the speaker's DaemonSet once the speaker has read it
@@ -16,9 +19,9 @@
 //! goes at the same time and refuses the clean stop's delete) or the Node removes it, while a
 //! rolling update, which keeps the DaemonSet, does not.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrolb_runtime::owner::{Owner, OwnerCell};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -58,27 +61,79 @@ pub fn selector(group: &str) -> String {
     format!("{LABEL}={group}")
 }
 
-/// The speakers whose presence Lease counts (see the module docs).
-pub fn known(leases: &[Arc<Lease>]) -> BTreeSet<String> {
-    let renewed: Vec<(&str, Timestamp, i64)> = leases
-        .iter()
-        .filter(|l| l.metadata.deletion_timestamp.is_none())
-        .filter_map(|l| {
-            let spec = l.spec.as_ref()?;
-            let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
-            let at = spec.renew_time.as_ref()?.0;
-            let seconds = i64::from(spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS));
-            Some((holder, at, seconds))
-        })
-        .collect();
-    let Some(newest) = renewed.iter().map(|(_, at, _)| *at).max() else {
-        return BTreeSet::new();
-    };
-    renewed
-        .into_iter()
-        .filter(|(_, at, seconds)| newest.as_second() - at.as_second() <= *seconds)
-        .map(|(holder, _, _)| holder.to_string())
-        .collect()
+/// The known speakers, kept across membership checks: each Lease's `renewTime` as last seen
+/// and when this node saw it change (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct Known {
+    seen: BTreeMap<String, Seen>,
+    /// When this node last saw any Lease renewed.
+    newest: Option<Instant>,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    /// `renewTime` as written: compared for change only, never read as a time.
+    renewed: Timestamp,
+    /// The Lease's duration (`leaseDurationSeconds`).
+    duration: Duration,
+    /// When this node saw `renewed` change (or first saw the Lease).
+    at: Instant,
+}
+
+impl Known {
+    /// Takes in the Leases as they are at `now` and returns the speakers that count: held by one
+    /// of `nodes`, not being deleted, and seen renewed within their duration of the last renewal
+    /// seen of any Lease. A Lease first seen counts as renewed then.
+    pub fn observe(
+        &mut self,
+        leases: &[Arc<Lease>],
+        nodes: &BTreeSet<String>,
+        now: Instant,
+    ) -> BTreeSet<String> {
+        let mut present = BTreeSet::new();
+        for lease in leases {
+            if lease.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(spec) = lease.spec.as_ref() else {
+                continue;
+            };
+            let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty()) else {
+                continue;
+            };
+            let Some(renewed) = spec.renew_time.as_ref().map(|t| t.0) else {
+                continue;
+            };
+            let seconds = spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS);
+            let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+            present.insert(holder.to_string());
+            match self.seen.get_mut(holder) {
+                Some(seen) if seen.renewed == renewed => seen.duration = duration,
+                _ => {
+                    self.seen.insert(
+                        holder.to_string(),
+                        Seen {
+                            renewed,
+                            duration,
+                            at: now,
+                        },
+                    );
+                    self.newest = Some(self.newest.map_or(now, |n| n.max(now)));
+                }
+            }
+        }
+        // A Lease deleted (a clean stop) stops counting at once.
+        self.seen.retain(|holder, _| present.contains(holder));
+        let Some(newest) = self.newest else {
+            return BTreeSet::new();
+        };
+        self.seen
+            .iter()
+            .filter(|(holder, _)| nodes.contains(*holder))
+            .filter(|(_, seen)| newest.saturating_duration_since(seen.at) <= seen.duration)
+            .map(|(holder, _)| holder.clone())
+            .collect()
+    }
 }
 
 /// Field manager of the speaker's Lease writes.
@@ -224,13 +279,88 @@ mod tests {
         )
     }
 
+    const NODES: [&str; 3] = ["node1", "node2", "node3"];
+
+    fn nodes() -> BTreeSet<String> {
+        NODES.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn names(known: BTreeSet<String>) -> Vec<String> {
+        known.into_iter().collect()
+    }
+
+    /// Every node renews every 10 s with its wall clock `offset` seconds off, for `steps`
+    /// renewals from `t0`, but `silent`, whose Lease stays as it was first written; returns the
+    /// set after each step.
+    fn run(
+        known: &mut Known,
+        t0: Instant,
+        offsets: [i64; 3],
+        silent: Option<&str>,
+        steps: u64,
+    ) -> Vec<BTreeSet<String>> {
+        (0..=steps)
+            .map(|step| {
+                let leases: Vec<_> = NODES
+                    .iter()
+                    .zip(offsets)
+                    .map(|(n, offset)| {
+                        let renewals = if Some(*n) == silent { 0 } else { step };
+                        lease(n, i64::try_from(renewals * 10).unwrap() + offset)
+                    })
+                    .collect();
+                known.observe(&leases, &nodes(), t0 + Duration::from_secs(step * 10))
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_lease_counts_while_renewed_within_its_duration_of_the_newest() {
-        let leases = [lease("node1", 100), lease("node2", 60), lease("node3", 59)];
-        assert_eq!(
-            known(&leases).into_iter().collect::<Vec<_>>(),
-            ["node1", "node2"]
+    fn a_lease_counts_while_seen_renewed_within_its_duration_of_the_last_renewal_seen() {
+        let mut known = Known::default();
+        let sets = run(&mut known, Instant::now(), [0, 0, 0], Some("node3"), 5);
+        // node3 last changed when first seen (t0): it counts until the others' renewals are
+        // more than 40 s later.
+        assert_eq!(names(sets[4].clone()), NODES);
+        assert_eq!(names(sets[5].clone()), ["node1", "node2"]);
+    }
+
+    /// The fault of issue 33: one node's wall clock far ahead (or behind) made it the only
+    /// known speaker. Clocks off by seconds, minutes and hours, ahead and behind, on any node,
+    /// and a clock stepping while running: every renewing node counts, a silent one still ages
+    /// out.
+    #[test]
+    fn wall_clocks_do_not_decide_who_counts() {
+        for offset in [5, 90, 3 * 3600, -5, -90, -3 * 3600] {
+            for skewed in 0..3 {
+                let mut offsets = [0; 3];
+                offsets[skewed] = offset;
+                let mut known = Known::default();
+                let sets = run(&mut known, Instant::now(), offsets, None, 8);
+                assert!(
+                    sets.iter().all(|s| names(s.clone()) == NODES),
+                    "offset {offset} s on {}: {sets:?}",
+                    NODES[skewed]
+                );
+                // The skewed node falls silent: it ages out like any other.
+                let mut known = Known::default();
+                let silent = NODES[skewed];
+                let sets = run(&mut known, Instant::now(), offsets, Some(silent), 5);
+                assert!(!sets[5].contains(silent), "offset {offset} s: {sets:?}");
+                assert_eq!(sets[5].len(), 2);
+            }
+        }
+        // A clock that steps an hour ahead while running: its renewals still change the Lease.
+        let mut known = Known::default();
+        let t0 = Instant::now();
+        run(&mut known, t0, [0, 0, 0], None, 3);
+        let sets = run(
+            &mut known,
+            t0 + Duration::from_secs(40),
+            [0, 3600, 0],
+            None,
+            8,
         );
+        assert!(sets.iter().all(|s| s.len() == 3), "{sets:?}");
     }
 
     #[test]
@@ -246,10 +376,14 @@ mod tests {
 
     #[test]
     fn nothing_ages_while_no_one_renews() {
-        // The API server is away: whatever the local clock says, the set stays.
+        // The API server is away: however long, the set stays.
+        let mut known = Known::default();
+        let t0 = Instant::now();
         let leases = [lease("node1", 0), lease("node2", -30)];
-        assert_eq!(known(&leases).len(), 2);
-        assert!(known(&[]).is_empty());
+        assert_eq!(known.observe(&leases, &nodes(), t0).len(), 2);
+        let later = t0 + Duration::from_secs(3600);
+        assert_eq!(known.observe(&leases, &nodes(), later).len(), 2);
+        assert!(known.observe(&[], &nodes(), later).is_empty());
     }
 
     #[test]
@@ -262,7 +396,35 @@ mod tests {
                 Timestamp::from_second(1_800_000_000).unwrap(),
             ));
         let leases = [lease("node1", 0), Arc::new(released), Arc::new(deleting)];
-        assert_eq!(known(&leases).into_iter().collect::<Vec<_>>(), ["node1"]);
+        let mut known = Known::default();
+        assert_eq!(
+            names(known.observe(&leases, &nodes(), Instant::now())),
+            ["node1"]
+        );
+    }
+
+    #[test]
+    fn only_leases_held_by_nodes_of_the_cluster_count() {
+        // A Lease for a name that is no Node (forged, or a Node deleted) cannot grow the set.
+        let leases = [lease("node1", 0), lease("ghost", 1_000_000)];
+        let mut known = Known::default();
+        assert_eq!(
+            names(known.observe(&leases, &nodes(), Instant::now())),
+            ["node1"]
+        );
+    }
+
+    #[test]
+    fn a_deleted_lease_stops_counting_at_once_and_counts_again_when_back() {
+        let mut known = Known::default();
+        let t0 = Instant::now();
+        let both = [lease("node1", 0), lease("node2", 0)];
+        assert_eq!(known.observe(&both, &nodes(), t0).len(), 2);
+        let one = [lease("node1", 10)];
+        let s = Duration::from_secs;
+        assert_eq!(names(known.observe(&one, &nodes(), t0 + s(10))), ["node1"]);
+        let back = [lease("node1", 20), lease("node2", 0)];
+        assert_eq!(known.observe(&back, &nodes(), t0 + s(20)).len(), 2);
     }
 
     fn at() -> MicroTime {

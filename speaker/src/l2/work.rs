@@ -14,9 +14,8 @@ use ferrolb_layer2::liveness::Member;
 
 use crate::l2::interfaces::Interface;
 use crate::l2::plan::{self, Inputs, ServiceOutcome};
-use crate::l2::presence::known as known_speakers;
 use crate::l2::status::Desired;
-use crate::l2::{gate, readiness, step};
+use crate::l2::{gate, presence, readiness, step};
 use crate::metrics::{AnnouncedLabels, Metrics};
 use crate::report::live::{Layer2Step, Live};
 use crate::report::{self, Standing};
@@ -53,6 +52,8 @@ pub(crate) struct Settings {
 /// Layer 2's state between steps.
 pub(crate) struct Layer2 {
     settings: Settings,
+    /// The known speakers, from their presence Leases as seen over time.
+    known: presence::Known,
     /// Who may own IPs, and until when this node may answer.
     gate: gate::Gate,
     /// Whether the last check claimed with a lapsed tenure (to log the changes).
@@ -79,6 +80,7 @@ impl Layer2 {
     pub fn new(settings: Settings, metrics: Metrics, live: Live) -> Self {
         Layer2 {
             gate: gate::Gate::new(settings.timing),
+            known: presence::Known::default(),
             settings,
             tenure_lapsed: false,
             state: readiness::Layer2State::default(),
@@ -138,7 +140,9 @@ impl Layer2 {
         );
         // Who may own IPs, this node included, and until when it may answer: the gate's rules,
         // from the known speakers, the heartbeat table and the acknowledgements.
-        let known = known_speakers(&io.presence());
+        let known = self
+            .known
+            .observe(&io.presence(), &nodes.keys().cloned().collect(), now);
         let Heartbeats {
             reports,
             acks,
