@@ -86,8 +86,39 @@ pub struct Announcer {
     owned: Arc<RwLock<Owned>>,
     mandate: Arc<Mandate>,
     responders: BTreeMap<String, Responder>,
+    /// The takeover burst and refresh task of each owned (IP, interface).
+    announcing: Announcing,
     metrics: Metrics,
     refresh: Duration,
+}
+
+/// One task per owned (IP, interface) that sends its takeover burst and then re-announces it:
+/// a new takeover replaces the task, an IP given up stops it. A task alone would stop only when
+/// it finds the IP not owned at one of its wake-ups, so an IP lost and taken again within a
+/// refresh interval kept its old task next to the new one, each re-announcing for ever.
+#[derive(Debug, Default)]
+struct Announcing {
+    tasks: BTreeMap<(IpAddr, String), tokio::task::AbortHandle>,
+}
+
+impl Announcing {
+    /// `task` announces `ip` on `interface` from now on, in place of any before it.
+    fn start(&mut self, ip: IpAddr, interface: String, task: tokio::task::AbortHandle) {
+        if let Some(old) = self.tasks.insert((ip, interface), task) {
+            old.abort();
+        }
+    }
+
+    /// Stops the tasks of what is no longer owned, and forgets those that ended.
+    fn keep_only(&mut self, owned: &Owned) {
+        self.tasks.retain(|(ip, interface), task| {
+            let keep = owned.get(ip).is_some_and(|i| i.contains(interface));
+            if !keep {
+                task.abort();
+            }
+            keep && !task.is_finished()
+        });
+    }
 }
 
 /// Failure to announce on an interface.
@@ -106,6 +137,7 @@ impl Announcer {
             owned: Arc::new(RwLock::new(Owned::new())),
             mandate: Arc::new(Mandate::new()),
             responders: BTreeMap::new(),
+            announcing: Announcing::default(),
             metrics,
             refresh,
         }
@@ -191,6 +223,7 @@ impl Announcer {
                 .flat_map(|(ip, ifaces)| ifaces.iter().map(move |i| (*ip, i.clone())))
                 .filter(|(ip, i)| !owned.get(ip).is_some_and(|old| old.contains(i)))
                 .collect();
+            self.announcing.keep_only(&new);
             *owned = new;
             taken
         };
@@ -198,7 +231,8 @@ impl Announcer {
             if let Some(r) = self.responders.get(&name) {
                 self.metrics.takeovers.inc();
                 tracing::info!(%ip, interface = %name, "taking over");
-                self.spawn_burst(ip, name, r);
+                let task = self.spawn_burst(ip, name.clone(), r);
+                self.announcing.start(ip, name, task);
             }
         }
         failures
@@ -238,14 +272,20 @@ impl Announcer {
         })
     }
 
-    fn spawn_burst(&self, ip: IpAddr, interface: String, r: &Responder) {
+    /// Starts the takeover burst of `ip` on `interface`, then its refresh; returns its task.
+    fn spawn_burst(
+        &self,
+        ip: IpAddr,
+        interface: String,
+        r: &Responder,
+    ) -> tokio::task::AbortHandle {
         let owned = self.owned.clone();
         let mandate = self.mandate.clone();
         let socket = r.socket.clone();
         let mac = r.mac;
         let metrics = self.metrics.clone();
         let refresh = self.refresh;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let still_owned = || {
                 mandate.valid(Instant::now())
                     && owned
@@ -296,6 +336,7 @@ impl Announcer {
                 }
             }
         });
+        task.abort_handle()
     }
 }
 
@@ -373,6 +414,8 @@ impl ResponderThread {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     #[test]
@@ -386,5 +429,37 @@ mod tests {
         // A renewal into the past (the loop gave up) lapses it at once.
         m.renew(t0);
         assert!(!m.valid(t0 + Duration::from_millis(1)));
+    }
+
+    fn pending() -> tokio::task::AbortHandle {
+        tokio::spawn(std::future::pending::<()>()).abort_handle()
+    }
+
+    /// Issue 33: an IP lost and taken again within a refresh interval kept a second endless
+    /// refresh task; now a takeover replaces the task and giving the IP up stops it.
+    #[tokio::test]
+    async fn one_announcing_task_per_ip_and_interface() {
+        let ip: IpAddr = "198.18.200.1".parse().unwrap();
+        let mut a = Announcing::default();
+        let first = pending();
+        a.start(ip, "eth0".into(), first.clone());
+        let second = pending();
+        a.start(ip, "eth0".into(), second.clone());
+        tokio::task::yield_now().await;
+        assert!(
+            first.is_finished(),
+            "the first task still runs next to the second"
+        );
+        assert!(!second.is_finished());
+        let other = pending();
+        a.start(ip, "eth1".into(), other.clone());
+        a.keep_only(&Owned::from([(ip, BTreeSet::from(["eth1".to_string()]))]));
+        tokio::task::yield_now().await;
+        assert!(second.is_finished(), "eth0 given up, its task runs on");
+        assert!(!other.is_finished());
+        assert_eq!(a.tasks.len(), 1);
+        a.keep_only(&Owned::new());
+        tokio::task::yield_now().await;
+        assert!(other.is_finished() && a.tasks.is_empty());
     }
 }

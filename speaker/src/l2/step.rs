@@ -154,20 +154,24 @@ pub struct FailureReport {
     pub message: String,
 }
 
-/// Remembers which (Service, interface) failures were reported, so each gets one Event.
+/// Remembers which (Service, interface) failures are reported and still failing, so each
+/// failure gets one Event while it lasts, and one again if it comes back after it cleared. What
+/// no longer fails (fixed, or the Service or interface gone) is forgotten at the next step.
 #[derive(Clone, Debug, Default)]
 pub struct FailureLog {
     reported: BTreeSet<(ServiceKey, String)>,
 }
 
 impl FailureLog {
-    /// The reports not made before for `failures` (interface, error) on the IPs of `plan`.
+    /// The reports not made before for `failures` (interface, error) on the IPs of `plan`;
+    /// `failures` is everything failing in this step.
     pub fn new_reports(
         &mut self,
         plan: &Plan,
         failures: &[(String, String)],
     ) -> Vec<FailureReport> {
         let mut out = Vec::new();
+        let mut failing = BTreeSet::new();
         for (interface, error) in failures {
             for a in plan
                 .announce
@@ -175,16 +179,19 @@ impl FailureLog {
                 .filter(|a| a.interfaces.contains(interface))
             {
                 for key in &a.services {
-                    if self.reported.insert((key.clone(), interface.clone())) {
+                    let pair = (key.clone(), interface.clone());
+                    if !self.reported.contains(&pair) && !failing.contains(&pair) {
                         out.push(FailureReport {
                             service: key.clone(),
                             interface: interface.clone(),
                             message: format!("cannot announce on interface {interface}: {error}"),
                         });
                     }
+                    failing.insert(pair);
                 }
             }
         }
+        self.reported = failing;
         out
     }
 }
@@ -342,6 +349,24 @@ mod tests {
         assert!(log.new_reports(&p, &failure).is_empty(), "already reported");
         let other = vec![("eth1".to_string(), "gone".to_string())];
         assert_eq!(log.new_reports(&p, &other).len(), 1, "c on eth1 is new");
+    }
+
+    /// Issue 33: the log was never pruned (it grew with every Service that ever failed) and a
+    /// failure that cleared and came back was never reported again.
+    #[test]
+    fn a_failure_that_clears_and_comes_back_is_reported_again_and_gone_ones_are_forgotten() {
+        let p = plan(&[("198.18.200.1", &["a"], &["eth0"])]);
+        let mut log = FailureLog::default();
+        let failure = vec![("eth0".to_string(), "link down".to_string())];
+        assert_eq!(log.new_reports(&p, &failure).len(), 1);
+        assert!(log.new_reports(&p, &failure).is_empty(), "still failing");
+        assert!(log.new_reports(&p, &[]).is_empty(), "cleared");
+        assert!(log.reported.is_empty(), "kept {:?}", log.reported);
+        assert_eq!(log.new_reports(&p, &failure).len(), 1, "failing again");
+        // The Service leaves the plan: its entry goes with it.
+        let empty = plan(&[]);
+        assert!(log.new_reports(&empty, &failure).is_empty());
+        assert!(log.reported.is_empty(), "kept {:?}", log.reported);
     }
 
     fn service(name: &str, uid: &str, ips: &[&str]) -> Arc<Service> {
