@@ -14,7 +14,7 @@ use crate::LogFormat;
 #[derive(clap::Args, Clone, Debug)]
 pub struct CommonArgs {
     /// Namespace of the metallb.io configuration objects, and of the objects this component
-    /// writes there (Leases, status objects, ConfigurationState).
+    /// writes there (its Leases and status objects).
     #[arg(
         long,
         short = 'n',

@@ -1,6 +1,7 @@
 //! Layer 2 announcing: one responder thread per interface answers ARP requests and Neighbor
 //! Solicitations for the IPs this node owns; taking an IP sends gratuitous ARP / unsolicited NA
-//! at once and in a short burst, re-checking ownership before every send.
+//! at once and in a short burst, then every refresh interval, re-checking ownership and the
+//! mandate before every send (one task per IP and interface).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
@@ -159,6 +160,9 @@ impl Announcer {
                     .get(name)
                     .is_some_and(|i| i.index == r.index && i.mac == Some(r.mac.0))
         });
+        // Interfaces whose responder starts now: their IPs are announced afresh (a recreated
+        // device has a new MAC to announce, and the old task's socket is gone).
+        let mut started = BTreeSet::new();
         for name in &wanted {
             if self.responders.contains_key(*name) {
                 continue;
@@ -169,6 +173,7 @@ impl Announcer {
             match self.start_responder(iface) {
                 Ok(r) => {
                     self.responders.insert((*name).clone(), r);
+                    started.insert((*name).clone());
                 }
                 Err(error) => failures.push(Failure {
                     interface: (*name).clone(),
@@ -216,21 +221,31 @@ impl Announcer {
                 r.joined.remove(group);
             }
         }
-        let taken: Vec<(IpAddr, String)> = {
+        // What to announce afresh: IPs taken now, and owned IPs on a recreated interface
+        // (`true`: already owned, not a takeover).
+        let fresh: Vec<(IpAddr, String, bool)> = {
             let mut owned = self.owned.write().unwrap_or_else(|p| p.into_inner());
-            let taken = new
+            let fresh = new
                 .iter()
                 .flat_map(|(ip, ifaces)| ifaces.iter().map(move |i| (*ip, i.clone())))
-                .filter(|(ip, i)| !owned.get(ip).is_some_and(|old| old.contains(i)))
+                .map(|(ip, i)| {
+                    let had = owned.get(&ip).is_some_and(|old| old.contains(&i));
+                    (ip, i, had)
+                })
+                .filter(|(_, i, had)| !had || started.contains(i))
                 .collect();
             self.announcing.keep_only(&new);
             *owned = new;
-            taken
+            fresh
         };
-        for (ip, name) in taken {
+        for (ip, name, had) in fresh {
             if let Some(r) = self.responders.get(&name) {
-                self.metrics.takeovers.inc();
-                tracing::info!(%ip, interface = %name, "taking over");
+                if had {
+                    tracing::info!(%ip, interface = %name, "interface recreated: announcing again");
+                } else {
+                    self.metrics.takeovers.inc();
+                    tracing::info!(%ip, interface = %name, "taking over");
+                }
                 let task = self.spawn_burst(ip, name.clone(), r);
                 self.announcing.start(ip, name, task);
             }
@@ -287,12 +302,11 @@ impl Announcer {
         let refresh = self.refresh;
         let task = tokio::spawn(async move {
             let still_owned = || {
-                mandate.valid(Instant::now())
-                    && owned
-                        .read()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&ip)
-                        .is_some_and(|i| i.contains(&interface))
+                owned
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&ip)
+                    .is_some_and(|i| i.contains(&interface))
             };
             let started = tokio::time::Instant::now();
             let mut offsets = BURST
@@ -314,6 +328,11 @@ impl Announcer {
                 tokio::time::sleep_until(at).await;
                 if !still_owned() {
                     return;
+                }
+                // Not allowed to answer now (tenure lapsed, a frozen process waking): skip this
+                // send, keep the task; the next one is sent if the mandate is back by then.
+                if !mandate.valid(Instant::now()) {
+                    continue;
                 }
                 let frames = match ip {
                     IpAddr::V4(v4) => vec![

@@ -1,5 +1,5 @@
 //! The layer 2 gate: whether this node may own IPs now, and until when it may answer, from one
-//! membership check's inputs. Pure: the work loop (`run/mod.rs`) reads the caches and the
+//! membership check's inputs. Pure: the work loop (`l2/work.rs`) reads the caches and the
 //! heartbeat table, calls [`Gate::check`], and carries the outcome out (the `ready` flag of its
 //! heartbeats, the members it plans with, the mandate of the ARP/NDP responders, logs, metrics).
 //!

@@ -65,6 +65,7 @@ pub fn selector(group: &str) -> String {
 /// and when this node saw it change (see the module docs).
 #[derive(Clone, Debug, Default)]
 pub struct Known {
+    /// By Lease name: two Leases naming one holder (a forged one) age apart.
     seen: BTreeMap<String, Seen>,
     /// When this node last saw any Lease renewed.
     newest: Option<Instant>,
@@ -72,6 +73,7 @@ pub struct Known {
 
 #[derive(Clone, Debug)]
 struct Seen {
+    holder: String,
     /// `renewTime` as written: compared for change only, never read as a time.
     renewed: Timestamp,
     /// The Lease's duration (`leaseDurationSeconds`).
@@ -79,6 +81,11 @@ struct Seen {
     /// When this node saw `renewed` change (or first saw the Lease).
     at: Instant,
 }
+
+/// A pause in the renewals seen longer than this (two renewal periods: every speaker renews
+/// every [`RENEW_EVERY`], this one included) is the API server or the watch away, not speakers
+/// gone: the ages stop for it.
+const GAP: Duration = Duration::from_secs(2 * RENEW_EVERY.as_secs());
 
 impl Known {
     /// Takes in the Leases as they are at `now` and returns the speakers that count: held by one
@@ -91,48 +98,77 @@ impl Known {
         now: Instant,
     ) -> BTreeSet<String> {
         let mut present = BTreeSet::new();
+        let mut renewed_now = false;
         for lease in leases {
-            if lease.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let Some(spec) = lease.spec.as_ref() else {
+            let Some((name, holder, renewed, duration)) = Self::read(lease) else {
                 continue;
             };
-            let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty()) else {
-                continue;
-            };
-            let Some(renewed) = spec.renew_time.as_ref().map(|t| t.0) else {
-                continue;
-            };
-            let seconds = spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS);
-            let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-            present.insert(holder.to_string());
-            match self.seen.get_mut(holder) {
-                Some(seen) if seen.renewed == renewed => seen.duration = duration,
+            present.insert(name.to_string());
+            match self.seen.get_mut(name) {
+                Some(seen) if seen.renewed == renewed && seen.holder == holder => {
+                    seen.duration = duration;
+                }
                 _ => {
-                    self.seen.insert(
-                        holder.to_string(),
-                        Seen {
-                            renewed,
-                            duration,
-                            at: now,
-                        },
-                    );
-                    self.newest = Some(self.newest.map_or(now, |n| n.max(now)));
+                    let seen = Seen {
+                        holder: holder.to_string(),
+                        renewed,
+                        duration,
+                        at: now,
+                    };
+                    self.seen.insert(name.to_string(), seen);
+                    renewed_now = true;
                 }
             }
         }
+        if renewed_now {
+            self.pause_over_gap(now);
+            self.newest = Some(now);
+        }
         // A Lease deleted (a clean stop) stops counting at once.
-        self.seen.retain(|holder, _| present.contains(holder));
+        self.seen.retain(|name, _| present.contains(name));
         let Some(newest) = self.newest else {
             return BTreeSet::new();
         };
         self.seen
-            .iter()
-            .filter(|(holder, _)| nodes.contains(*holder))
-            .filter(|(_, seen)| newest.saturating_duration_since(seen.at) <= seen.duration)
-            .map(|(holder, _)| holder.clone())
+            .values()
+            .filter(|seen| nodes.contains(&seen.holder))
+            .filter(|seen| newest.saturating_duration_since(seen.at) <= seen.duration)
+            .map(|seen| seen.holder.clone())
             .collect()
+    }
+
+    /// The Lease's name, holder, `renewTime` and duration, if it counts at all: named, not
+    /// being deleted, held and renewed.
+    fn read(lease: &Lease) -> Option<(&str, &str, Timestamp, Duration)> {
+        if lease.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let name = lease.metadata.name.as_deref()?;
+        let spec = lease.spec.as_ref()?;
+        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+        let renewed = spec.renew_time.as_ref()?.0;
+        let seconds = spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS);
+        let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+        Some((name, holder, renewed, duration))
+    }
+
+    /// The first renewal seen after a pause longer than [`GAP`] (the API server back after an
+    /// outage, a watch resynced): every Lease seen before is aged as if the pause had lasted
+    /// one renewal period, so the Leases not renewed yet are not dropped while their renewals
+    /// arrive one by one. Within normal renewals nothing moves, and a dead speaker's Lease ages
+    /// as before.
+    fn pause_over_gap(&mut self, now: Instant) {
+        let Some(newest) = self.newest else {
+            return;
+        };
+        let gap = now.saturating_duration_since(newest);
+        if gap <= GAP {
+            return;
+        }
+        let shift = gap - RENEW_EVERY;
+        for seen in self.seen.values_mut().filter(|s| s.at <= newest) {
+            seen.at += shift;
+        }
     }
 }
 
@@ -412,6 +448,81 @@ mod tests {
             names(known.observe(&leases, &nodes(), Instant::now())),
             ["node1"]
         );
+    }
+
+    /// The API server away for a minute: when it is back, the speakers' renewals arrive one
+    /// by one, and those not in yet must not drop out meanwhile (the set shrinking to the first
+    /// renewer would make any majority trivial).
+    #[test]
+    fn after_an_outage_the_set_stays_whole_while_the_renewals_come_back() {
+        let mut known = Known::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let leases = |renewed: [i64; 3]| -> Vec<_> {
+            NODES
+                .iter()
+                .zip(renewed)
+                .map(|(n, r)| lease(n, r))
+                .collect()
+        };
+        assert_eq!(known.observe(&leases([0, 0, 0]), &nodes(), t0).len(), 3);
+        // Nothing for 60 s, then node1 renews, then node2 and node3 within a renewal period.
+        assert_eq!(
+            known
+                .observe(&leases([60, 0, 0]), &nodes(), t0 + s(60))
+                .len(),
+            3
+        );
+        assert_eq!(
+            known
+                .observe(&leases([60, 62, 0]), &nodes(), t0 + s(62))
+                .len(),
+            3
+        );
+        assert_eq!(
+            known
+                .observe(&leases([60, 62, 65]), &nodes(), t0 + s(65))
+                .len(),
+            3
+        );
+        // A speaker that died in the outage still ages out, a Lease duration after the others.
+        let mut known = Known::default();
+        known.observe(&leases([0, 0, 0]), &nodes(), t0);
+        let mut last = BTreeSet::new();
+        for step in 6..=12 {
+            let t = i64::from(step) * 10;
+            last = known.observe(
+                &leases([t, t, 0]),
+                &nodes(),
+                t0 + s(u64::try_from(t).unwrap()),
+            );
+        }
+        assert_eq!(names(last), ["node1", "node2"]);
+    }
+
+    #[test]
+    fn two_leases_naming_one_holder_age_apart() {
+        let mut known = Known::default();
+        let t0 = Instant::now();
+        let forged = |renewed: i64| {
+            let mut l = (*lease("node3", renewed)).clone();
+            l.metadata.name = Some("forged-node3".into());
+            Arc::new(l)
+        };
+        let s = Duration::from_secs;
+        known.observe(
+            &[lease("node1", 0), lease("node3", 0), forged(0)],
+            &nodes(),
+            t0,
+        );
+        let mut last = BTreeSet::new();
+        // The real node3 is dead; the forged Lease for node3 is written once and left.
+        for step in 1..=5 {
+            let t = step * 10;
+            let leases = [lease("node1", t), lease("node3", 0), forged(0)];
+            last = known.observe(&leases, &nodes(), t0 + s(u64::try_from(t).unwrap()));
+        }
+        assert_eq!(names(last), ["node1"]);
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! One step of the layer 2 work loop as pure code: from what the caches, the heartbeats and the
 //! interfaces say, to the members planning counts, the status this node reports, the announced
-//! metric's label sets and the failures worth an Event. The binary's loop (`run/mod.rs`) only
-//! gathers the inputs and carries the results out (sockets, API writes, metrics).
+//! metric's label sets and the failures worth an Event. Layer 2's part of the work loop
+//! (`l2/work.rs`) only gathers the inputs and carries the results out (sockets, API writes,
+//! metrics).
 //!
 //! Who may own IPs at all (settling, the quorum rule, the claim delay, tenure, flap damping) is
 //! [`crate::l2::gate`]'s; [`Settling`] and [`members`] are its building blocks here. Rules that
 //! live here:
 //! * A node reports (ServiceL2Status) exactly the Services of the IPs it announces, with the
 //!   interfaces it announces them on, in the plan's order, without repeats.
-//! * A failure to announce on an interface is reported once per Service and interface.
+//! * A failure to announce on an interface is reported once per Service and interface while it
+//!   lasts, and again if it comes back after it cleared.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
