@@ -91,18 +91,37 @@ pub async fn read(
     })
 }
 
+/// The field manager of the speakers' presence Lease writes.
+const SPEAKER_MANAGER: &str = "ferrolb-speaker";
+
+/// When the API server last took a renewal of `lease` (seconds): the time of the speaker's
+/// managed-fields entry, which the API server stamps with its own clock at every apply that
+/// changes the Lease, so a speaker whose wall clock is off is judged right (issue 33). Without
+/// that entry, the `renewTime` the speaker wrote.
+fn renewed_at(lease: &Lease) -> Option<i64> {
+    let applied = lease
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| f.manager.as_deref() == Some(SPEAKER_MANAGER))
+        .filter_map(|f| f.time.as_ref().map(|t| t.0.as_second()))
+        .max();
+    applied.or_else(|| Some(lease.spec.as_ref()?.renew_time.as_ref()?.0.as_second()))
+}
+
 /// One speaker per presence Lease that is not being deleted and has a holder, sorted by node;
-/// live when renewed within its duration of `now` (seconds).
+/// live when the API server took its last renewal within its duration of `now` (seconds).
 fn from_leases(leases: Vec<Lease>, now: i64) -> Vec<LiveSpeaker> {
     let mut speakers: Vec<LiveSpeaker> = leases
         .into_iter()
         .filter(|l| l.metadata.deletion_timestamp.is_none())
         .filter_map(|l| {
+            let at = renewed_at(&l);
             let spec = l.spec?;
             let node = spec.holder_identity.filter(|h| !h.is_empty())?;
-            let live = spec.renew_time.is_some_and(|t| {
-                now - t.0.as_second() <= i64::from(spec.lease_duration_seconds.unwrap_or(40))
-            });
+            let live = at
+                .is_some_and(|at| now - at <= i64::from(spec.lease_duration_seconds.unwrap_or(40)));
             Some(LiveSpeaker {
                 node,
                 live,
@@ -265,7 +284,52 @@ async fn ask(client: &kube::Client, namespace: &str, pod: &Pod) -> Result<Speake
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
+
+    /// A speaker whose clock is 90 s behind writes an old `renewTime`; the API server's stamp
+    /// of its last apply says it is live. A dead one whose clock was ahead is not.
+    #[test]
+    fn liveness_is_judged_by_the_api_servers_clock() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, MicroTime, Time};
+        use k8s_openapi::jiff::Timestamp;
+        let now = 1_800_000_000;
+        let lease = |node: &str, written: i64, applied: Option<i64>| {
+            let mut l = Lease {
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(node.into()),
+                    lease_duration_seconds: Some(40),
+                    renew_time: Some(MicroTime(Timestamp::from_second(written).unwrap())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            l.metadata.managed_fields = applied.map(|at| {
+                vec![ManagedFieldsEntry {
+                    manager: Some(SPEAKER_MANAGER.into()),
+                    operation: Some("Apply".into()),
+                    time: Some(Time(Timestamp::from_second(at).unwrap())),
+                    ..Default::default()
+                }]
+            });
+            l
+        };
+        let speakers = from_leases(
+            vec![
+                lease("behind", now - 95, Some(now - 5)),
+                lease("ahead-dead", now + 90, Some(now - 120)),
+                lease("no-fields", now - 10, None),
+            ],
+            now,
+        );
+        let live: Vec<(&str, bool)> = speakers.iter().map(|s| (s.node.as_str(), s.live)).collect();
+        assert_eq!(
+            live,
+            [("ahead-dead", false), ("behind", true), ("no-fields", true)]
+        );
+    }
 
     #[test]
     fn the_api_servers_date_is_read() {
