@@ -8,7 +8,10 @@
 //! * `FERROLB_BENCH_SPEAKER_ARGS`: extra speaker arguments (e.g. `--failure-timeout=300ms`).
 //! * `FERROLB_BENCH_FAULTS`: a comma-separated subset of the faults (default all): `link`,
 //!   `kill`, `hb-nonowner`, `hb-owner`, `hb-owner-in`, `hb-owner-out`, `hb-owner-loss`,
-//!   `freeze`, `hb-owner-delay`, `junk`, `api-link`, `key-owner`, `rotate`, `roll`.
+//!   `freeze`, `hb-owner-delay`, `junk`, `api-link`, `key-owner`, `rotate`, `roll`, `upgrade`.
+//! * `FERROLB_BENCH_UPGRADE_FROM=<commit>`: runs `upgrade`, a rolling upgrade from the speaker
+//!   of that commit (built once into `~/.cache/ferrolb/upgrade/`) to this one and back, as
+//!   `roll` counts it: broken connections, IP moves, MACs per request.
 //!
 //! The other faults are partial: UDP 7946 (the heartbeats) dropped with iptables in one node's
 //! namespace, both ways on a node that does not own the IP, both ways on the owner, inbound only
@@ -126,6 +129,28 @@ impl Keys {
         let mut args = vec!["--gossip-next-key-file", next.as_str()];
         args.extend_from_slice(extra);
         ferrolb::start_speaker(lab, &credentials, node, &args)
+    }
+
+    /// [`Self::start`] running the speaker binary `exe` when given (another version's).
+    fn start_exe(
+        &self,
+        lab: &Lab,
+        credentials: &ferrolb::SpeakerCredentials,
+        node: &str,
+        extra: &[&str],
+        exe: Option<&std::path::Path>,
+    ) -> anyhow::Result<process::LabProcess> {
+        let Some(exe) = exe else {
+            return self.start(lab, credentials, node, extra);
+        };
+        let credentials = ferrolb::SpeakerCredentials {
+            gossip_key: self.key(node),
+            ..credentials.clone()
+        };
+        let next = self.next(node).display().to_string();
+        let mut args = vec!["--gossip-next-key-file", next.as_str()];
+        args.extend_from_slice(extra);
+        ferrolb::start_speaker_exe(lab, &credentials, node, &args, exe)
     }
 }
 
@@ -465,18 +490,37 @@ async fn run(
     // Last, with everything above already printed: it leaves the speakers restarted with
     // `--restart-hold-when=always`.
     if wanted.is_empty() || wanted.contains(&"roll") {
-        roll(
+        let rolling = Rolling {
             lab,
             credentials,
             keys,
             extra,
-            speakers,
-            &ips,
+            ips: &ips,
             owner,
-            &node_of,
-            trials,
-        )
-        .await?;
+            node_of: &node_of,
+        };
+        roll(&rolling, speakers, None, trials).await?;
+    }
+    // Only when asked for: it builds another version's speaker.
+    let from = std::env::var("FERROLB_BENCH_UPGRADE_FROM").ok();
+    anyhow::ensure!(
+        from.is_some() || !wanted.contains(&"upgrade"),
+        "the upgrade needs FERROLB_BENCH_UPGRADE_FROM=<commit>"
+    );
+    if let Some(from) = from
+        && (wanted.is_empty() || wanted.contains(&"upgrade"))
+    {
+        let old = ferrolb_e2e::bench::speaker_at(&from)?;
+        let rolling = Rolling {
+            lab,
+            credentials,
+            keys,
+            extra,
+            ips: &ips,
+            owner,
+            node_of: &node_of,
+        };
+        roll(&rolling, speakers, Some((&from, &old)), trials).await?;
     }
     Ok(())
 }
@@ -554,32 +598,52 @@ async fn rotate(
     Ok(())
 }
 
+/// What a rolling restart works on.
+struct Rolling<'a> {
+    lab: &'a Lab,
+    credentials: &'a ferrolb::SpeakerCredentials,
+    keys: &'a Keys,
+    extra: &'a [&'a str],
+    ips: &'a [String],
+    owner: &'a str,
+    node_of: &'a BTreeMap<String, String>,
+}
+
 /// A rolling restart of the three speakers per trial, as a DaemonSet update does it: stop, start
 /// the successor, wait for its `/readyz`, next node. Counts the long-lived connections (one per
 /// IP, `ferrolb-lab hold`) that broke and the IP moves. The speakers run with
 /// `--restart-hold-when=always` (they are processes, not pods); `FERROLB_BENCH_SPEAKER_ARGS=
 /// --restart-hold=0s` gives the figures without the restart hold.
-#[allow(clippy::too_many_arguments)]
+///
+/// With `upgrade` (`FERROLB_BENCH_UPGRADE_FROM=<commit>`, and that version's speaker binary), a
+/// rolling upgrade between versions instead: every speaker starts as the old version, then the
+/// trials roll old to new and new to old in turn, so every trial has both versions running side
+/// by side, as a DaemonSet update (and its rollback) does.
 async fn roll(
-    lab: &Lab,
-    credentials: &ferrolb::SpeakerCredentials,
-    keys: &Keys,
-    extra: &[&str],
+    r: &Rolling<'_>,
     speakers: &mut BTreeMap<&'static str, process::LabProcess>,
-    ips: &[String],
-    owner: &str,
-    node_of: &BTreeMap<String, String>,
+    upgrade: Option<(&str, &std::path::Path)>,
     trials: usize,
 ) -> anyhow::Result<()> {
+    let Rolling {
+        lab,
+        credentials,
+        keys,
+        extra,
+        ips,
+        owner,
+        node_of,
+    } = *r;
     let mut args: Vec<&str> = extra.to_vec();
     args.push("--restart-hold-when=always");
+    let old = upgrade.map(|(_, exe)| exe);
     // Speakers that say they are being replaced when stopped (these restarts move IPs: the
-    // running speakers do not know yet), then the owner back.
+    // running speakers do not know yet), then the owner back; on the old version when upgrading.
     for node in NODES {
         if let Some(p) = speakers.remove(node) {
             process::stop(&p, Duration::from_secs(5));
         }
-        speakers.insert(node, keys.start(lab, credentials, node, &args)?);
+        speakers.insert(node, keys.start_exe(lab, credentials, node, &args, old)?);
         ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(60)).await?;
     }
     let (mut broken, mut held, mut moves, mut most, mut rolls) =
@@ -597,7 +661,9 @@ async fn roll(
                 process::stop(&p, Duration::from_secs(5));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
-            speakers.insert(node, keys.start(lab, credentials, node, &args)?);
+            // Upgrading: even trials roll to this version, odd ones back to the old one.
+            let exe = if trial % 2 == 0 { None } else { old };
+            speakers.insert(node, keys.start_exe(lab, credentials, node, &args, exe)?);
             // Until the successor is ready, sample who answers, request by request.
             loop {
                 for macs in lab.l2_answers_by_request("client", &ips[0])? {
@@ -632,7 +698,12 @@ async fn roll(
         }
     }
     println!();
-    println!("rolling restarts ({trials} trials, speakers {args:?}):");
+    match upgrade {
+        None => println!("rolling restarts ({trials} trials, speakers {args:?}):"),
+        Some((from, _)) => println!(
+            "rolling upgrades from {from} and back ({trials} trials, even: up, odd: down; speakers {args:?}):"
+        ),
+    }
     println!(
         "long-lived connections broken: {broken} of {held}; IP moves {moves}; most MACs answering one request {most}"
     );

@@ -81,6 +81,84 @@ pub fn finish_probe(child: std::process::Child) -> anyhow::Result<crate::probe::
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
+/// The speaker binary of another version of ferrolb, `commit` (anything `git rev-parse` takes
+/// in this repository), built once in the release profile and kept in the cache
+/// (`$FERROLB_CACHE/upgrade/<sha>/`, default `~/.cache/ferrolb`): the other side of a rolling
+/// upgrade. The tree is taken with `git archive`, so the working tree and `.git` are left alone.
+pub fn speaker_at(commit: &str) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    let root = crate::lab::repo_root();
+    let git = |args: &[&str]| -> anyhow::Result<std::process::Output> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(args)
+            .output()
+            .context("running git")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(out)
+    };
+    let rev = format!("{commit}^{{commit}}");
+    let sha = String::from_utf8(git(&["rev-parse", "--verify", &rev])?.stdout)?
+        .trim()
+        .to_string();
+    let cache = std::env::var_os("FERROLB_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/ferrolb")
+        })
+        .join("upgrade");
+    let src = cache.join(&sha);
+    // Its own copy per version: every version builds into one shared target dir.
+    let kept = cache.join(format!("ferrolb-speaker-{sha}"));
+    if kept.is_file() {
+        return Ok(kept);
+    }
+    if !src.join("Cargo.toml").is_file() {
+        std::fs::create_dir_all(&src)?;
+        let tar = git(&["archive", "--format=tar", &sha])?.stdout;
+        let mut child = std::process::Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(&src)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .context("running tar")?;
+        std::io::Write::write_all(child.stdin.as_mut().context("tar's stdin")?, &tar)?;
+        drop(child.stdin.take());
+        anyhow::ensure!(child.wait()?.success(), "unpacking {sha} failed");
+    }
+    eprintln!("building the speaker of {sha} in {}", src.display());
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "ferrolb-speaker",
+            "--bin",
+        ])
+        .arg("ferrolb-speaker")
+        .env("CARGO_TARGET_DIR", cache.join("target"))
+        .current_dir(&src)
+        .status()
+        .context("running cargo")?;
+    anyhow::ensure!(
+        status.success(),
+        "building the speaker of {sha} failed: {status}"
+    );
+    let built = cache.join("target").join("release").join("ferrolb-speaker");
+    std::fs::copy(&built, &kept)?;
+    Ok(kept)
+}
+
 /// Takes the lab down after a bench, unless `FERROLB_KEEP_LAB` is set.
 pub fn lab_done() -> anyhow::Result<()> {
     if std::env::var_os("FERROLB_KEEP_LAB").is_none() {

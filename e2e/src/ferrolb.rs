@@ -352,6 +352,30 @@ pub fn start_speaker_clocked(
     extra: &[&str],
     offset: Option<&str>,
 ) -> anyhow::Result<LabProcess> {
+    let exe = workspace_binary("ferrolb-speaker")?;
+    spawn_speaker(lab, credentials, node, extra, offset, &exe)
+}
+
+/// [`start_speaker`] running the speaker binary `exe` instead of the workspace's: another
+/// version's, for a rolling upgrade between versions ([`crate::bench::speaker_at`]).
+pub fn start_speaker_exe(
+    lab: &Lab,
+    credentials: &SpeakerCredentials,
+    node: &str,
+    extra: &[&str],
+    exe: &Path,
+) -> anyhow::Result<LabProcess> {
+    spawn_speaker(lab, credentials, node, extra, None, exe)
+}
+
+fn spawn_speaker(
+    lab: &Lab,
+    credentials: &SpeakerCredentials,
+    node: &str,
+    extra: &[&str],
+    offset: Option<&str>,
+    exe: &Path,
+) -> anyhow::Result<LabProcess> {
     let host = lab
         .topology
         .host(node)
@@ -374,7 +398,7 @@ pub fn start_speaker_clocked(
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     speaker_pod(lab, node, &host.interfaces[0].ipv4.to_string())?;
-    let exe = workspace_binary("ferrolb-speaker")?.display().to_string();
+    let exe = exe.display().to_string();
     let (program, args) = match offset {
         None => (exe, args),
         Some(offset) => {
