@@ -2,10 +2,17 @@
 //! `/healthz` (503 when the work loop's pulse has stopped), `/readyz` (503 with the reason until
 //! the loop says it is ready, and while the pulse is stopped), and read-only JSON pages (the
 //! speaker's live report); over TLS when configured.
+//!
+//! Connections are bounded ([`Limits`]): a client that sends its headers slowly (a slow-loris)
+//! or holds a connection idle is closed after the header-read timeout, and at most
+//! [`Limits::max_connections`] are served at once (the others wait in the kernel's backlog), so
+//! no client can hold the kubelet's probes or Prometheus away for long, or take the process's
+//! file descriptors.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
@@ -13,6 +20,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
@@ -118,6 +127,27 @@ pub struct Server {
     pub pages: JsonPages,
 }
 
+/// What one client can hold of the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest a connection may take to send a request's headers, counted from when the server
+    /// waits for them (a new connection, or one idle between requests): then it is closed.
+    pub header_read_timeout: Duration,
+    /// Connections served at once; further ones wait in the kernel's backlog until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    /// 5 s for headers (a probe or a scrape sends them in one packet), 64 connections (the
+    /// kubelet's probes and a few scrapers need a handful).
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: Duration::from_secs(5),
+            max_connections: 64,
+        }
+    }
+}
+
 /// Serves `server` on `addr` until the task is dropped.
 pub async fn serve(addr: SocketAddr, server: Server) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -128,6 +158,15 @@ pub async fn serve(addr: SocketAddr, server: Server) -> anyhow::Result<()> {
 
 /// [`serve`] on a listener already bound.
 pub async fn serve_on(listener: tokio::net::TcpListener, server: Server) -> anyhow::Result<()> {
+    serve_limited(listener, server, Limits::default()).await
+}
+
+/// [`serve_on`] with other [`Limits`] than the default.
+pub async fn serve_limited(
+    listener: tokio::net::TcpListener,
+    server: Server,
+    limits: Limits,
+) -> anyhow::Result<()> {
     let Server {
         registry,
         ready,
@@ -157,8 +196,37 @@ pub async fn serve_on(listener: tokio::net::TcpListener, server: Server) -> anyh
             pulse,
         });
     match tls {
-        Some(files) => axum::serve(tls::TlsListener::new(listener, files)?, app).await?,
-        None => axum::serve(listener, app).await?,
+        Some(files) => {
+            serve_connections(tls::TlsListener::new(listener, files)?, app, limits).await
+        }
+        None => serve_connections(listener, app, limits).await,
     }
     Ok(())
+}
+
+/// Accepts connections from `listener` while fewer than `limits.max_connections` are open,
+/// and serves each over HTTP/1.1 with the header-read timeout. Returns only if the slots are
+/// closed, which does not happen.
+async fn serve_connections<L: axum::serve::Listener>(mut listener: L, app: Router, limits: Limits) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    // The timer is what makes hyper enforce the header-read timeout (without one it has none).
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        // The listener retries failed accepts itself (axum's `Listener`, and `TlsListener`).
+        let (io, _) = listener.accept().await;
+        let connection =
+            http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
+        tokio::spawn(async move {
+            // Held until the connection ends, whichever way.
+            let _slot = slot;
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "metrics server: connection ended");
+            }
+        });
+    }
 }
