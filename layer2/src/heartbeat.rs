@@ -253,11 +253,16 @@ impl Heartbeat {
         let unix_ms = r.u64()?;
         let node = r.string()?;
         let count = r.u8()?;
+        // Names come in strictly increasing order, as encoding writes them (from a BTreeSet and
+        // a BTreeMap): in another order the same heartbeat would have a second encoding, and
+        // decoding then encoding would change its bytes (found by the heartbeat fuzz target).
         let mut interfaces = BTreeSet::new();
         for _ in 0..count {
-            if !interfaces.insert(r.string()?) {
+            let name = r.string()?;
+            if interfaces.last().is_some_and(|last| *last >= name) {
                 return Err(HeartbeatError::Malformed);
             }
+            interfaces.insert(name);
         }
         let count = u16::from_be_bytes([r.u8()?, r.u8()?]);
         let mut hears = BTreeMap::new();
@@ -273,9 +278,14 @@ impl Heartbeat {
                 seq: r.u64()?,
             };
             let name = r.string()?;
-            if name.is_empty() || hears.insert(name, heard).is_some() {
+            if name.is_empty()
+                || hears
+                    .last_key_value()
+                    .is_some_and(|(last, _)| *last >= name)
+            {
                 return Err(HeartbeatError::Malformed);
             }
+            hears.insert(name, heard);
         }
         if !r.0.is_empty() || node.is_empty() {
             return Err(HeartbeatError::Malformed);

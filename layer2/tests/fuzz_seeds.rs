@@ -1,0 +1,275 @@
+//! The fuzz targets' seed corpus (layer2/fuzz/seeds/<target>/): the frames of l2_vectors.rs
+//! (captured from Linux, arping and ndisc6) and signed heartbeats, wrapped in each target's
+//! input format, so coverage-guided fuzzing (scripts/fuzz) starts from valid messages.
+//!
+//! This test fails when the committed files differ from what it would write; to rewrite them:
+//! `FERROLB_WRITE_FUZZ_SEEDS=1 cargo test -p ferrolb-layer2 --test fuzz_seeds`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv6Addr;
+use std::path::Path;
+
+use ferrolb_layer2::heartbeat::{Heard, Heartbeat};
+use ferrolb_layer2::packet::ndp::ALL_NODES;
+use ferrolb_layer2::packet::router_discovery::ALL_ROUTERS;
+use ferrolb_layer2::packet::{
+    ETHERTYPE_ARP, ETHERTYPE_IPV6, MacAddr, RouterAdvertisement, RouterSolicitation,
+    router_advertisement, router_solicitation,
+};
+
+/// Files of one target: name -> bytes.
+type Corpus = BTreeMap<String, Vec<u8>>;
+
+/// The heartbeat target's key (layer2/fuzz/fuzz_targets/heartbeat.rs).
+const FUZZ_KEY: &[u8] = b"fuzz key, at least 16 bytes";
+/// Bytes of the heartbeat's truncated tag and of its magic.
+const TAG_LEN: usize = 16;
+const MAGIC_LEN: usize = 4;
+/// The router_discovery target's link-local source for selector 0 (its `PEER`).
+const PEER: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa);
+const MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x0b]);
+
+/// `const NAME: &str = "<hex>";` items of a Rust source, as (lowercase name, bytes); consts
+/// that are not all hex digits are skipped.
+fn hex_consts(source: &str) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("\nconst ") {
+        rest = &rest[at + "\nconst ".len()..];
+        let Some((name, after)) = rest.split_once(": &str = \"") else {
+            break;
+        };
+        if name.contains(char::is_whitespace) {
+            continue;
+        }
+        let Some((body, _)) = after.split_once('"') else {
+            break;
+        };
+        let digits: String = body
+            .chars()
+            .filter(|c| !c.is_whitespace() && *c != '\\')
+            .collect();
+        if digits.is_empty()
+            || !digits.len().is_multiple_of(2)
+            || !digits.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            continue;
+        }
+        let bytes = (0..digits.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
+            .collect();
+        out.push((name.to_lowercase(), bytes));
+    }
+    out
+}
+
+/// Compares the committed seeds with `want`, or writes them when FERROLB_WRITE_FUZZ_SEEDS=1.
+fn check_or_write(dir: &Path, want: BTreeMap<&'static str, Corpus>) {
+    let write = std::env::var_os("FERROLB_WRITE_FUZZ_SEEDS").is_some_and(|v| v == "1");
+    if write {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    for (target, corpus) in &want {
+        let target_dir = dir.join(target);
+        if write {
+            std::fs::create_dir_all(&target_dir).unwrap();
+            for (name, bytes) in corpus {
+                std::fs::write(target_dir.join(name), bytes).unwrap();
+            }
+        }
+        let have: Corpus = std::fs::read_dir(&target_dir)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (FERROLB_WRITE_FUZZ_SEEDS=1 writes it)",
+                    target_dir.display()
+                )
+            })
+            .map(|entry| {
+                let entry = entry.unwrap();
+                let name = entry.file_name().into_string().unwrap();
+                (name, std::fs::read(entry.path()).unwrap())
+            })
+            .collect();
+        assert!(
+            &have == corpus,
+            "{} differs from what the vectors give ({} files committed, {} expected); \
+             rewrite with FERROLB_WRITE_FUZZ_SEEDS=1 cargo test --test fuzz_seeds",
+            target_dir.display(),
+            have.len(),
+            corpus.len()
+        );
+    }
+    let targets: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| !want.contains_key(name.as_str()))
+        .collect();
+    assert!(targets.is_empty(), "seeds of unknown targets: {targets:?}");
+}
+
+fn ethertype(frame: &[u8]) -> u16 {
+    u16::from_be_bytes([frame[12], frame[13]])
+}
+
+fn beat(node: &str, hears: usize, name_len: usize) -> Heartbeat {
+    Heartbeat {
+        node: node.to_string(),
+        boot: 0x1234_5678_9abc_def0,
+        seq: 42,
+        unix_ms: 1_796_000_000_000,
+        ready: true,
+        leaving: false,
+        restarting: false,
+        interfaces: BTreeSet::from(["eth0".to_string(), "bond0.100".to_string()]),
+        hears: (0..hears)
+            .map(|i| {
+                let name = format!("node-{i:0>width$}", width = name_len.saturating_sub(5));
+                let heard = Heard {
+                    ready: i % 3 != 0,
+                    boot: 7 + i as u64,
+                    seq: 1000 + i as u64,
+                };
+                (name, heard)
+            })
+            .collect(),
+    }
+}
+
+fn seeds() -> BTreeMap<&'static str, Corpus> {
+    let frames = hex_consts(include_str!("l2_vectors.rs"));
+    assert!(
+        frames.len() >= 14,
+        "l2_vectors.rs gives {} frames",
+        frames.len()
+    );
+    let of_type = |t: u16| frames.iter().filter(move |(_, f)| ethertype(f) == t);
+
+    // arp and ndp: whole frames, and the payload after the Ethernet header (the targets also
+    // parse the input behind a header of their ethertype).
+    let arp = of_type(ETHERTYPE_ARP)
+        .flat_map(|(name, frame)| {
+            [
+                (name.clone(), frame.clone()),
+                (format!("{name}.payload"), frame[14..].to_vec()),
+            ]
+        })
+        .collect();
+    let ndp = of_type(ETHERTYPE_IPV6)
+        .flat_map(|(name, frame)| {
+            [
+                (name.clone(), frame.clone()),
+                (format!("{name}.payload"), frame[14..].to_vec()),
+            ]
+        })
+        .collect();
+
+    // router_discovery: a selector octet (bits 0-1 source, bit 2 destination all-routers,
+    // bits 6-7 hop limit 255), then the ICMPv6 message.
+    let from_peer_to_nodes = 0xc0;
+    let from_peer_to_routers = 0xc4;
+    let rs_linux = frames.iter().find(|(n, _)| n == "rs_linux").unwrap();
+    let ra = RouterAdvertisement {
+        cur_hop_limit: 64,
+        flags: 0x08,
+        router_lifetime: 1800,
+        reachable_time: 30_000,
+        retrans_timer: 1000,
+        source_link_addr: Some(MAC),
+    };
+    let router_discovery = [
+        (
+            "rs_linux",
+            [&[from_peer_to_routers][..], &rs_linux.1[54..]].concat(),
+        ),
+        (
+            "rs_ours",
+            [
+                &[from_peer_to_routers][..],
+                &router_solicitation(
+                    &RouterSolicitation {
+                        source_link_addr: Some(MAC),
+                    },
+                    PEER,
+                    ALL_ROUTERS,
+                ),
+            ]
+            .concat(),
+        ),
+        (
+            "ra",
+            [
+                &[from_peer_to_nodes][..],
+                &router_advertisement(&ra, PEER, ALL_NODES),
+            ]
+            .concat(),
+        ),
+        (
+            "ra_not_a_default_router",
+            [
+                &[from_peer_to_nodes][..],
+                &router_advertisement(
+                    &RouterAdvertisement::not_a_default_router(MAC),
+                    PEER,
+                    ALL_NODES,
+                ),
+            ]
+            .concat(),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, bytes)| (name.to_string(), bytes))
+    .collect();
+
+    // heartbeat: mode 0 is a raw datagram (signed with the target's key); mode 1 is signed by
+    // the target (here without its tag); mode 4 also gets the magic from the target; mode 2 is
+    // records of 26 octets fed to the membership table. The large ones reach the 64 KiB a
+    // datagram can hold.
+    let mut heartbeat = Corpus::new();
+    for (name, beat) in [
+        ("alone", beat("node0", 0, 5)),
+        ("three", beat("node1", 3, 5)),
+        ("hundreds", beat("node2", 300, 40)),
+        ("near_64k", beat("node3", 240, 253)),
+    ] {
+        let signed = beat.encode(FUZZ_KEY).unwrap();
+        assert!(signed.len() < 65_536, "{name}: {} bytes", signed.len());
+        let body = &signed[..signed.len() - TAG_LEN];
+        heartbeat.insert(format!("{name}.raw"), [&[0u8][..], &signed].concat());
+        heartbeat.insert(format!("{name}.unsigned"), [&[1u8][..], body].concat());
+        heartbeat.insert(
+            format!("{name}.no_magic"),
+            [&[4u8][..], &body[MAGIC_LEN..]].concat(),
+        );
+    }
+    // Records: node, flags (ready, leaving, hears bits, restarting), boot, seq, clock.
+    let record = |node: u8, flags: u8, boot: u64, seq: u64, ms: u64| {
+        let mut r = vec![node, flags];
+        r.extend_from_slice(&boot.to_be_bytes());
+        r.extend_from_slice(&seq.to_be_bytes());
+        r.extend_from_slice(&ms.to_be_bytes());
+        r
+    };
+    let mut table = vec![2u8];
+    for seq in 1..=4 {
+        for node in 0..3u8 {
+            table.extend(record(node | 0x80 | 0x20, 0x1d, 9, seq, 1_796_000_000_000));
+        }
+    }
+    table.extend(record(1, 0x42, 9, 5, 1_796_000_000_500)); // node1 leaving, restarting
+    heartbeat.insert("table".into(), table);
+
+    BTreeMap::from([
+        ("arp", arp),
+        ("ndp", ndp),
+        ("router_discovery", router_discovery),
+        ("heartbeat", heartbeat),
+    ])
+}
+
+#[test]
+fn fuzz_seeds_are_the_vectors() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    check_or_write(&dir, seeds());
+}
