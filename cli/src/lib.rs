@@ -128,9 +128,13 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
-    let client = ferrolb_runtime::kube_client(cli.kubeconfig.as_deref()).await?;
+    let config = ferrolb_runtime::kube_config(cli.kubeconfig.as_deref()).await?;
+    // The speakers answer only callers whose token allows it (docs/explain.md).
+    let token = live::bearer_token(&config).await;
+    let client = kube::Client::try_from(config)?;
     let snapshot = read(
         &client,
+        token.as_deref(),
         &cli.config_namespace,
         cli.lb_class.clone(),
         &cli.speaker_selector,
@@ -222,6 +226,7 @@ fn print(report: &ServiceReport, output: Output, when: colour::When) -> anyhow::
 /// Lists what the explanation reads (read access only).
 async fn read(
     client: &kube::Client,
+    token: Option<&str>,
     namespace: &str,
     lb_class: Option<String>,
     speaker_selector: &str,
@@ -249,7 +254,7 @@ async fn read(
         .filter(|n| n.metadata.name.is_some())
         .map(|n| NodeInfo::from_metadata(&n.metadata))
         .collect();
-    let speakers = live::read(client, namespace, speaker_selector).await?;
+    let speakers = live::read(client, token, namespace, speaker_selector).await?;
     let ns = |c: &kube::Client| c.clone();
     let objects = Objects {
         namespace: namespace.to_string(),

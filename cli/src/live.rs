@@ -1,6 +1,8 @@
 //! The speakers, live: their presence Leases, and each one's report
 //! (`ferrolb_explain::speaker_report`) read through the API server's proxy to its Pod, so the
-//! CLI needs no route to the nodes, only `get` on `pods/proxy` in the speakers' namespace.
+//! CLI needs no route to the nodes, only `get` on `pods/proxy` in the speakers' namespace. The
+//! speaker checks that permission itself with the user's bearer token, which the CLI sends in
+//! `speaker_report::TOKEN_HEADER` (the API server does not pass `Authorization` on).
 
 use std::time::Duration;
 
@@ -37,8 +39,10 @@ pub struct Speakers {
 /// Reads the speakers of `namespace`: their Leases (live when renewed within their duration,
 /// by this machine's clock), then the report of each live one.
 /// `selector` picks the speaker Pods.
+/// `token` is the user's bearer token, which the speakers ask for.
 pub async fn read(
     client: &kube::Client,
+    token: Option<&str>,
     namespace: &str,
     selector: &str,
 ) -> anyhow::Result<Speakers> {
@@ -80,10 +84,10 @@ pub async fn read(
     };
     let asks = speakers.iter().filter(|s| s.live).map(|s| {
         let pod = running_pod(&pods, &s.node);
-        ask_node(client, namespace, selector, pod, s.node.clone())
+        ask_node(client, token, namespace, selector, pod, s.node.clone())
     });
     let answers = futures::future::join_all(asks).await;
-    let unavailable = take_answers(&mut speakers, answers, namespace);
+    let unavailable = take_answers(&mut speakers, answers, namespace, token.is_some());
     Ok(Speakers {
         speakers,
         unavailable,
@@ -148,13 +152,14 @@ fn running_pod<'a>(pods: &'a [Pod], node: &str) -> Option<&'a Pod> {
 /// The report of the speaker on `node` from its `pod`, which must answer for that node.
 async fn ask_node(
     client: &kube::Client,
+    token: Option<&str>,
     namespace: &str,
     selector: &str,
     pod: Option<&Pod>,
     node: String,
 ) -> Result<SpeakerReport, Asked> {
     match pod {
-        Some(pod) => match ask(client, namespace, pod).await {
+        Some(pod) => match ask(client, token, namespace, pod).await {
             Ok(report) if report.node != node => Err(Asked::Failed(format!(
                 "its Pod answered for node {:?}",
                 report.node
@@ -173,6 +178,7 @@ fn take_answers(
     speakers: &mut [LiveSpeaker],
     answers: Vec<Result<SpeakerReport, Asked>>,
     namespace: &str,
+    sent_token: bool,
 ) -> Option<String> {
     let mut unavailable = None;
     let mut failures = Vec::new();
@@ -184,6 +190,9 @@ fn take_answers(
                 answered += 1;
             }
             Err(Asked::Forbidden) => unavailable = Some(forbidden(namespace)),
+            Err(Asked::Refused(status)) => {
+                unavailable = Some(refused(status, namespace, sent_token));
+            }
             Err(Asked::Failed(e)) => failures.push((s.node.clone(), e)),
         }
     }
@@ -228,13 +237,66 @@ fn forbidden(namespace: &str) -> String {
     )
 }
 
+/// Why a speaker refused the report: it answers only callers whose bearer token allows `get` on
+/// its Pod's pods/proxy (401: no token or one it could not verify, 403: not allowed).
+fn refused(status: u16, namespace: &str, sent_token: bool) -> String {
+    match (status, sent_token) {
+        (401, false) => "the speakers answer only callers that send a bearer token, and this kubeconfig's user has none (a client certificate?): use one with a token, e.g. of a ServiceAccount bound to the Role ferrolb-explain (docs/explain.md)".into(),
+        (401, true) => "the speakers did not accept this kubeconfig's token (401)".into(),
+        _ => format!(
+            "the speakers refused this kubeconfig's user ({status}): it needs get on pods/proxy in {namespace}, the Role ferrolb-explain (docs/explain.md)"
+        ),
+    }
+}
+
 enum Asked {
+    /// The API server refused the proxy request (RBAC).
     Forbidden,
+    /// The speaker refused the caller (its HTTP status).
+    Refused(u16),
     Failed(String),
 }
 
+/// The bearer token `config`'s user presents to the API server, as kube's client would send it
+/// (a static token, a token file, an exec plugin's or an auth provider's); `None` for a client
+/// certificate or basic authentication, which cannot be passed on.
+pub async fn bearer_token(config: &kube::Config) -> Option<String> {
+    use kube::client::ConfigExt as _;
+    use tower::ServiceExt as _;
+    let auth = config.auth_layer().ok()??;
+    // Runs the auth layer over a service that only keeps the header it set.
+    let keep = tower::service_fn(|request: http::Request<kube::client::Body>| async move {
+        let value = request.headers().get(http::header::AUTHORIZATION).cloned();
+        // The auth layer wants a response: the header is its body.
+        Ok::<_, tower::BoxError>(http::Response::new(value))
+    });
+    let request = http::Request::get("/")
+        .body(kube::client::Body::empty())
+        .ok()?;
+    let value = tower::ServiceBuilder::new()
+        .layer(auth)
+        .service(keep)
+        .oneshot(request)
+        .await
+        .ok()?
+        .into_body()?;
+    bearer(value.to_str().ok()?)
+}
+
+/// The token of an `Authorization: Bearer` value.
+fn bearer(value: &str) -> Option<String> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+}
+
 /// One speaker's report, through `/api/v1/namespaces/NS/pods/[https:]POD:PORT/proxy/PATH`.
-async fn ask(client: &kube::Client, namespace: &str, pod: &Pod) -> Result<SpeakerReport, Asked> {
+async fn ask(
+    client: &kube::Client,
+    token: Option<&str>,
+    namespace: &str,
+    pod: &Pod,
+) -> Result<SpeakerReport, Asked> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let container = pod.spec.as_ref().and_then(|s| s.containers.first());
     let port = container
@@ -254,7 +316,11 @@ async fn ask(client: &kube::Client, namespace: &str, pod: &Pod) -> Result<Speake
         "/api/v1/namespaces/{namespace}/pods/{scheme}{name}:{port}/proxy{}",
         speaker_report::PATH
     );
-    let request = http::Request::get(&path)
+    let mut request = http::Request::get(&path);
+    if let Some(token) = token {
+        request = request.header(speaker_report::TOKEN_HEADER, format!("Bearer {token}"));
+    }
+    let request = request
         .body(Vec::new())
         .map_err(|e| Asked::Failed(e.to_string()))?;
     let text = match tokio::time::timeout(TIMEOUT, client.request_text(request)).await {
@@ -266,6 +332,10 @@ async fn ask(client: &kube::Client, namespace: &str, pod: &Pod) -> Result<Speake
         }
         Ok(Err(kube::Error::Api(e))) if e.code == 403 && e.reason == "Forbidden" => {
             return Err(Asked::Forbidden);
+        }
+        // The speaker's own refusal (plain text, not the API server's Status).
+        Ok(Err(kube::Error::Api(e))) if e.code == 401 || e.code == 403 => {
+            return Err(Asked::Refused(e.code));
         }
         Ok(Err(e)) => return Err(Asked::Failed(format!("Pod {name}: {e}"))),
         Ok(Ok(text)) => text,
@@ -329,6 +399,64 @@ mod tests {
             live,
             [("ahead-dead", false), ("behind", true), ("no-fields", true)]
         );
+    }
+
+    /// The token the kubeconfig gives the API server is the one sent to the speakers; a client
+    /// certificate gives none.
+    #[tokio::test]
+    async fn the_kubeconfigs_bearer_token_is_found() {
+        let dir = std::env::temp_dir().join(format!("ferrolb-cli-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, "from-a-file").unwrap();
+        let kubeconfig = |user: &str| {
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:6443\ncontexts:\n- name: c\n  context:\n    cluster: k\n    user: u\nusers:\n- name: u\n  user:\n{user}\n"
+            )
+        };
+        let token_of = async |user: &str| {
+            let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig(user)).unwrap();
+            let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .unwrap();
+            bearer_token(&config).await
+        };
+        assert_eq!(
+            token_of("    token: abc.def").await.as_deref(),
+            Some("abc.def")
+        );
+        assert_eq!(
+            token_of(&format!("    tokenFile: {}", token_file.display()))
+                .await
+                .as_deref(),
+            Some("from-a-file")
+        );
+        assert_eq!(
+            token_of("    username: alice\n    password: secret").await,
+            None
+        );
+        assert_eq!(
+            token_of("    client-certificate-data: Y2VydA==\n    client-key-data: a2V5").await,
+            None
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A speaker's refusal is one note for all, saying what to do.
+    #[test]
+    fn a_refusal_says_what_is_missing() {
+        let mut speakers = vec![LiveSpeaker {
+            node: "n1".into(),
+            live: true,
+            ..LiveSpeaker::default()
+        }];
+        let note = take_answers(&mut speakers, vec![Err(Asked::Refused(401))], "ns", false);
+        assert!(note.unwrap().contains("has none"));
+        let note = take_answers(&mut speakers, vec![Err(Asked::Refused(401))], "ns", true);
+        assert!(note.unwrap().contains("did not accept"));
+        let note = take_answers(&mut speakers, vec![Err(Asked::Refused(403))], "ns", true);
+        assert!(note.unwrap().contains("pods/proxy in ns"));
+        assert!(speakers[0].error.is_none() && speakers[0].report.is_none());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Running the `ferrolb` CLI (`kubectl ferrolb explain`) against the lab, as a user would: the
 //! workspace's binary with a kubeconfig, its exit status and output kept apart.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
@@ -63,7 +63,30 @@ pub fn run_with(kubeconfig: &Path, binary: &str, args: &[&str]) -> anyhow::Resul
     })
 }
 
-/// Runs `ferrolb` with the lab's admin kubeconfig.
+/// Runs `ferrolb` as the lab's admin, with a token ([`admin_token_kubeconfig`]).
 pub fn run(lab: &Lab, args: &[&str]) -> anyhow::Result<Run> {
-    run_with(&lab.admin_kubeconfig(), "ferrolb", args)
+    run_with(&admin_token_kubeconfig(lab)?, "ferrolb", args)
+}
+
+/// The ServiceAccount that stands for the lab's admin with a token.
+const ADMIN_ACCOUNT: &str = "ferrolb-lab-admin";
+
+/// A kubeconfig of a cluster-admin ServiceAccount's token. The speakers give their live reports
+/// only to callers that send a bearer token, and the lab's admin kubeconfig holds a client
+/// certificate, which cannot be passed on (docs/explain.md); explain run with it answers from
+/// the objects alone.
+pub fn admin_token_kubeconfig(lab: &Lab) -> anyhow::Result<PathBuf> {
+    lab.apply(&format!(
+        "apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {ADMIN_ACCOUNT}, namespace: kube-system}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {ADMIN_ACCOUNT}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}
+subjects: [{{kind: ServiceAccount, name: {ADMIN_ACCOUNT}, namespace: kube-system}}]
+"
+    ))?;
+    lab.service_account_kubeconfig("kube-system", ADMIN_ACCOUNT)
 }

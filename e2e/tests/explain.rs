@@ -1,5 +1,5 @@
 //! `ferrolb explain` (issue #20) against the lab: ferrolb's controller and speakers in layer 2
-//! mode, the CLI run as a user would, with the lab's admin kubeconfig, in text and JSON. Each
+//! mode, the CLI run as a user would, as the lab's admin (with a token), in text and JSON. Each
 //! scenario checks what the CLI says against what the cluster and kube-proxy actually hold.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,7 +27,38 @@ fn cli(lab: &Lab, args: &[&str]) -> anyhow::Result<Run> {
 }
 
 fn cli_as(lab: &Lab, binary: &str, args: &[&str]) -> anyhow::Result<Run> {
-    explain::run_with(&lab.admin_kubeconfig(), binary, args)
+    explain::run_with(&explain::admin_token_kubeconfig(lab)?, binary, args)
+}
+
+/// The HTTP status of `GET path` on the speaker of `node` (port 7472 of its address), asked
+/// straight from the host `from`, as any Pod there could, with `token` if given.
+fn speaker_status(
+    lab: &Lab,
+    from: &str,
+    node: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<u16> {
+    let host = lab.topology.host(node).context("no such node")?;
+    let url = format!("http://{}:7472{path}", host.interfaces[0].ipv4);
+    let header = token.map(|t| format!("Authorization: Bearer {t}"));
+    let mut args = vec![
+        "-s",
+        "-o",
+        "/dev/null",
+        "--max-time",
+        "3",
+        "-w",
+        "%{http_code}",
+    ];
+    if let Some(header) = &header {
+        args.extend(["-H", header.as_str()]);
+    }
+    args.push(&url);
+    let code = lab.exec(from, "curl", &args)?;
+    code.trim()
+        .parse()
+        .with_context(|| format!("curl {url}: {code:?}"))
 }
 
 fn codes(report: &serde_json::Value) -> Vec<String> {
@@ -268,6 +299,44 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         ],
     );
     let reader = lab.service_account_kubeconfig(ferrolb::NAMESPACE, "explainer")?;
+    // The report, asked straight from another node, as any Pod there could (issue 33, item 6):
+    // nothing without a token, nothing to a subject without the Role; the probes and the
+    // metrics stay open.
+    let reader_token = lab
+        .kubectl(&["create", "token", "explainer", "-n", ferrolb::NAMESPACE])?
+        .trim()
+        .to_string();
+    let report_path = "/explain/v1alpha1";
+    let from = if owner == "node2" { "node3" } else { "node2" };
+    let direct = [
+        speaker_status(lab, from, &owner, report_path, None)?,
+        speaker_status(lab, from, &owner, report_path, Some("not-a-token"))?,
+        speaker_status(lab, from, &owner, report_path, Some(&reader_token))?,
+        speaker_status(lab, from, &owner, "/metrics", None)?,
+        speaker_status(lab, from, &owner, "/readyz", None)?,
+    ];
+    ensure!(
+        direct == [401, 401, 403, 200, 200],
+        "the report straight from {from} (no token, a made-up one, a reader without the Role; /metrics, /readyz): {direct:?}"
+    );
+    // An admin with a client certificate has no token to pass on: the objects' answer, and
+    // why the live part is missing.
+    let by_cert = explain::run_with(
+        &lab.admin_kubeconfig(),
+        "ferrolb",
+        &["explain", "service", &key, "-o", "json"],
+    )?;
+    let by_cert_json = by_cert.json()?;
+    ensure!(
+        by_cert.code == Some(0)
+            && by_cert_json["allocation"] == report["allocation"]
+            && by_cert_json["announcements"][0]["takeover"].is_null()
+            && by_cert_json["notes"]
+                .to_string()
+                .contains("answer only callers that send a bearer token"),
+        "with the admin's client certificate: exit {:?}, {by_cert_json:#}",
+        by_cert.code,
+    );
     let as_reader = explain::run_with(
         &reader,
         "ferrolb",
@@ -308,6 +377,18 @@ async fn healthy_service_and_kube_proxy_chains(ctx: Ctx) -> anyhow::Result<()> {
         "with ClusterRole and Role ferrolb-explain: exit {:?}, {}",
         as_reader.code,
         as_reader.stderr
+    );
+    // With the Role, the reader's token opens the report straight from a node too (what
+    // kube-rbac-proxy would allow): a new token, as the speaker remembers the refusal of the
+    // first for a few seconds.
+    let reader_token = lab
+        .kubectl(&["create", "token", "explainer", "-n", ferrolb::NAMESPACE])?
+        .trim()
+        .to_string();
+    let allowed = speaker_status(lab, from, &owner, report_path, Some(&reader_token))?;
+    ensure!(
+        allowed == 200,
+        "the reader with the Role, straight: {allowed}"
     );
     // `status` (with the same read-only role): the pool's usage, the three live speakers.
     let st = explain::run_with(&reader, "ferrolb", &["status", "-o", "json"])?;

@@ -18,6 +18,12 @@ pub const SCHEMA: &str = "speaker.explain.ferrolb.io/v1alpha1";
 /// Where the speaker serves it (HTTP GET, `application/json`).
 pub const PATH: &str = "/explain/v1alpha1";
 
+/// The header that carries the caller's credentials, `Bearer <token>`, when the report is read
+/// through the API server's proxy: the API server takes `Authorization` for itself and does not
+/// pass it on. The speaker also accepts `Authorization: Bearer` from a direct caller; either way
+/// it answers only callers allowed `get` on its Pod's `pods/proxy` (docs/explain.md).
+pub const TOKEN_HEADER: &str = "x-ferrolb-authorization";
+
 /// One speaker's report.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

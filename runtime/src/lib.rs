@@ -52,7 +52,13 @@ pub fn init_logs(format: LogFormat, level: &str) {
 /// A Kubernetes client from a kubeconfig file, or the in-cluster configuration (falling back to
 /// `$KUBECONFIG` / `~/.kube/config`) when no file is given.
 pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    Ok(kube::Client::try_from(kube_config(kubeconfig).await?)?)
+}
+
+/// The configuration [`kube_client`] builds its client from (the CLI also reads the user's
+/// credentials from it).
+pub async fn kube_config(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -63,8 +69,7 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
         None => kube::Config::infer()
             .await
             .context("finding the cluster (in-cluster config or kubeconfig)")?,
-    };
-    Ok(kube::Client::try_from(config)?)
+    })
 }
 
 /// Resolves when the process gets SIGTERM or SIGINT.

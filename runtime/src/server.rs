@@ -107,9 +107,17 @@ async fn readyz(State(probes): State<Probes>) -> impl IntoResponse {
     }
 }
 
-/// Read-only JSON documents served next to `/metrics`: each path with the function that
-/// renders its body when asked (the speaker's live report for `kubectl ferrolb explain`).
-pub type JsonPages = Vec<(&'static str, Arc<dyn Fn() -> String + Send + Sync>)>;
+/// How a page answers one request, from its headers: the status and the body, JSON when the
+/// status is 200 and plain text otherwise (the speaker's report checks the caller's token first).
+pub type JsonPage = Arc<
+    dyn Fn(axum::http::HeaderMap) -> futures::future::BoxFuture<'static, (StatusCode, String)>
+        + Send
+        + Sync,
+>;
+
+/// Read-only JSON documents served next to `/metrics`: each path with how it answers (the
+/// speaker's live report for `kubectl ferrolb explain`).
+pub type JsonPages = Vec<(&'static str, JsonPage)>;
 
 /// What the server serves.
 pub struct Server {
@@ -179,9 +187,18 @@ pub async fn serve_limited(
     for (path, render) in pages {
         app = app.route(
             path,
-            get(move || {
-                let body = render();
-                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            get(move |headers| {
+                let answer = render(headers);
+                async move {
+                    let (status, body) = answer.await;
+                    let json = status == StatusCode::OK;
+                    let kind = if json {
+                        "application/json"
+                    } else {
+                        "text/plain"
+                    };
+                    (status, [(header::CONTENT_TYPE, kind)], body)
+                }
             }),
         );
     }

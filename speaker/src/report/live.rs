@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::bgp::driver::PeerStatus;
 use crate::l2::interfaces::Interface;
 use crate::l2::plan::Plan;
+use crate::report::auth::{Authorizer, Decision};
 use crate::report::{self, Standing};
 use crate::view::ServiceView;
 use ferrolb_explain::speaker_report::{
-    BgpReport, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport,
+    BgpReport, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport, TOKEN_HEADER,
 };
 use tokio::sync::watch;
 
@@ -106,13 +107,29 @@ impl Live {
         report
     }
 
-    /// The page the metrics server serves.
-    pub fn page(&self) -> ferrolb_runtime::server::JsonPages {
+    /// The page the metrics server serves: the report to callers `auth` allows, a short
+    /// plain-text refusal to the others.
+    pub fn page(&self, auth: Arc<Authorizer>) -> ferrolb_runtime::server::JsonPages {
         let live = self.clone();
-        vec![(
-            PATH,
-            Arc::new(move || serde_json::to_string(&live.report()).unwrap_or_default()),
-        )]
+        let answer: ferrolb_runtime::server::JsonPage = Arc::new(move |headers| {
+            let live = live.clone();
+            let auth = auth.clone();
+            Box::pin(async move {
+                let decision = auth.decide(&headers).await;
+                let body = match decision {
+                    Decision::Allowed => serde_json::to_string(&live.report()).unwrap_or_default(),
+                    Decision::Unauthenticated => format!(
+                        "send a bearer token (Authorization, or {TOKEN_HEADER} through the API server's proxy)\n"
+                    ),
+                    Decision::Forbidden => {
+                        "not allowed: the report needs get on this speaker's pods/proxy\n".into()
+                    }
+                    Decision::Unavailable => "could not check the caller now; try again\n".into(),
+                };
+                (decision.status(), body)
+            })
+        });
+        vec![(PATH, answer)]
     }
 }
 
@@ -146,7 +163,43 @@ mod tests {
         assert_eq!(r.bgp.peers[0].state, "Established");
         assert_eq!(r.bgp.peers[0].announced, 2);
         assert_eq!(r.schema, SCHEMA);
-        let page = (live.page()[0].1)();
-        assert!(page.contains("\"Established\""), "{page}");
+        let page = live.page(Arc::new(Authorizer::new(
+            OnlyT,
+            crate::report::auth::CachePolicy::default(),
+        )));
+        let ask = |auth: Option<&str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(value) = auth {
+                headers.insert(TOKEN_HEADER, value.parse().unwrap());
+            }
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on((page[0].1)(headers))
+        };
+        let (status, body) = ask(Some("Bearer t"));
+        assert_eq!(status, http::StatusCode::OK);
+        assert!(body.contains("\"Established\""), "{body}");
+        let (status, body) = ask(None);
+        assert_eq!(status, http::StatusCode::UNAUTHORIZED);
+        assert!(!body.contains("router"), "{body}");
+    }
+
+    /// Takes the token `t`, and nothing else.
+    struct OnlyT;
+
+    impl crate::report::auth::Reviewer for OnlyT {
+        fn review<'a>(
+            &'a self,
+            token: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<Decision, crate::report::auth::ReviewError>>
+        {
+            let decision = if token == "t" {
+                Decision::Allowed
+            } else {
+                Decision::Unauthenticated
+            };
+            Box::pin(async move { Ok(decision) })
+        }
     }
 }

@@ -2,8 +2,9 @@
 //! loop decided: the layer 2 plan with its takeover order, the quorum verdict, and the BGP plan
 //! with what each peer gets and why. Pure, so what `kubectl ferrolb explain` is told is tested
 //! against the plans themselves. [`live`] keeps the latest step's decisions and renders the
-//! report when someone asks.
+//! report when someone asks; [`auth`] decides who may ask.
 
+pub(crate) mod auth;
 pub(crate) mod live;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -26,6 +26,7 @@ use crate::l2::interfaces::Interface;
 use crate::l2::presence::Presence;
 use crate::l2::{gate, interfaces, keys, restart, status};
 use crate::metrics::Metrics;
+use crate::report::auth::{Authorizer, CachePolicy, KubeReviewer};
 use crate::report::live::Live;
 use crate::status_objects::{self, Scope};
 use crate::watch;
@@ -88,8 +89,16 @@ async fn start(args: Args) -> anyhow::Result<Running> {
             not_ready_reason: "caches not synced",
             pulse: pulse.clone(),
             tls: args.metrics_tls.files()?,
+            // Only for callers allowed get on this Pod's pods/proxy (report/auth.rs).
             pages: if args.explain_report {
-                live.page()
+                live.page(Arc::new(Authorizer::new(
+                    KubeReviewer::new(
+                        client.clone(),
+                        &args.common.namespace,
+                        args.pod_name.as_deref(),
+                    ),
+                    CachePolicy::default(),
+                )))
             } else {
                 Vec::new()
             },
