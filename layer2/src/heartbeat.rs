@@ -32,6 +32,14 @@ const FLAG_LEAVING: u8 = 0x2;
 const FLAG_RESTARTING: u8 = 0x4;
 /// Shortest key accepted, in bytes: 128 bits, the length of the tag.
 pub const MIN_KEY_LEN: usize = 16;
+/// Longest node or peer name: a Node's name is a DNS subdomain.
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest interface name: Linux's `IFNAMSIZ` less the terminating zero.
+pub const MAX_INTERFACE_LEN: usize = 15;
+/// Bytes of a heartbeat before its names: magic, flags, boot, sequence number, clock.
+const FIXED_LEN: usize = 4 + 1 + 8 + 8 + 8;
+/// Bytes of one peer heard, besides its name: ready, boot, sequence number, name length.
+const HEARD_LEN: usize = 1 + 8 + 8 + 1;
 
 /// The keys a speaker holds: it signs with the first and accepts a heartbeat that verifies
 /// under any of them (during a key rotation, the current and the next key).
@@ -173,6 +181,15 @@ pub enum HeartbeatError {
     /// A name or list too long for the format.
     #[error("heartbeat field too long: {0}")]
     TooLong(&'static str),
+    /// Longer than any heartbeat listing at most the peers allowed can be: refused before the
+    /// tag is computed, so a flood of large datagrams costs a length comparison each.
+    #[error("heartbeat of {len} bytes; at most {max} are possible")]
+    TooLarge {
+        /// The datagram's length.
+        len: usize,
+        /// The longest heartbeat possible ([`Heartbeat::max_len`]).
+        max: usize,
+    },
     /// From a name that is not a node of the cluster (once the node list is known).
     #[error("heartbeat from {0:?}, which is not a node of the cluster")]
     UnknownNode(String),
@@ -183,6 +200,20 @@ pub enum HeartbeatError {
 }
 
 impl Heartbeat {
+    /// The longest heartbeat, tag included, of a sender that lists at most `hears` peers:
+    /// every name as long as allowed, 255 interfaces.
+    pub fn max_len(hears: usize) -> usize {
+        let hears = hears.min(MAX_HEARS);
+        FIXED_LEN
+            + 1
+            + MAX_NAME_LEN
+            + 1
+            + usize::from(u8::MAX) * (1 + MAX_INTERFACE_LEN)
+            + 2
+            + hears * (HEARD_LEN + MAX_NAME_LEN)
+            + TAG_LEN
+    }
+
     /// Encodes and signs the heartbeat.
     pub fn encode(&self, key: &[u8]) -> Result<Vec<u8>, HeartbeatError> {
         let mut out = Vec::with_capacity(64 + self.node.len());
@@ -194,12 +225,12 @@ impl Heartbeat {
         out.extend_from_slice(&self.boot.to_be_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.extend_from_slice(&self.unix_ms.to_be_bytes());
-        push_str(&mut out, &self.node, "node name")?;
+        push_name(&mut out, &self.node, MAX_NAME_LEN, "node name")?;
         let count = u8::try_from(self.interfaces.len())
             .map_err(|_| HeartbeatError::TooLong("interfaces"))?;
         out.push(count);
         for name in &self.interfaces {
-            push_str(&mut out, name, "interface name")?;
+            push_name(&mut out, name, MAX_INTERFACE_LEN, "interface name")?;
         }
         let count =
             u16::try_from(self.hears.len()).map_err(|_| HeartbeatError::TooLong("hears"))?;
@@ -208,26 +239,40 @@ impl Heartbeat {
             out.push(u8::from(heard.ready));
             out.extend_from_slice(&heard.boot.to_be_bytes());
             out.extend_from_slice(&heard.seq.to_be_bytes());
-            push_str(&mut out, name, "peer name")?;
+            push_name(&mut out, name, MAX_NAME_LEN, "peer name")?;
         }
         let tag = mac(key).chain_update(&out).finalize().into_bytes();
         out.extend_from_slice(&tag[..TAG_LEN]);
         Ok(out)
     }
 
-    /// Checks the tag, then decodes. Never panics, whatever the bytes.
+    /// Checks the length and the lengths inside, then the tag, then decodes. Never panics,
+    /// whatever the bytes.
     pub fn decode(bytes: &[u8], key: &[u8]) -> Result<Self, HeartbeatError> {
-        let (body, tag) = split_tag(bytes)?;
+        let (body, tag) = checked_body(bytes, MAX_HEARS)?;
         if !verifies(key, body, tag) {
             return Err(HeartbeatError::BadTag);
         }
         Self::parse(body)
     }
 
-    /// Checks the tag against each key of `keys` in turn, then decodes; also returns the
-    /// position of the key that verified (0: the signing key). Never panics, whatever the bytes.
+    /// Checks the length and the lengths inside, then the tag against each key of `keys` in
+    /// turn, then decodes; also returns the position of the key that verified (0: the signing
+    /// key). Never panics, whatever the bytes.
     pub fn decode_with(bytes: &[u8], keys: &KeyRing) -> Result<(Self, usize), HeartbeatError> {
-        let (body, tag) = split_tag(bytes)?;
+        Self::decode_within(bytes, keys, MAX_HEARS)
+    }
+
+    /// [`Heartbeat::decode_with`] for a sender that can list at most `max_hears` peers (what the
+    /// cluster's size allows): a longer datagram is refused as [`HeartbeatError::TooLarge`], and
+    /// one whose lengths do not add up as [`HeartbeatError::Malformed`], both before any tag is
+    /// computed, so a flood of either costs no hashing.
+    pub fn decode_within(
+        bytes: &[u8],
+        keys: &KeyRing,
+        max_hears: usize,
+    ) -> Result<(Self, usize), HeartbeatError> {
+        let (body, tag) = checked_body(bytes, max_hears)?;
         let index = keys
             .keys
             .iter()
@@ -304,15 +349,63 @@ impl Heartbeat {
     }
 }
 
-fn split_tag(bytes: &[u8]) -> Result<(&[u8], &[u8]), HeartbeatError> {
+/// The body and the tag of `bytes`, once its length is possible for a sender listing at most
+/// `max_hears` peers and the lengths inside it add up to the body exactly (cheap checks, made
+/// before the tag is computed).
+fn checked_body(bytes: &[u8], max_hears: usize) -> Result<(&[u8], &[u8]), HeartbeatError> {
+    let max = Heartbeat::max_len(max_hears);
+    if bytes.len() > max {
+        return Err(HeartbeatError::TooLarge {
+            len: bytes.len(),
+            max,
+        });
+    }
     let body_len = bytes
         .len()
         .checked_sub(TAG_LEN)
         .ok_or(HeartbeatError::Malformed)?;
-    Ok(bytes.split_at(body_len))
+    let (body, tag) = bytes.split_at(body_len);
+    shape(body, max_hears).ok_or(HeartbeatError::Malformed)?;
+    Ok((body, tag))
+}
+
+/// Walks the body's lengths without decoding anything: `Some` if they are within the format's
+/// bounds, list at most `max_hears` peers and end exactly at the body's end.
+fn shape(body: &[u8], max_hears: usize) -> Option<()> {
+    let mut r = Reader(body);
+    if r.take(4).ok()? != MAGIC {
+        return None;
+    }
+    r.take(FIXED_LEN - 4).ok()?;
+    let name = |r: &mut Reader<'_>, max: usize| -> Option<()> {
+        let len = usize::from(r.u8().ok()?);
+        (len <= max).then_some(())?;
+        r.take(len).ok().map(|_| ())
+    };
+    name(&mut r, MAX_NAME_LEN)?;
+    for _ in 0..r.u8().ok()? {
+        name(&mut r, MAX_INTERFACE_LEN)?;
+    }
+    let count = u16::from_be_bytes([r.u8().ok()?, r.u8().ok()?]);
+    if usize::from(count) > max_hears {
+        return None;
+    }
+    for _ in 0..count {
+        r.take(HEARD_LEN - 1).ok()?;
+        name(&mut r, MAX_NAME_LEN)?;
+    }
+    r.0.is_empty().then_some(())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tags computed by this thread, so tests can tell that a refusal computed none.
+    static TAGS_COMPUTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn verifies(key: &[u8], body: &[u8], tag: &[u8]) -> bool {
+    #[cfg(test)]
+    TAGS_COMPUTED.with(|n| n.set(n.get() + 1));
     // Constant-time comparison (the hmac crate's).
     mac(key)
         .chain_update(body)
@@ -325,7 +418,15 @@ fn mac(key: &[u8]) -> HmacSha256 {
     <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!())
 }
 
-fn push_str(out: &mut Vec<u8>, s: &str, what: &'static str) -> Result<(), HeartbeatError> {
+fn push_name(
+    out: &mut Vec<u8>,
+    s: &str,
+    max: usize,
+    what: &'static str,
+) -> Result<(), HeartbeatError> {
+    if s.len() > max {
+        return Err(HeartbeatError::TooLong(what));
+    }
     let len = u8::try_from(s.len()).map_err(|_| HeartbeatError::TooLong(what))?;
     out.push(len);
     out.extend_from_slice(s.as_bytes());
@@ -421,9 +522,10 @@ mod tests {
             Heartbeat::decode(&flipped, KEY),
             Err(HeartbeatError::BadTag)
         );
+        // Cut short: the lengths inside no longer add up, refused before the tag is computed.
         assert_eq!(
             Heartbeat::decode(&bytes[..30], KEY),
-            Err(HeartbeatError::BadTag)
+            Err(HeartbeatError::Malformed)
         );
         assert_eq!(
             Heartbeat::decode(&bytes[..10], KEY),
@@ -563,6 +665,105 @@ mod tests {
         );
         assert_eq!(KeyRing::new(Vec::<Vec<u8>>::new()), Err(KeyError::Empty));
         assert!(KeyRing::new([vec![7; MIN_KEY_LEN]]).is_ok());
+    }
+
+    fn tags_computed() -> u64 {
+        TAGS_COMPUTED.with(std::cell::Cell::get)
+    }
+
+    /// A heartbeat hearing `peers` peers with names of the longest length allowed.
+    fn long_beat(peers: usize) -> Heartbeat {
+        let mut b = beat("node2", 1);
+        b.hears = (0..peers)
+            .map(|i| (format!("{i:0>253}"), heard(true, 1, 1)))
+            .collect();
+        b
+    }
+
+    #[test]
+    fn oversize_and_impossible_lengths_are_refused_before_any_tag_is_computed() {
+        let ring = KeyRing::new([KEY.to_vec()]).unwrap();
+        // The counter counts: a good heartbeat costs one tag.
+        let good = beat("node2", 1).encode(KEY).unwrap();
+        let before = tags_computed();
+        assert!(Heartbeat::decode_within(&good, &ring, 2).is_ok());
+        assert_eq!(tags_computed(), before + 1);
+
+        let before = tags_computed();
+        // Longer than a sender listing at most 3 peers can send.
+        let max = Heartbeat::max_len(3);
+        let long = long_beat(20).encode(KEY).unwrap();
+        assert!(long.len() > max);
+        assert_eq!(
+            Heartbeat::decode_within(&long, &ring, 3),
+            Err(HeartbeatError::TooLarge {
+                len: long.len(),
+                max
+            })
+        );
+        // A maximum-size datagram (the largest UDP payload over IPv4) with the magic and
+        // lengths that do not add up: the rest of it zeros.
+        let mut flood = good[..good.len() - TAG_LEN].to_vec();
+        flood.resize(65_507, 0);
+        assert_eq!(
+            Heartbeat::decode_with(&flood, &ring),
+            Err(HeartbeatError::Malformed)
+        );
+        // Lengths that add up, but a count of peers above the allowed, or a name too long.
+        let b = long_beat(5).encode(KEY).unwrap();
+        assert_eq!(
+            Heartbeat::decode_within(&b, &ring, 4),
+            Err(HeartbeatError::Malformed)
+        );
+        let mut named = beat("node2", 1);
+        named.node = "n".repeat(MAX_NAME_LEN);
+        let mut body = named.encode(KEY).unwrap();
+        body.truncate(body.len() - TAG_LEN);
+        let at = FIXED_LEN;
+        assert_eq!(usize::from(body[at]), MAX_NAME_LEN);
+        body[at] = 254;
+        body.insert(at + 1, b'n');
+        body.extend_from_slice(&[0; TAG_LEN]);
+        assert_eq!(
+            Heartbeat::decode(&body, KEY),
+            Err(HeartbeatError::Malformed)
+        );
+        // Random bytes, magic or not.
+        assert_eq!(
+            Heartbeat::decode_with(&[0xa5; 65_507], &ring),
+            Err(HeartbeatError::Malformed)
+        );
+        assert_eq!(tags_computed(), before, "a tag was computed for a refusal");
+        // Within the bounds, the tag is checked.
+        assert_eq!(
+            Heartbeat::decode_within(
+                &long_beat(5).encode(b"another key, 16 bytes").unwrap(),
+                &ring,
+                5
+            ),
+            Err(HeartbeatError::BadTag)
+        );
+        assert_eq!(tags_computed(), before + 1);
+    }
+
+    #[test]
+    fn names_longer_than_the_format_allows_are_not_encoded() {
+        let mut b = beat("node2", 1);
+        b.interfaces.insert("i".repeat(MAX_INTERFACE_LEN + 1));
+        assert_eq!(
+            b.encode(KEY),
+            Err(HeartbeatError::TooLong("interface name"))
+        );
+        let mut b = beat("node2", 1);
+        b.node = "n".repeat(MAX_NAME_LEN + 1);
+        assert_eq!(b.encode(KEY), Err(HeartbeatError::TooLong("node name")));
+        // The longest of each round-trips, and the longest heartbeat fits max_len.
+        let mut b = long_beat(3);
+        b.node = "n".repeat(MAX_NAME_LEN);
+        b.interfaces = (0..255).map(|i| format!("{i:0>15}")).collect();
+        let bytes = b.encode(KEY).unwrap();
+        assert_eq!(bytes.len(), Heartbeat::max_len(3));
+        assert_eq!(Heartbeat::decode(&bytes, KEY), Ok(b));
     }
 
     proptest! {

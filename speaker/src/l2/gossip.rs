@@ -47,6 +47,9 @@ pub struct Gossip {
     local: Mutex<Local>,
     peers: Mutex<Vec<SocketAddr>>,
     membership: Mutex<Membership>,
+    /// Most peers a heartbeat may list, from the number of Nodes: a longer datagram is refused
+    /// before its tag is computed (`Heartbeat::decode_within`).
+    max_hears: std::sync::atomic::AtomicUsize,
     /// The peers the last heartbeat said this speaker hears, each with its `ready`: a change
     /// goes out at once ([`Gossip::tell_changes`]).
     told: Mutex<BTreeMap<String, bool>>,
@@ -99,6 +102,16 @@ fn heard_summary(
     hears.iter().map(|(n, h)| (n.clone(), h.ready)).collect()
 }
 
+/// Most peers a heartbeat from a cluster of `nodes` Nodes may list: a sender hears only Nodes
+/// besides itself, and twice the count plus 16 leaves room for Nodes added faster than this
+/// speaker's Node watch sees them.
+fn max_hears(nodes: usize) -> usize {
+    nodes
+        .saturating_mul(2)
+        .saturating_add(16)
+        .min(ferrolb_layer2::heartbeat::MAX_HEARS)
+}
+
 /// The heartbeat timings.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -140,6 +153,7 @@ impl Gossip {
                 m.set_restart_hold(timing.restart_hold);
                 m
             }),
+            max_hears: std::sync::atomic::AtomicUsize::new(ferrolb_layer2::heartbeat::MAX_HEARS),
             node,
             keys: Mutex::new(Arc::new(keys)),
             port,
@@ -184,6 +198,8 @@ impl Gossip {
     /// Sets the names of the cluster's Nodes: the table of peers forgets the others and stops
     /// tracking names that are not Nodes (a heartbeat from one is refused).
     pub fn set_nodes(&self, names: BTreeSet<String>) {
+        self.max_hears
+            .store(max_hears(names.len()), std::sync::atomic::Ordering::Relaxed);
         let forgotten = lock(&self.membership).set_nodes(names);
         if forgotten > 0 {
             tracing::info!(
@@ -337,19 +353,22 @@ impl Gossip {
             };
             let now = Instant::now();
             let keys = self.keys();
-            let result = Heartbeat::decode_with(&buf[..len], &keys).and_then(|(beat, key)| {
-                if key > 0 {
-                    // During a rotation: a peer signing with a key other than ours.
-                    self.metrics.heartbeats_other_key.inc();
-                }
-                lock(&self.membership).receive(beat, now, unix_ms())
-            });
+            let max_hears = self.max_hears.load(std::sync::atomic::Ordering::Relaxed);
+            let result =
+                Heartbeat::decode_within(&buf[..len], &keys, max_hears).and_then(|(beat, key)| {
+                    if key > 0 {
+                        // During a rotation: a peer signing with a key other than ours.
+                        self.metrics.heartbeats_other_key.inc();
+                    }
+                    lock(&self.membership).receive(beat, now, unix_ms())
+                });
             match result {
                 Ok(true) => self.changed.notify_one(),
                 Ok(false) => {}
                 Err(e) => {
                     let reason = match e {
                         HeartbeatError::Malformed | HeartbeatError::TooLong(_) => "malformed",
+                        HeartbeatError::TooLarge { .. } => "too_large",
                         HeartbeatError::BadTag => "authentication",
                         HeartbeatError::Clock { .. } => "clock",
                         HeartbeatError::Replay => "replay",
