@@ -1,14 +1,24 @@
 //! Watches into reflector caches, and the one watch of the `metallb.io` configuration that both
 //! binaries validate from. Each binary says what a change means to its own work loop (a queued
 //! work item, a wake-up); the watching, trimming, retrying and caching are the same.
+//!
+//! The configuration is watched as untyped objects and decoded one object at a time
+//! ([`Decoder`]): an object that the CRD's schema admits but ferrolb's types refuse is left out
+//! (or, if an earlier version of it was read, that version stays in use) and reported as a
+//! configuration error naming it and the field, while the others of its kind work on. Decoded by
+//! the watch itself, one such object would fail every list of its kind, and the kind would
+//! never be read.
 
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::sync::{Arc, Mutex};
 
 use ferrolb_config::crd::{
     BFDProfile, BGPAdvertisement, BGPPeer, Community, IPAddressPool, L2Advertisement,
 };
-use ferrolb_config::validate::{NodeInfo, Objects};
+use ferrolb_config::validate::{ConfigError, Kind, NodeInfo, ObjectRef, Objects, Validated};
 use futures::{Stream, StreamExt};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event, watcher};
@@ -157,7 +167,13 @@ pub struct ConfigStores {
     pub communities: Store<Community>,
     /// BFDProfiles.
     pub bfd: Store<BFDProfile>,
+    /// The objects that cannot be decoded, of every kind ([`ConfigStores::validate`] reports
+    /// them).
+    pub refused: Refusals,
 }
+
+/// The configuration objects that cannot be decoded, each with why: shared by the six watches.
+pub type Refusals = Arc<Mutex<BTreeMap<ObjectRef, ConfigError>>>;
 
 impl ConfigStores {
     /// How many watches [`ConfigStores::start`] starts (each reports [`Change::Listed`]).
@@ -171,20 +187,34 @@ impl ConfigStores {
     where
         F: FnMut(&'static str, ConfigChange) -> Continue + Clone + Send + 'static,
     {
+        let refused = Refusals::default();
+        let watch = ConfigWatch {
+            client,
+            namespace,
+            page_size,
+            refused: &refused,
+        };
         Self {
-            pools: config_watch(client, namespace, page_size, "ipaddresspools", on.clone()),
-            l2: config_watch(client, namespace, page_size, "l2advertisements", on.clone()),
-            bgp: config_watch(
-                client,
-                namespace,
-                page_size,
-                "bgpadvertisements",
-                on.clone(),
-            ),
-            peers: config_watch(client, namespace, page_size, "bgppeers", on.clone()),
-            communities: config_watch(client, namespace, page_size, "communities", on.clone()),
-            bfd: config_watch(client, namespace, page_size, "bfdprofiles", on),
+            pools: watch.start(Kind::IPAddressPool, "ipaddresspools", on.clone()),
+            l2: watch.start(Kind::L2Advertisement, "l2advertisements", on.clone()),
+            bgp: watch.start(Kind::BGPAdvertisement, "bgpadvertisements", on.clone()),
+            peers: watch.start(Kind::BGPPeer, "bgppeers", on.clone()),
+            communities: watch.start(Kind::Community, "communities", on.clone()),
+            bfd: watch.start(Kind::BFDProfile, "bfdprofiles", on),
+            refused,
         }
+    }
+
+    /// Validates `objects` (from [`ConfigStores::objects`]) and adds an error for each object
+    /// that cannot be decoded.
+    pub fn validate(&self, objects: &Objects) -> Validated {
+        with_refusals(
+            ferrolb_config::validate::validate(objects),
+            self.refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values(),
+        )
     }
 
     /// The cached objects as validation takes them, with the cluster's `nodes` (which select
@@ -212,34 +242,227 @@ pub enum ConfigChange {
     Listed,
 }
 
-fn config_watch<K, F>(
-    client: &Client,
-    namespace: &str,
+/// `validated` with an error for each of `refused`; an object refused with no earlier version
+/// in use is left out.
+fn with_refusals<'a>(
+    mut validated: Validated,
+    refused: impl IntoIterator<Item = &'a ConfigError>,
+) -> Validated {
+    for e in refused {
+        if !e.message.ends_with(KEPT) {
+            validated.left_out.insert(e.object.clone());
+        }
+        validated.errors.push(e.clone());
+    }
+    validated
+}
+
+/// What ends a refusal's message when an earlier version of the object stays in use.
+const KEPT: &str = "; the version read before stays in use";
+
+/// What the six configuration watches share.
+struct ConfigWatch<'a> {
+    client: &'a Client,
+    namespace: &'a str,
     page_size: u32,
-    kind: &'static str,
-    on: F,
-) -> Store<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default,
-    F: FnMut(&'static str, ConfigChange) -> Continue + Send + 'static,
-{
-    let mut on = on;
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    reflect(
-        watcher(api, watcher::Config::default().page_size(page_size)),
-        kind,
-        trim_config_object,
-        move |change| match change {
-            Change::Object(_) => on(kind, ConfigChange::Changed),
-            Change::Listed => on(kind, ConfigChange::Listed),
-        },
+    refused: &'a Refusals,
+}
+
+impl ConfigWatch<'_> {
+    /// Watches the objects of `kind` (`plural`, as logs name the watch), decoding each.
+    fn start<K, F>(&self, kind: Kind, plural: &'static str, on: F) -> Store<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        F: FnMut(&'static str, ConfigChange) -> Continue + Send + 'static,
+    {
+        let mut on = on;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            self.namespace,
+            &ApiResource::erase::<K>(&()),
+        );
+        let events = watcher(api, watcher::Config::default().page_size(self.page_size))
+            .backoff(WatchBackoff::default());
+        let (reader, mut writer) = reflector::store();
+        let refused = self.refused.clone();
+        tokio::spawn(async move {
+            let mut decoder = Decoder::<K>::new(kind);
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(e) => {
+                        tracing::warn!(error = %e, watch = plural, "watch failed; retrying");
+                        continue;
+                    }
+                };
+                let listed = matches!(event, Event::InitDone);
+                let quiet = matches!(event, Event::Init);
+                if let Some(mut typed) = decoder.decode(event) {
+                    match &mut typed {
+                        Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => {
+                            trim_config_object(o)
+                        }
+                        Event::Init | Event::InitDone => {}
+                    }
+                    writer.apply_watcher_event(&typed);
+                }
+                {
+                    let mut all = refused.lock().unwrap_or_else(|p| p.into_inner());
+                    all.retain(|object, _| object.kind != kind);
+                    all.extend(decoder.refused().map(|e| (e.object.clone(), e.clone())));
+                }
+                let go_on = if quiet {
+                    true
+                } else if listed {
+                    on(plural, ConfigChange::Listed)
+                } else {
+                    on(plural, ConfigChange::Changed)
+                };
+                if !go_on {
+                    return;
+                }
+            }
+        });
+        reader
+    }
+}
+
+/// An object's namespace and name.
+type Key = (String, String);
+
+/// What a list in progress found: the objects that decode, and the refusals.
+type Listing<K> = (HashMap<Key, K>, BTreeMap<Key, ConfigError>);
+
+/// Decodes a watch's untyped events into `K`s one object at a time. An object that does not
+/// decode is reported ([`Decoder::refused`]) and either skipped or, if an earlier version of
+/// it decoded, stood in for by that version (its deletion deletes that version).
+pub struct Decoder<K> {
+    kind: Kind,
+    /// The last version of each object that decoded (by namespace and name).
+    last_good: HashMap<Key, K>,
+    /// The objects that do not decode now.
+    refused: BTreeMap<Key, ConfigError>,
+    /// During a list: what the list found so far (a list replaces everything).
+    listing: Option<Listing<K>>,
+}
+
+impl<K: DeserializeOwned + Clone> Decoder<K> {
+    /// A decoder of objects of `kind`.
+    pub fn new(kind: Kind) -> Self {
+        Decoder {
+            kind,
+            last_good: HashMap::new(),
+            refused: BTreeMap::new(),
+            listing: None,
+        }
+    }
+
+    /// The objects that do not decode, each as a configuration error naming it and the field.
+    pub fn refused(&self) -> impl Iterator<Item = &ConfigError> {
+        self.refused.values()
+    }
+
+    /// The typed event for `event`, if there is one.
+    pub fn decode(&mut self, event: Event<DynamicObject>) -> Option<Event<K>> {
+        match event {
+            Event::Init => {
+                self.listing = Some(Default::default());
+                Some(Event::Init)
+            }
+            Event::InitApply(o) => {
+                let key = key_of(&o);
+                let kept = self.last_good.get(&key).cloned();
+                let decoded = self.decoded(&o, kept.is_some());
+                let (good, refused) = self.listing.get_or_insert_with(Default::default);
+                match decoded {
+                    Ok(k) => {
+                        good.insert(key, k.clone());
+                        Some(Event::InitApply(k))
+                    }
+                    Err(e) => {
+                        refused.insert(key.clone(), e);
+                        let k = kept?;
+                        good.insert(key, k.clone());
+                        Some(Event::InitApply(k))
+                    }
+                }
+            }
+            Event::InitDone => {
+                if let Some((good, refused)) = self.listing.take() {
+                    self.last_good = good;
+                    self.refused = refused;
+                }
+                Some(Event::InitDone)
+            }
+            Event::Apply(o) => {
+                let key = key_of(&o);
+                let kept = self.last_good.get(&key).cloned();
+                match self.decoded(&o, kept.is_some()) {
+                    Ok(k) => {
+                        self.refused.remove(&key);
+                        self.last_good.insert(key, k.clone());
+                        Some(Event::Apply(k))
+                    }
+                    Err(e) => {
+                        self.refused.insert(key, e);
+                        kept.map(Event::Apply)
+                    }
+                }
+            }
+            Event::Delete(o) => {
+                // What the cache holds of it is its last version that decoded, if any.
+                let key = key_of(&o);
+                self.refused.remove(&key);
+                self.last_good.remove(&key).map(Event::Delete)
+            }
+        }
+    }
+
+    /// `object` as a `K`, or the error naming it and the field at fault (`kept`: an earlier
+    /// version stays in use, which the message says).
+    fn decoded(&self, object: &DynamicObject, kept: bool) -> Result<K, ConfigError> {
+        let refuse = |field: String, message: String| {
+            let (namespace, name) = key_of(object);
+            let message = format!(
+                "cannot be read as {}: {message}{}",
+                self.kind,
+                if kept { KEPT } else { "" }
+            );
+            tracing::error!(
+                object = format!("{} {namespace}/{name}", self.kind),
+                field,
+                "configuration object refused: {message}"
+            );
+            ConfigError {
+                object: ObjectRef {
+                    kind: self.kind,
+                    namespace,
+                    name,
+                },
+                field,
+                message,
+            }
+        };
+        let value =
+            serde_json::to_value(object).map_err(|e| refuse(String::new(), e.to_string()))?;
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let field = e.path().to_string();
+            refuse(field, e.into_inner().to_string())
+        })
+    }
+}
+
+fn key_of(object: &DynamicObject) -> Key {
+    (
+        object.metadata.namespace.clone().unwrap_or_default(),
+        object.metadata.name.clone().unwrap_or_default(),
     )
 }
 
@@ -257,6 +480,148 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use kube::runtime::utils::Backoff;
+
+    /// An IPAddressPool of ferrolb's namespace as the API server sends it, with `spec`.
+    fn pool(name: &str, spec: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "metallb.io/v1beta1",
+            "kind": "IPAddressPool",
+            "metadata": {"namespace": "ferrolb", "name": name, "resourceVersion": "1"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn good(name: &str, cidr: &str) -> DynamicObject {
+        pool(name, serde_json::json!({"addresses": [cidr]}))
+    }
+
+    /// Admitted by the CRD's schema (an integer of at least 0; the API server does not check
+    /// `format: int32`), refused by the type (an `i32`).
+    fn bad(name: &str) -> DynamicObject {
+        pool(
+            name,
+            serde_json::json!({"addresses": ["10.0.9.0/24"], "serviceAllocation": {"priority": 3_000_000_000u64}}),
+        )
+    }
+
+    fn name(event: &Option<Event<IPAddressPool>>) -> Option<(&'static str, String)> {
+        let (what, o) = match event.as_ref()? {
+            Event::Apply(o) => ("apply", o),
+            Event::InitApply(o) => ("init-apply", o),
+            Event::Delete(o) => ("delete", o),
+            Event::Init => return Some(("init", String::new())),
+            Event::InitDone => return Some(("init-done", String::new())),
+        };
+        Some((what, o.metadata.name.clone().unwrap_or_default()))
+    }
+
+    #[test]
+    fn one_undecodable_pool_is_refused_by_name_and_field_and_the_others_are_read() {
+        // Decoded as a typed list, as the watch of the kind did before, the one bad object
+        // fails the whole list: the kind is never read.
+        let list = serde_json::json!({
+            "apiVersion": "metallb.io/v1beta1",
+            "kind": "IPAddressPoolList",
+            "metadata": {"resourceVersion": "1"},
+            "items": [good("a", "10.0.1.0/24"), bad("broken"), good("c", "10.0.3.0/24")],
+        });
+        assert!(serde_json::from_value::<kube::core::ObjectList<IPAddressPool>>(list).is_err());
+
+        let mut d = Decoder::<IPAddressPool>::new(Kind::IPAddressPool);
+        let events: Vec<_> = [
+            Event::Init,
+            Event::InitApply(good("a", "10.0.1.0/24")),
+            Event::InitApply(bad("broken")),
+            Event::InitApply(good("c", "10.0.3.0/24")),
+            Event::InitDone,
+        ]
+        .into_iter()
+        .map(|e| d.decode(e))
+        .collect();
+        let names: Vec<_> = events.iter().filter_map(name).collect();
+        assert_eq!(
+            names,
+            [
+                ("init", String::new()),
+                ("init-apply", "a".to_string()),
+                ("init-apply", "c".to_string()),
+                ("init-done", String::new()),
+            ]
+        );
+        let refused: Vec<String> = d.refused().map(ToString::to_string).collect();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].starts_with(
+                "IPAddressPool ferrolb/broken: spec.serviceAllocation.priority: cannot be read as IPAddressPool: "
+            ),
+            "{}",
+            refused[0]
+        );
+        assert!(!refused[0].ends_with(KEPT), "{}", refused[0]);
+
+        // Validation reports it next to the good pools, which stay in the model.
+        let objects = Objects {
+            namespace: "ferrolb".into(),
+            pools: events
+                .into_iter()
+                .filter_map(|e| match e {
+                    Some(Event::InitApply(o)) => Some(o),
+                    _ => None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let validated = with_refusals(ferrolb_config::validate::validate(&objects), d.refused());
+        assert_eq!(
+            validated.config.pools.keys().cloned().collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        assert_eq!(validated.errors.len(), 1);
+        assert!(validated.left_out.iter().any(|o| o.name == "broken"));
+
+        // Mended, it is read and no longer refused.
+        assert_eq!(
+            name(&d.decode(Event::Apply(good("broken", "10.0.2.0/24")))),
+            Some(("apply", "broken".to_string()))
+        );
+        assert_eq!(d.refused().count(), 0);
+    }
+
+    #[test]
+    fn a_pool_that_turns_undecodable_keeps_its_last_version_until_mended_or_deleted() {
+        let mut d = Decoder::<IPAddressPool>::new(Kind::IPAddressPool);
+        d.decode(Event::Init);
+        d.decode(Event::InitApply(good("a", "10.0.1.0/24")));
+        d.decode(Event::InitDone);
+        // Broken by an edit: the version read before stands in, and the refusal says so.
+        let Some(Event::Apply(kept)) = d.decode(Event::Apply(bad("a"))) else {
+            panic!("the earlier version does not stand in");
+        };
+        assert_eq!(kept.spec.addresses, ["10.0.1.0/24"]);
+        let refused: Vec<String> = d.refused().map(ToString::to_string).collect();
+        assert!(refused[0].ends_with(KEPT), "{refused:?}");
+        let validated = with_refusals(Validated::default(), d.refused());
+        assert!(validated.left_out.is_empty() && validated.errors.len() == 1);
+        // A re-list keeps it too.
+        d.decode(Event::Init);
+        assert_eq!(
+            name(&d.decode(Event::InitApply(bad("a")))),
+            Some(("init-apply", "a".to_string()))
+        );
+        d.decode(Event::InitDone);
+        assert_eq!(d.refused().count(), 1);
+        // Deleted: its version in the cache is deleted, and the refusal goes.
+        let Some(Event::Delete(gone)) = d.decode(Event::Delete(bad("a"))) else {
+            panic!("the cached version is not deleted");
+        };
+        assert_eq!(gone.spec.addresses, ["10.0.1.0/24"]);
+        assert_eq!(d.refused().count(), 0);
+        // An object never read and deleted: nothing to delete.
+        assert!(d.decode(Event::Apply(bad("b"))).is_none());
+        assert!(d.decode(Event::Delete(bad("b"))).is_none());
+        assert_eq!(d.refused().count(), 0);
+    }
 
     #[test]
     fn watch_retries_double_to_five_seconds_with_jitter_and_reset() {

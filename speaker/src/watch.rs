@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::l2::presence::selector;
 use crate::view::{trim_node, trim_service, trim_slice};
 use ferrolb_config::model::{Config, PeerPassword};
-use ferrolb_config::validate::{NodeInfo, Validated, validate};
+use ferrolb_config::validate::{NodeInfo, Validated};
 use ferrolb_runtime::watch::{
     Change, ConfigChange, ConfigStores, Continue, reflect, reflect_abortable,
 };
@@ -64,7 +64,7 @@ impl Stores {
             .iter()
             .map(|n| NodeInfo::from_metadata(&n.metadata))
             .collect();
-        validate(&self.config.objects(namespace, nodes))
+        self.config.validate(&self.config.objects(namespace, nodes))
     }
 }
 

@@ -10,7 +10,7 @@ use ferrolb_config::allocator::{ServiceKey, is_ours};
 use ferrolb_config::crd::{BFDProfile, BGPPeer, IPAddressPoolStatus};
 use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
-use ferrolb_config::validate::{NodeInfo, Validated, validate};
+use ferrolb_config::validate::{NodeInfo, Validated};
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::ObjectRef;
 
@@ -168,7 +168,7 @@ impl Decide for Decider {
             .map(|n| NodeInfo::from_metadata(&n.metadata))
             .collect();
         let objects = s.config.objects(&self.namespace, nodes);
-        let validated = validate(&objects);
+        let validated = s.config.validate(&objects);
         self.metrics.config_loaded.set(1);
         self.metrics
             .config_stale

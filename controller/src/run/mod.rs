@@ -419,6 +419,7 @@ mod driver_tests {
                 peers: reflector::store().0,
                 communities: reflector::store().0,
                 bfd: reflector::store().0,
+                refused: Default::default(),
             },
         };
         let mut driver = Driver::new(
