@@ -1,7 +1,8 @@
 //! Finding a BGP unnumbered peer (docs/decisions/0020) in real network namespaces: discovery on
 //! both ends of a veth with nothing but the kernel's link-local addresses finds the other end;
 //! a Router Advertisement that arrives with a hop limit other than 255 (so it may come from off
-//! the link, RFC 4861 §6.1.2) is refused and finds nothing.
+//! the link, RFC 4861 §6.1.2) is refused and finds nothing; one forged by another host on the
+//! link does not take the peer of an Established session (issue #33 item 3).
 //!
 //! The namespaces hold no lab address at all (link-local only) and are deleted on drop. Needs
 //! root (network namespaces); without it the test is reported as ignored, never as passed.
@@ -9,6 +10,7 @@
 
 use std::net::Ipv6Addr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrolb_bgp::adj_out::{AdjRibOut, RouteAttributes};
@@ -18,6 +20,7 @@ use ferrolb_config::model::{PeerAsn, PeerTarget};
 use ferrolb_layer2::packet::ndp::ALL_NODES;
 use ferrolb_layer2::packet::{MacAddr, RouterAdvertisement, router_advertisement};
 use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, OnLink, PeerSettings};
+use ferrolb_speaker::bgp::unnumbered::Timers;
 use ferrolb_speaker::bgp::unnumbered::discovery::{Discovery, Found, Link};
 use ferrolb_testkit::model;
 use ferrolb_testkit::netns::{self, Netns};
@@ -119,6 +122,97 @@ fn an_advertisement_not_sent_with_hop_limit_255_is_refused() {
         |f| f.refused >= 3,
     );
     assert_eq!(db.found().borrow().peer, None);
+}
+
+/// Issue #33 item 3: another host on the link (here a second link-local address on the
+/// router's end) sends valid Router Advertisements, hop limit 255, while the session with the
+/// router is Established: the peer stays the router, the forger is only remembered. Once the
+/// session has failed for `failed_after`, the link moves to the other advertiser, as it must
+/// for a router replaced on the link. Timers shortened to seconds.
+fn a_forged_advertisement_does_not_take_an_established_session() {
+    let mut lab = netns::Lab::new("flb-t-rd", "forged");
+    let (router, ours) = lab.pair(("a", "veth-a", &[]), ("b", "veth-b", &[]));
+    let (la, lb) = (link(&router, "veth-a"), link(&ours, "veth-b"));
+    let router_ll = la.link_local;
+    let advertiser = la.clone();
+    let _router = router
+        .on_thread(move || Discovery::start(advertiser))
+        .unwrap();
+    let established = Arc::new(AtomicBool::new(false));
+    let timers = Timers {
+        failed_after: Duration::from_secs(2),
+        fresh: Duration::from_secs(5),
+        hold_min: Duration::from_secs(1),
+        hold_max: Duration::from_secs(8),
+    };
+    let session = established.clone();
+    let discovery = ours
+        .on_thread(move || {
+            Discovery::start_following(lb, move || session.load(Ordering::Relaxed), timers)
+        })
+        .unwrap();
+    let found = discovery.found();
+    wait_found("we hear the router", &found, |f| f.peer == Some(router_ll));
+    established.store(true, Ordering::Relaxed);
+
+    // The forger: valid advertisements from its own link-local address, every 200 ms.
+    let forged: Ipv6Addr = "fe80::66".parse().unwrap();
+    router.ip(&["-6", "addr", "add", "fe80::66/64", "dev", "veth-a", "nodad"]);
+    let message = router_advertisement(
+        &RouterAdvertisement::not_a_default_router(MacAddr([2, 0, 0, 0, 0, 0x66])),
+        forged,
+        ALL_NODES,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_forger = stop.clone();
+    let index = la.index;
+    let forger = router.thread(move || {
+        let s = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6)).unwrap();
+        s.bind_device(Some(b"veth-a")).unwrap();
+        s.bind(&SockAddr::from(std::net::SocketAddrV6::new(
+            forged, 0, 0, index,
+        )))
+        .unwrap();
+        s.set_multicast_hops_v6(255).unwrap();
+        s.set_multicast_if_v6(index).unwrap();
+        let to = SockAddr::from(std::net::SocketAddrV6::new(ALL_NODES, 0, 0, index));
+        let mut sent = 0u32;
+        while !stop_forger.load(Ordering::Relaxed) {
+            s.send_to(&message, &to).unwrap();
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        sent
+    });
+    wait_found("we hear the forger", &found, |f| {
+        f.other == Some(forged) && f.others_heard >= 5
+    });
+    // Longer than failed_after and the damping hold: the Established session keeps its peer.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let f = found.borrow().clone();
+        assert_eq!(
+            (f.peer, f.replacements),
+            (Some(router_ll), 0),
+            "a forged advertisement took the Established session: {f:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The session fails: only after failed_after does the link follow the other advertiser.
+    established.store(false, Ordering::Relaxed);
+    let failed = Instant::now();
+    wait_found("the link follows the other advertiser", &found, |f| {
+        f.peer == Some(forged)
+    });
+    let after = failed.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    assert!(forger.join().unwrap() > 0);
+    assert!(
+        after >= Duration::from_secs(2),
+        "moved {after:?} after the session failed, before failed_after"
+    );
+    assert_eq!(found.borrow().replacements, 1);
 }
 
 /// Starts FRR in `router`'s namespace with its sockets in the lab's directory: zebra (with
@@ -354,6 +448,11 @@ fn main() -> std::process::ExitCode {
             "an_advertisement_not_sent_with_hop_limit_255_is_refused",
             &["ip"],
             an_advertisement_not_sent_with_hop_limit_255_is_refused,
+        ),
+        trial::needs(
+            "a_forged_advertisement_does_not_take_an_established_session",
+            &["ip"],
+            a_forged_advertisement_does_not_take_an_established_session,
         ),
         trial::needs(
             "frr_runs_an_unnumbered_session_with_us",

@@ -53,6 +53,9 @@ pub struct Bgp {
     reported: BTreeSet<(String, String)>,
     /// BGPPeers whose `vrf` this node lacks, with the VRF, each reported once while it lasts.
     missing_vrfs: BTreeSet<(String, String)>,
+    /// Unnumbered BGPPeers without a password, with their interface, each warned about once
+    /// while it lasts.
+    unsigned_links: BTreeSet<(String, String)>,
     /// Peer discovery on the interfaces of unnumbered BGPPeers.
     links: crate::bgp::unnumbered::links::Links,
     /// Where the Events about BGPPeers go.
@@ -110,6 +113,7 @@ impl Bgp {
             bfd,
             reported: BTreeSet::new(),
             missing_vrfs: BTreeSet::new(),
+            unsigned_links: BTreeSet::new(),
             links: crate::bgp::unnumbered::links::Links::new(changed),
             events,
             namespace,
@@ -201,6 +205,17 @@ impl Bgp {
             .iter()
             .filter(|n| !not_started.contains_key(*n))
             .collect();
+        // Each link's discovery keeps the peer of an Established session on it.
+        let mut on_links: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for name in &running {
+            if let Some(PeerTarget::Interface(i)) = config.peers.get(*name).map(|p| &p.target)
+                && let Some(status) = self.driver.watch_status(name)
+            {
+                on_links.entry(i.clone()).or_default().push(status);
+            }
+        }
+        self.links.follow_sessions(on_links);
+        self.report_unsigned_links(unsigned_links(config, &plan));
         self.bfd
             .apply(config, running.iter().copied(), &mut self.driver);
         self.report_live(config, &plan, &not_started, &links, &running, services);
@@ -299,6 +314,17 @@ impl Bgp {
         self.missing_vrfs = now;
     }
 
+    /// Warns (log and a Warning Event `UnnumberedPeerWithoutPassword` on the BGPPeer) about
+    /// each planned unnumbered peer without a password, once while it lasts.
+    fn report_unsigned_links(&mut self, now: BTreeSet<(String, String)>) {
+        for (name, interface) in now.difference(&self.unsigned_links) {
+            tracing::warn!(peer = %name, %interface, "unnumbered BGP peer without a password: a host on the link can become the peer when the session fails");
+            self.events
+                .push(unsigned_link(&self.namespace, name, interface, &self.node));
+        }
+        self.unsigned_links = now;
+    }
+
     /// Metrics and ServiceBGPStatus objects for what `plan` advertises.
     fn report(&mut self, plan: &plan::Plan, me: &str, services: &[ServiceView]) {
         let views: BTreeMap<_, _> = services.iter().map(|s| (&s.key, s)).collect();
@@ -360,6 +386,41 @@ fn unnumbered_interfaces(config: &Config, plan: &plan::Plan) -> BTreeSet<String>
             PeerTarget::Address(_) => None,
         })
         .collect()
+}
+
+/// The planned unnumbered peers (with their interface) that have no password: any host on
+/// their link can send Router Advertisements, and becomes the peer should the session fail.
+fn unsigned_links(config: &Config, plan: &plan::Plan) -> BTreeSet<(String, String)> {
+    plan.peers
+        .keys()
+        .filter_map(|name| {
+            let peer = config.peers.get(name)?;
+            let PeerTarget::Interface(i) = &peer.target else {
+                return None;
+            };
+            // An empty password is none (see `PeerSettings`).
+            let signed = match &peer.password {
+                None => false,
+                Some(PeerPassword::Plain(p)) => !p.is_empty(),
+                Some(PeerPassword::Secret { .. }) => true,
+            };
+            (!signed).then(|| (name.clone(), i.clone()))
+        })
+        .collect()
+}
+
+/// The `UnnumberedPeerWithoutPassword` Event on BGPPeer `namespace/name`, whose link is
+/// `interface` on `node`.
+fn unsigned_link(namespace: &str, name: &str, interface: &str, node: &str) -> Queued {
+    Queued {
+        warning: true,
+        reason: "UnnumberedPeerWithoutPassword",
+        message: format!(
+            "unnumbered BGP peer on interface {interface} of node {node} has no password: any host on that link can send Router Advertisements, and would become the BGP peer should the session fail; set password or passwordSecret (TCP MD5) on both ends"
+        ),
+        action: "StartSession",
+        regarding: bgp_peer_ref(namespace, name),
+    }
 }
 
 /// The session of `peer` on this node, with the VRF it names when that VRF has no address
@@ -588,6 +649,68 @@ mod tests {
         );
         assert_eq!(e.regarding.namespace.as_deref(), Some("metallb-system"));
         assert_eq!(e.regarding.name.as_deref(), Some("tor"));
+    }
+
+    /// Issue #33 item 3: an unnumbered peer with no password (or an empty one) is warned
+    /// about, on the BGPPeer, naming the link; a numbered one, a signed one or one not planned
+    /// on this node is not.
+    #[test]
+    fn unnumbered_peers_without_password_are_warned_about() {
+        let mut config = Config::default();
+        let mut add = |name: &str, interface: Option<&str>, password: Option<PeerPassword>| {
+            let mut p = ferrolb_testkit::model::peer(name, "198.18.0.254").build();
+            if let Some(i) = interface {
+                p.target = PeerTarget::Interface(i.into());
+            }
+            p.password = password;
+            config.peers.insert(name.into(), p);
+        };
+        add("open", Some("eth1"), None);
+        add(
+            "empty",
+            Some("eth2"),
+            Some(PeerPassword::Plain(String::new())),
+        );
+        add(
+            "signed",
+            Some("eth3"),
+            Some(PeerPassword::Plain("pw".into())),
+        );
+        add(
+            "secret",
+            Some("eth4"),
+            Some(PeerPassword::Secret {
+                name: "s".into(),
+                namespace: "n".into(),
+            }),
+        );
+        add("numbered", None, None);
+        add("elsewhere", Some("eth5"), None);
+        let mut plan = plan::Plan::default();
+        for name in ["open", "empty", "signed", "secret", "numbered"] {
+            plan.peers.insert(name.into(), plan::PeerPlan::default());
+        }
+        let pairs = |v: &[(&str, &str)]| -> BTreeSet<(String, String)> {
+            v.iter()
+                .map(|(a, b)| ((*a).to_string(), (*b).to_string()))
+                .collect()
+        };
+        assert_eq!(
+            unsigned_links(&config, &plan),
+            pairs(&[("empty", "eth2"), ("open", "eth1")])
+        );
+        let e = unsigned_link("metallb-system", "open", "eth1", "node1");
+        assert!(e.warning);
+        assert_eq!(e.reason, "UnnumberedPeerWithoutPassword");
+        assert!(
+            e.message.contains("eth1")
+                && e.message.contains("node1")
+                && e.message.contains("password"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.regarding.kind.as_deref(), Some("BGPPeer"));
+        assert_eq!(e.regarding.name.as_deref(), Some("open"));
     }
 
     #[test]

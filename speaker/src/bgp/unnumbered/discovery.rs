@@ -1,9 +1,9 @@
 //! Finding a BGP unnumbered peer on its link (docs/decisions/0020-bgp-unnumbered.md): a raw
 //! ICMPv6 socket bound to the interface sends our Router Advertisements (lifetime 0: FRR learns
 //! its neighbour only from RAs, and we must be nobody's default router) and one Router
-//! Solicitation, answers solicitations, and takes the link-local source of every valid Router
-//! Advertisement as the peer. The decisions are in [`super`]; the messages in
-//! `ferrolb_layer2::packet::router_discovery`.
+//! Solicitation, answers solicitations, and hears the link-local source of every valid Router
+//! Advertisement. Which of them is the peer, given the session's state, is [`super::Follow`]'s
+//! rule; the messages are in `ferrolb_layer2::packet::router_discovery`.
 
 use std::io::{self, IoSliceMut};
 use std::net::Ipv6Addr;
@@ -23,7 +23,7 @@ use nix::sys::socket::{self as nix_socket, ControlMessageOwned, MsgFlags, Sockad
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::sync::watch;
 
-use super::{Heard, LinkPeer, Schedule};
+use super::{Follow, Heard, Schedule, Timers};
 
 /// The link a peer is looked for on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,9 +44,13 @@ pub struct Link {
 pub struct Found {
     /// The peer's link-local address, once an advertisement was heard.
     pub peer: Option<Ipv6Addr>,
-    /// How often another source replaced the peer (more than a few: several routers answer on
-    /// a link meant to be point to point).
+    /// How often the peer changed (each time after its session failed).
     pub replacements: u32,
+    /// The latest advertiser other than the peer: a second router on a link meant to be point
+    /// to point, or a host forging advertisements. Followed only should the session fail.
+    pub other: Option<Ipv6Addr>,
+    /// Advertisements heard from other sources than the peer.
+    pub others_heard: u64,
     /// Messages dropped by the RFC 4861 checks (wrong hop limit, bad checksum, ...).
     pub refused: u64,
 }
@@ -64,15 +68,36 @@ pub struct Discovery {
 
 impl Discovery {
     /// Opens the socket on `link` (in the calling thread's network namespace) and starts
-    /// advertising and listening.
+    /// advertising and listening, with a session that is never Established: the first
+    /// advertiser is the peer, another one only after [`super::FAILED_AFTER`].
     pub fn start(link: Link) -> io::Result<Discovery> {
+        Self::start_following(link, || false, Timers::default())
+    }
+
+    /// As [`Discovery::start`], with the state of the link's session: `established` is asked
+    /// a few times a second and keeps the peer while it says so ([`Follow`]'s rule, with
+    /// `timers`).
+    pub fn start_following(
+        link: Link,
+        established: impl Fn() -> bool + Send + 'static,
+        timers: Timers,
+    ) -> io::Result<Discovery> {
         let socket = open(&link)?;
         let (tx, found) = watch::channel(Found::default());
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("discovery-{}", link.name))
-            .spawn(move || run(&socket, &link, &tx, &flag))?;
+            .spawn(move || {
+                run(
+                    &socket,
+                    &link,
+                    &tx,
+                    &flag,
+                    &established,
+                    Follow::new(timers),
+                );
+            })?;
         Ok(Discovery {
             found,
             stop,
@@ -112,7 +137,18 @@ fn open(link: &Link) -> io::Result<Socket> {
     Ok(socket)
 }
 
-fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBool) {
+/// Least time between two log lines about advertisers that are not followed: a host forging
+/// advertisements from ever new addresses must not flood the log.
+const OTHER_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+fn run(
+    socket: &Socket,
+    link: &Link,
+    tx: &watch::Sender<Found>,
+    stop: &AtomicBool,
+    established: &dyn Fn() -> bool,
+    mut follow: Follow,
+) {
     // Every line of this thread is about its link: the span names it once (at ERROR level so
     // that it is enabled whenever a line inside is).
     let _link = tracing::error_span!("unnumbered_link", interface = %link.name).entered();
@@ -135,13 +171,30 @@ fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBoo
         tracing::warn!(error = %e, "router solicitation not sent");
     }
     let mut schedule = Schedule::new(Instant::now());
-    let mut peer = LinkPeer::default();
     let mut buf = vec![0u8; 1500];
+    let mut other_logged: Option<Instant> = None;
+    let publish = |follow: &Follow| {
+        tx.send_modify(|f| {
+            f.peer = follow.peer();
+            f.replacements = follow.changes();
+            f.other = follow.other();
+            f.others_heard = follow.others_heard();
+        });
+    };
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if schedule.due(now) {
             advertise("periodic");
             schedule.sent(now);
+        }
+        // At least every receive timeout: a failed session moves the link on time.
+        if let Some(left) = follow.tick(now, established()) {
+            tracing::warn!(
+                peer = ?follow.peer(),
+                previous = %left,
+                "BGP unnumbered peer changed: the session with the previous one failed and another router advertises on this link"
+            );
+            publish(&follow);
         }
         let (len, envelope) = match receive(socket, &mut buf) {
             Ok(r) => r,
@@ -161,15 +214,29 @@ fn run(socket: &Socket, link: &Link, tx: &watch::Sender<Found>, stop: &AtomicBoo
         };
         match parse_router_discovery(&buf[..len], &envelope) {
             Ok(Some(RouterDiscovery::Advertisement(_))) => {
-                let heard = peer.heard(envelope.source);
-                if heard != Heard::Same {
-                    tracing::info!(peer = %envelope.source, ?heard, "BGP unnumbered peer found");
-                    let (p, r) = (peer.peer(), peer.replacements());
-                    tx.send_modify(|f| {
-                        f.peer = p;
-                        f.replacements = r;
-                    });
+                let now = Instant::now();
+                match follow.heard(envelope.source, now) {
+                    Heard::New => {
+                        tracing::info!(peer = %envelope.source, "BGP unnumbered peer found");
+                    }
+                    Heard::Same => continue,
+                    Heard::Other => {
+                        if other_logged
+                            .is_none_or(|t| now.saturating_duration_since(t) >= OTHER_LOG_INTERVAL)
+                        {
+                            other_logged = Some(now);
+                            tracing::warn!(
+                                from = %envelope.source,
+                                peer = ?follow.peer(),
+                                "router advertisement from another source than the BGP peer: ignored while the session runs (a second router, or a forged advertisement, on a link meant to be point to point)"
+                            );
+                        }
+                    }
                 }
+                if let Some(left) = follow.tick(now, established()) {
+                    tracing::warn!(peer = ?follow.peer(), previous = %left, "BGP unnumbered peer changed: the session with the previous one failed and another router advertises on this link");
+                }
+                publish(&follow);
             }
             Ok(Some(RouterDiscovery::Solicitation(_))) => {
                 let now = Instant::now();

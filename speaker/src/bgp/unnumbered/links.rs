@@ -1,7 +1,9 @@
 //! Unnumbered BGP peers in the work loop: peer discovery (router advertisements) running on
 //! every interface a BGPPeer of this node names, and what it found, for the BGP plan.
 //!
-//! Discovery starts when a BGPPeer names the interface and stops when none does. It restarts
+//! Discovery starts when a BGPPeer names the interface and stops when none does. It is told the
+//! state of the sessions on its link ([`Links::follow_sessions`]), so that an Established
+//! session keeps its peer whatever else advertises (`Follow`'s rule). It restarts
 //! when the interface's index, MAC or link-local address changes (the interface was recreated
 //! or renumbered). A new peer address wakes the work loop, which plans the BGP sessions again;
 //! so does a change of the interfaces themselves, checked every second (an address removed or
@@ -14,10 +16,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::bgp::driver::OnLink;
+use crate::bgp::driver::{OnLink, PeerStatus};
+use crate::bgp::unnumbered::Timers;
 use crate::bgp::unnumbered::discovery::{Discovery, Link};
 use crate::l2::interfaces::parse_mac;
-use tokio::sync::Notify;
+use ferrolb_bgp::fsm::State;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 /// Where an interface named by an unnumbered BGPPeer stands on this node.
@@ -31,9 +35,30 @@ pub enum LinkState {
     Unusable(String),
 }
 
+/// The status of the sessions running on one link, read by its discovery thread.
+#[derive(Clone, Default)]
+struct Sessions(Arc<Mutex<Vec<watch::Receiver<PeerStatus>>>>);
+
+impl Sessions {
+    /// Whether a session on the link is Established.
+    fn established(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|s| s.borrow().state == State::Established)
+    }
+
+    fn set(&self, sessions: Vec<watch::Receiver<PeerStatus>>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = sessions;
+    }
+}
+
 struct Running {
     link: Link,
     discovery: Discovery,
+    /// The sessions on the link, whose state decides whether its peer may change.
+    sessions: Sessions,
     /// Wakes the work loop on each find.
     waker: JoinHandle<()>,
 }
@@ -105,6 +130,17 @@ impl Links {
         states
     }
 
+    /// Hands each link the status of the sessions running on it (by interface name; a link
+    /// left out has none), so that its discovery keeps the peer of an Established session.
+    pub fn follow_sessions(
+        &self,
+        mut sessions: BTreeMap<String, Vec<watch::Receiver<PeerStatus>>>,
+    ) {
+        for (name, r) in &self.running {
+            r.sessions.set(sessions.remove(name).unwrap_or_default());
+        }
+    }
+
     fn state(&mut self, name: &str, read: Result<Link, String>) -> LinkState {
         let link = match read {
             Ok(l) => l,
@@ -118,14 +154,20 @@ impl Links {
             self.stop(name);
         }
         if !self.running.contains_key(name) {
-            let discovery = match Discovery::start(link.clone()) {
-                Ok(d) => d,
-                Err(e) => {
-                    return LinkState::Unusable(format!(
-                        "cannot look for the BGP peer on interface {name}: {e}"
-                    ));
-                }
+            let sessions = Sessions::default();
+            let established = {
+                let sessions = sessions.clone();
+                move || sessions.established()
             };
+            let discovery =
+                match Discovery::start_following(link.clone(), established, Timers::default()) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return LinkState::Unusable(format!(
+                            "cannot look for the BGP peer on interface {name}: {e}"
+                        ));
+                    }
+                };
             tracing::info!(interface = %name, link_local = %link.link_local, "looking for the unnumbered BGP peer");
             let mut found = discovery.found();
             let changed = self.changed.clone();
@@ -145,6 +187,7 @@ impl Links {
                 Running {
                     link,
                     discovery,
+                    sessions,
                     waker,
                 },
             );
