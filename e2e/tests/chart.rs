@@ -30,6 +30,9 @@ use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_testkit::trial::Arguments;
 use serde_json::{Value, json};
 
+#[path = "chart/api_calls.rs"]
+mod api_calls;
+
 // ------------------------------------------------------------------------------------------------
 // Rendering
 
@@ -390,6 +393,246 @@ fn rendered_rbac_equals_the_tested_files() -> anyhow::Result<()> {
         !docs.iter().any(|d| RBAC_KINDS.contains(&kind_of(d))),
         "RBAC rendered with rbac.create=false"
     );
+    Ok(())
+}
+
+/// Every call site of the Kubernetes API in the binaries' sources is claimed by an entry of
+/// [`api_calls::CALLS`], and every entry's call is in its file: the table says what the code
+/// asks the API server for.
+fn api_call_table_claims_every_call_site() -> anyhow::Result<()> {
+    use api_calls::{CALLS, SOURCES, is_call_site, non_test_lines};
+    let root = repo_root();
+    let mut files = Vec::new();
+    for dir in SOURCES {
+        let mut stack = vec![root.join(dir)];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|x| x == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+    }
+    files.sort();
+    let mut claimed = vec![false; CALLS.len()];
+    let mut unclaimed = Vec::new();
+    let mut sites = 0;
+    for path in &files {
+        let relative = path
+            .strip_prefix(&root)?
+            .display()
+            .to_string()
+            .replace('\\', "/");
+        let text = std::fs::read_to_string(path)?;
+        let lines = non_test_lines(&text);
+        let mut in_use = false;
+        for (i, line) in lines.iter().enumerate() {
+            // A multi-line `use` names the parameter types too.
+            let starts_use =
+                line.trim_start().starts_with("use ") || line.trim_start().starts_with("pub use ");
+            if starts_use || in_use {
+                in_use = !line.contains(';');
+                continue;
+            }
+            if !is_call_site(line) {
+                continue;
+            }
+            sites += 1;
+            // The call's text on this line, or up to three lines around it (a call spread
+            // over several lines).
+            let near = lines[i.saturating_sub(3)..(i + 4).min(lines.len())].join("\n");
+            let mut any = false;
+            for (k, call) in CALLS.iter().enumerate() {
+                if call.file == relative && near.contains(call.call) {
+                    claimed[k] = true;
+                    any = true;
+                }
+            }
+            if !any {
+                unclaimed.push(format!("{relative}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    let stale: Vec<String> = CALLS
+        .iter()
+        .zip(&claimed)
+        .filter(|(_, c)| !**c)
+        .map(|(call, _)| {
+            format!(
+                "{} {:?} {:?} at {}: {:?}",
+                call.group, call.resources, call.verbs, call.file, call.call
+            )
+        })
+        .collect();
+    ensure!(
+        sites >= 20,
+        "only {sites} call sites found: the search is broken"
+    );
+    ensure!(
+        unclaimed.is_empty(),
+        "API calls missing from e2e/tests/chart/api_calls.rs (add each with the resources and \
+         verbs it needs, and grant them in charts/ferrolb/rbac/):\n{}",
+        unclaimed.join("\n")
+    );
+    ensure!(
+        stale.is_empty(),
+        "entries of e2e/tests/chart/api_calls.rs whose call is no longer in their file:\n{}",
+        stale.join("\n")
+    );
+    Ok(())
+}
+
+/// One grant: scope, API group, resource, verb, the object named (if any).
+type Grant = (api_calls::Scope, String, String, String, Option<String>);
+
+/// The grants of a component's rendered ClusterRole and Role.
+fn granted(docs: &[Value], component: &str) -> anyhow::Result<BTreeSet<Grant>> {
+    let mut out = BTreeSet::new();
+    for (kind, scope) in [
+        ("ClusterRole", api_calls::Scope::Cluster),
+        ("Role", api_calls::Scope::Release),
+    ] {
+        let role = find(docs, kind, &format!("ferrolb-{component}"))?;
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let names = strings(&rule["resourceNames"]);
+            let names: Vec<Option<String>> = if names.is_empty() {
+                vec![None]
+            } else {
+                names.into_iter().map(Some).collect()
+            };
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        for name in &names {
+                            out.insert((
+                                scope,
+                                group.clone(),
+                                resource.clone(),
+                                verb.clone(),
+                                name.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The grants the calls of [`api_calls::CALLS`] need.
+fn needed(component: &str) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for call in api_calls::CALLS
+        .iter()
+        .filter(|c| c.by.contains(&component))
+    {
+        for resource in call.resources {
+            for verb in call.verbs {
+                out.insert((
+                    call.scope,
+                    call.group.to_string(),
+                    resource.to_string(),
+                    verb.to_string(),
+                    call.name.map(str::to_string),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The chart grants the controller and the speaker exactly what their code asks for: a verb
+/// granted that no call uses, or a call whose verb is not granted, fails.
+fn granted_verbs_equal_the_api_calls_the_code_makes() -> anyhow::Result<()> {
+    let docs = render("ferrolb", "metallb-system", &[])?;
+    let mut problems = Vec::new();
+    for component in ["controller", "speaker"] {
+        let granted = granted(&docs, component)?;
+        let needed = needed(component);
+        for g in granted.difference(&needed) {
+            problems.push(format!("{component}: granted, no call uses it: {g:?}"));
+        }
+        for n in needed.difference(&granted) {
+            problems.push(format!("{component}: called, not granted: {n:?}"));
+        }
+    }
+    ensure!(
+        problems.is_empty(),
+        "charts/ferrolb/rbac/ and e2e/tests/chart/api_calls.rs differ:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// The Lease admission policy: rendered by default for the release's accounts, names and
+/// namespace, absent with `rbac.leasePolicy=false`.
+fn lease_policy_names_the_release_accounts_and_can_be_turned_off() -> anyhow::Result<()> {
+    let docs = render("edge", "lb-system", &[])?;
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "edge-ferrolb-leases")?;
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "edge-ferrolb-leases",
+    )?;
+    let text = policy.to_string();
+    for want in [
+        "system:serviceaccount:lb-system:edge-ferrolb-speaker",
+        "system:serviceaccount:lb-system:edge-ferrolb-controller",
+        // The presence group the speakers run with, and the controller's Lease.
+        "edge-ferrolb-speaker-",
+        "edge-ferrolb-controller",
+        "authentication.kubernetes.io/node-name",
+    ] {
+        ensure!(text.contains(want), "the policy lacks {want:?}: {policy:#}");
+    }
+    let speaker = container(find(&docs, "DaemonSet", "edge-ferrolb-speaker")?, "speaker")?;
+    ensure!(
+        env_of(speaker)["FERROLB_PRESENCE_GROUP"] == "edge-ferrolb-speaker",
+        "the speakers' presence group is not the one the policy names"
+    );
+    let controller = container(
+        find(&docs, "Deployment", "edge-ferrolb-controller")?,
+        "controller",
+    )?;
+    ensure!(
+        env_of(controller)["FERROLB_LEASE_NAME"] == "edge-ferrolb-controller",
+        "the controller's Lease is not the one the policy names"
+    );
+    ensure!(policy["spec"]["failurePolicy"] == "Fail", "failurePolicy");
+    ensure!(
+        binding["spec"]["policyName"] == "edge-ferrolb-leases"
+            && binding["spec"]["validationActions"] == json!(["Deny"])
+            && binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                == "lb-system",
+        "binding {binding:#}"
+    );
+    // A ServiceAccount named apart from the release is the one matched.
+    let docs = render(
+        "ferrolb",
+        "metallb-system",
+        &["--set", "speaker.serviceAccount.name=lb-speaker"],
+    )?;
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "ferrolb-leases")?.to_string();
+    ensure!(
+        policy.contains("system:serviceaccount:metallb-system:lb-speaker"),
+        "{policy}"
+    );
+    for set in [
+        "rbac.leasePolicy=false",
+        "speaker.enabled=false,controller.enabled=false",
+    ] {
+        let docs = render("ferrolb", "metallb-system", &["--set", set])?;
+        let k = kinds(&docs);
+        ensure!(
+            !k.contains_key("ValidatingAdmissionPolicy")
+                && !k.contains_key("ValidatingAdmissionPolicyBinding"),
+            "--set {set}: {k:?}"
+        );
+    }
     Ok(())
 }
 
@@ -1668,6 +1911,9 @@ async fn start_pod(
     let account = pod["serviceAccountName"]
         .as_str()
         .context("serviceAccountName")?;
+    // Bound to the pod's node, so it carries the node (user extra
+    // `authentication.kubernetes.io/node-name`) as a Pod's token does: the chart's Lease policy
+    // lets a speaker write only its node's presence Lease. (No Pod object exists to bind to.)
     let token = lab.kubectl(&[
         "create",
         "token",
@@ -1675,6 +1921,8 @@ async fn start_pod(
         "-n",
         RELEASE_NS,
         "--duration=2h",
+        "--bound-object-kind=Node",
+        &format!("--bound-object-name={}", at.node),
     ])?;
     let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
     write(&format!("{sa_dir}/token"), token.trim().as_bytes(), 0o644)?;
@@ -2033,6 +2281,155 @@ async fn installed_release_serves_and_upgrade_keeps_key_and_ips(lab: &Lab) -> an
     result
 }
 
+/// kubectl with a ServiceAccount token (and nothing else): `Ok(stdout)` or `Err(stderr)`.
+fn kubectl_with_token(
+    lab: &Lab,
+    token: &str,
+    args: &[&str],
+) -> anyhow::Result<Result<String, String>> {
+    let pki = ferrolb_e2e::pki::Pki {
+        dir: lab.dir.join("pki"),
+    };
+    let server = format!("https://{}:6443", lab.topology.apiserver_address());
+    let kubeconfig = write_lab_file(
+        lab,
+        "lease-policy.kubeconfig",
+        &pki.token_kubeconfig(&server, "lease-policy", token.trim()),
+    )?;
+    let mut full = vec!["--kubeconfig", kubeconfig.as_str()];
+    full.extend_from_slice(args);
+    let out = ferrolb_e2e::cmd::output(&bin_dir().join("kubectl").display().to_string(), &full)?;
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+}
+
+/// The chart's Lease admission policy (rbac.leasePolicy) in the lab's API server: a speaker
+/// whose token is bound to a Pod on one node may create, renew and delete that node's presence
+/// Lease only, held by that node: not another node's, not the controller's leader Lease, and
+/// nothing with a token bound to no node; the controller may write its leader Lease only.
+/// Without the policy, RBAC alone lets the speaker write another node's Lease (the check can
+/// fail).
+async fn lease_policy_lets_a_speaker_write_only_its_own_presence_lease(
+    lab: &Lab,
+) -> anyhow::Result<()> {
+    const NS: &str = "chart-leases";
+    const REL: &str = "leases";
+    let scope = TestScope::new(lab, NS).await?;
+    let _ = helm_in_lab(lab, &["uninstall", REL, "-n", NS]);
+    let result = async {
+        let chart = chart_dir().display().to_string();
+        helm_in_lab(lab, &["install", REL, &chart, "-n", NS, "--set", "crds.enabled=false"])?;
+        let nodes: Vec<String> = lab.topology.nodes().map(|n| n.name.clone()).collect();
+        ensure!(nodes.len() >= 2, "nodes {nodes:?}");
+        let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
+        let speaker = format!("{REL}-ferrolb-speaker");
+        let controller = format!("{REL}-ferrolb-controller");
+        let presence = |node: &str| format!("{REL}-ferrolb-speaker-{node}");
+        let lease = |name: &str, holder: &str, seconds: u32| {
+            write_lab_file(
+                lab,
+                &format!("lease-{name}-{holder}-{seconds}.yaml"),
+                &format!(
+                    "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: {name}, namespace: {NS}}}\nspec: {{holderIdentity: {holder}, leaseDurationSeconds: {seconds}}}\n"
+                ),
+            )
+        };
+        let apply = |token: &str, file: &str| {
+            kubectl_with_token(lab, token, &["apply", "--server-side", "--force-conflicts", "--field-manager=ferrolb-speaker", "-f", file])
+        };
+        let delete = |token: &str, name: &str| {
+            kubectl_with_token(lab, token, &["-n", NS, "delete", "lease", name, "--wait=false"])
+        };
+        // A Pod on node a, as the DaemonSet would make it (never run: the token is what counts).
+        lab.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: speaker-on-{a}, namespace: {NS}}}\nspec: {{nodeName: {a}, serviceAccountName: {speaker}, automountServiceAccountToken: false, containers: [{{name: c, image: registry.k8s.io/pause:3.10}}]}}\n"
+        ))?;
+        let on_a = lab.kubectl(&[
+            "create", "token", &speaker, "-n", NS, "--duration=1h",
+            "--bound-object-kind=Pod", &format!("--bound-object-name=speaker-on-{a}"),
+        ])?;
+        let unbound = lab.kubectl(&["create", "token", &speaker, "-n", NS, "--duration=1h"])?;
+        let controller_token = lab.kubectl(&["create", "token", &controller, "-n", NS, "--duration=1h"])?;
+        // The others' Leases, as they would be.
+        lab.kubectl(&["apply", "--server-side", "-f", &lease(&presence(b), b, 40)?])?;
+        lab.kubectl(&["apply", "--server-side", "-f", &lease(&controller, "replica-1", 15)?])?;
+
+        // Forging node b's presence: refused once the policy is loaded (the API server reads
+        // new policies within a few seconds).
+        let forged = lease(&presence(b), b, 3600)?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let refused = loop {
+            match apply(&on_a, &forged)? {
+                Err(e) => break e,
+                Ok(_) if std::time::Instant::now() > deadline => {
+                    bail!("the speaker on {a} rewrote {b}'s presence Lease for 30 s after install")
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        };
+        ensure!(
+            refused.contains(&format!("may write only its presence Lease {}", presence(a))),
+            "refusal: {refused}"
+        );
+        // Its own: created, renewed; held by another node: refused.
+        apply(&on_a, &lease(&presence(a), a, 40)?)?
+            .map_err(|e| anyhow::anyhow!("creating its own Lease: {e}"))?;
+        apply(&on_a, &lease(&presence(a), a, 41)?)?
+            .map_err(|e| anyhow::anyhow!("renewing its own Lease: {e}"))?;
+        let r = apply(&on_a, &lease(&presence(a), b, 40)?)?;
+        ensure!(r.is_err(), "its own Lease held by {b}: {r:?}");
+        // Neither another node's nor the controller's Lease, by update or delete; nor a Lease
+        // of another name.
+        for (what, r) in [
+            ("update the controller's Lease", apply(&on_a, &lease(&controller, a, 15)?)?),
+            ("delete the controller's Lease", delete(&on_a, &controller)?),
+            ("delete another node's Lease", delete(&on_a, &presence(b))?),
+            ("create a Lease of another name", apply(&on_a, &lease("ferrolb-speaker-x", a, 40)?)?),
+        ] {
+            ensure!(
+                r.as_ref().is_err_and(|e| e.contains("ValidatingAdmissionPolicy")),
+                "{what}: {r:?}"
+            );
+        }
+        let held = lab.kubectl(&["-n", NS, "get", "lease", &controller, "-o", "jsonpath={.spec.holderIdentity}"])?;
+        ensure!(held == "replica-1", "the controller's Lease is held by {held:?}");
+        // A token bound to no node writes no Lease.
+        let r = apply(&unbound, &lease(&presence(a), a, 42)?)?;
+        ensure!(
+            r.as_ref().is_err_and(|e| e.contains("token bound to a Pod on a node")),
+            "unbound token: {r:?}"
+        );
+        // The controller: its leader Lease only.
+        apply(&controller_token, &lease(&controller, "replica-2", 15)?)?
+            .map_err(|e| anyhow::anyhow!("the controller renewing its Lease: {e}"))?;
+        let r = apply(&controller_token, &lease(&presence(a), a, 40)?)?;
+        ensure!(r.is_err(), "the controller writing a presence Lease: {r:?}");
+        // The speaker's clean stop deletes its own.
+        delete(&on_a, &presence(a))?.map_err(|e| anyhow::anyhow!("deleting its own Lease: {e}"))?;
+
+        // Without the policy RBAC alone lets the speaker rewrite node b's Lease.
+        helm_in_lab(lab, &["upgrade", REL, &chart, "-n", NS, "--reuse-values", "--set", "rbac.leasePolicy=false"])?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match apply(&on_a, &forged)? {
+                Ok(_) => break,
+                Err(e) if std::time::Instant::now() > deadline => {
+                    bail!("without the policy the forged Lease is still refused: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let _ = helm_in_lab(lab, &["uninstall", REL, "-n", NS]);
+    drop(scope);
+    result
+}
+
 // ------------------------------------------------------------------------------------------------
 
 fn main() -> std::process::ExitCode {
@@ -2061,6 +2458,21 @@ fn main() -> std::process::ExitCode {
             "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",
             no_helm.clone(),
             rendered_rbac_equals_the_tested_files,
+        )
+        .offline(
+            "api_call_table_claims_every_kubernetes_api_call_site_of_the_binaries",
+            None,
+            api_call_table_claims_every_call_site,
+        )
+        .offline(
+            "granted_rbac_verbs_equal_the_api_calls_the_code_makes",
+            no_helm.clone(),
+            granted_verbs_equal_the_api_calls_the_code_makes,
+        )
+        .offline(
+            "lease_admission_policy_names_the_release_accounts_and_can_be_turned_off",
+            no_helm.clone(),
+            lease_policy_names_the_release_accounts_and_can_be_turned_off,
         )
         .offline(
             "controller_is_highly_available_and_passes_restricted",
@@ -2114,6 +2526,14 @@ fn main() -> std::process::ExitCode {
         .test(
             "controller_passes_restricted_and_speaker_needs_privileged_pod_security",
             |lab| Box::pin(async move { pod_security_levels(&lab).await }),
+        )
+        .test(
+            "lease_admission_policy_lets_a_speaker_write_only_its_own_presence_lease",
+            |lab| {
+                Box::pin(async move {
+                    lease_policy_lets_a_speaker_write_only_its_own_presence_lease(&lab).await
+                })
+            },
         )
         .test(
             "installed_release_serves_a_load_balancer_ip_and_upgrade_keeps_gossip_key_and_ips",
