@@ -272,6 +272,31 @@ fn link_local(name: &str) -> Option<Ipv6Addr> {
 mod tests {
     use super::*;
 
+    /// What discovery is told: a link is Established while any of its sessions is, and
+    /// follows the channels it is handed last (a restarted session brings new ones).
+    #[test]
+    fn a_link_is_established_while_one_of_its_sessions_is() {
+        let status = |state| {
+            watch::channel(PeerStatus {
+                state,
+                ..PeerStatus::default()
+            })
+        };
+        let sessions = Sessions::default();
+        assert!(!sessions.established(), "no session");
+        let (a, a_rx) = status(State::Active);
+        let (b, b_rx) = status(State::Idle);
+        sessions.set(vec![a_rx, b_rx]);
+        assert!(!sessions.established());
+        b.send_modify(|s| s.state = State::Established);
+        assert!(sessions.established());
+        a.send_modify(|s| s.state = State::Established);
+        b.send_modify(|s| s.state = State::Idle);
+        assert!(sessions.established());
+        sessions.set(Vec::new());
+        assert!(!sessions.established(), "the sessions were taken away");
+    }
+
     /// A missing interface is unusable, named, and starts nothing.
     #[tokio::test]
     async fn a_missing_interface_is_named() {
