@@ -225,14 +225,22 @@ impl CachedService {
 
 /// The Services the controller knows, kept from the watch's events by the work loop.
 ///
-/// Like kube-runtime's reflector, a (re-)list replaces the cache only once it is complete; unlike
-/// it, the completed list reports what differs from before, Services deleted while the watch was
-/// down among them, so that their IPs are released.
+/// Like kube-runtime's reflector, a (re-)list is taken in only once it is complete; unlike it,
+/// the completed list reports what differs from before, Services deleted while the watch was
+/// down among them, so that their IPs are released. Unlike it too, neither a list nor an event
+/// ever takes the cache back to an older copy than it holds (decision 0016): a re-list can be
+/// older than a fresh read made while it was under way, and a Service dropped or an IP seen
+/// released on the strength of an old list would be handed to a second Service.
 #[derive(Debug, Default)]
 pub struct ServiceCache {
     current: HashMap<ServiceKey, Arc<CachedService>>,
     /// A list in progress: what it has seen so far.
     listing: Option<HashMap<ServiceKey, Arc<CachedService>>>,
+    /// The revision of the newest fresh read: a copy no newer than it, of a Service the cache
+    /// does not hold, is of a Service deleted by then.
+    fresh_at: Option<u64>,
+    /// A re-list left Services it could not settle (see [`Self::take_unsettled`]).
+    unsettled: bool,
 }
 
 impl ServiceCache {
@@ -240,12 +248,13 @@ impl ServiceCache {
     pub fn apply(&mut self, event: Event<CachedService>) -> Vec<ServiceKey> {
         match event {
             Event::Apply(service) => {
-                if self
-                    .current
-                    .get(&service.key)
-                    .is_some_and(|c| service.older_than(c))
-                {
+                let stale = match self.current.get(&service.key) {
                     // The watch is behind a fresh read (see [`Self::refresh`]): keep the newer copy.
+                    Some(cached) => service.older_than(cached),
+                    // Or the fresh read found it deleted: the watch's delete is still to come.
+                    None => self.deleted_by_fresh_read(&service),
+                };
+                if stale {
                     return Vec::new();
                 }
                 let key = service.key.clone();
@@ -276,17 +285,72 @@ impl ServiceCache {
             }
             Event::InitDone => {
                 let listed = self.listing.take().unwrap_or_default();
-                let old = std::mem::replace(&mut self.current, listed);
-                let mut changed: Vec<ServiceKey> = self
-                    .current
-                    .iter()
-                    .filter(|(k, s)| old.get(*k) != Some(*s))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                changed.extend(old.into_keys().filter(|k| !self.current.contains_key(k)));
-                changed
+                self.relisted(listed)
             }
         }
+    }
+
+    /// Takes a complete (re-)list in, under the revision rule of [`Self::refresh`]; returns the
+    /// Services that changed.
+    ///
+    /// The watch lists by quorum read (`ListSemantic::MostRecent`), so a re-list holds every
+    /// write the watch delivered before it broke; but a fresh read made while it was under way
+    /// may be newer, and an API server that serves lists from a lagging cache would make any
+    /// list old. So a listed copy older than the cached one does not replace it; a listed
+    /// Service the cache lacks is not taken back in if a fresh read found it deleted since; and
+    /// a cached Service the list lacks is dropped (its IPs released) only when the list is
+    /// provably at least as new as the cached copy, i.e. holds a copy of some Service as new or
+    /// newer. A kube watcher does not tell the list's own revision: a cached Service newer than
+    /// everything listed may have been created after the list or deleted before it, so it is
+    /// kept, and [`Self::take_unsettled`] asks for a fresh read to settle it. Keeping it holds
+    /// its IPs a moment longer; dropping it could give them to a second Service.
+    fn relisted(&mut self, listed: HashMap<ServiceKey, Arc<CachedService>>) -> Vec<ServiceKey> {
+        let newest = listed.values().filter_map(|s| s.revision()).max();
+        // Revisions that are not numbers (before KEP-5504) cannot bound anything: as before,
+        // the list is the truth.
+        let comparable = listed.is_empty() || newest.is_some();
+        let mut changed = Vec::new();
+        let mut unsettled = false;
+        self.current.retain(|key, cached| {
+            if listed.contains_key(key) {
+                return true;
+            }
+            let maybe_newer = comparable
+                && cached
+                    .revision()
+                    .is_some_and(|c| newest.is_none_or(|n| c > n));
+            if maybe_newer {
+                unsettled = true;
+            } else {
+                changed.push(key.clone());
+            }
+            maybe_newer
+        });
+        for (key, service) in listed {
+            let stale = match self.current.get(&key) {
+                Some(cached) => service.older_than(cached) || **cached == *service,
+                None => self.deleted_by_fresh_read(&service),
+            };
+            if !stale {
+                self.current.insert(key.clone(), service);
+                changed.push(key);
+            }
+        }
+        self.unsettled |= unsettled;
+        changed
+    }
+
+    /// Whether a re-list left cached Services it does not hold but could not prove deleted
+    /// (kept, see [`Self::relisted`]); cleared by the call. A fresh read ([`Self::refresh`])
+    /// settles them: it knows its revision.
+    pub fn take_unsettled(&mut self) -> bool {
+        std::mem::take(&mut self.unsettled)
+    }
+
+    /// Whether `service`, which the cache does not hold, is a copy no newer than a fresh read
+    /// that did not hold it either (or dropped since, by a delete): a Service deleted by then.
+    fn deleted_by_fresh_read(&self, service: &CachedService) -> bool {
+        matches!((service.revision(), self.fresh_at), (Some(c), Some(r)) if c <= r)
     }
 
     /// Takes in a fresh, consistent read of every Service (a list from etcd at revision
@@ -321,6 +385,10 @@ impl ServiceCache {
             }
             keep
         });
+        if revision.is_some() {
+            self.fresh_at = self.fresh_at.max(revision);
+        }
+        self.unsettled = false;
         changed
     }
 
@@ -345,6 +413,9 @@ pub fn name_and_labels<K>(object: &mut PartialObjectMeta<K>) {
         ..ObjectMeta::default()
     };
 }
+
+#[cfg(test)]
+mod relist_model;
 
 #[cfg(test)]
 mod tests {
@@ -689,6 +760,100 @@ mod tests {
             keys(cache.apply(Event::Apply(versioned("a", None, "x")))),
             ["a"]
         );
+    }
+
+    /// A cache listed once with `services` (name, IP, resourceVersion).
+    fn listed_cache(services: &[(&str, Option<&str>, &str)]) -> ServiceCache {
+        let mut cache = ServiceCache::default();
+        cache.apply(Event::Init);
+        for (name, ip, rv) in services {
+            cache.apply(Event::InitApply(versioned(name, *ip, rv)));
+        }
+        cache.apply(Event::InitDone);
+        cache
+    }
+
+    fn ips_of(cache: &ServiceCache, name: &str) -> Option<Vec<IpAddr>> {
+        let key = versioned(name, None, "1").key;
+        cache.get(&key).map(|s| s.ips.to_vec())
+    }
+
+    #[test]
+    fn a_relist_older_than_a_fresh_read_made_meanwhile_takes_nothing_back() {
+        let mut cache = listed_cache(&[("a", None, "10"), ("gone", Some("198.18.200.9"), "12")]);
+        // The watch breaks and re-lists at revision 15; while the list is under way a new term
+        // reads afresh at 21: the previous leader gave a an IP (20), gone was deleted, b was
+        // created and given an IP (21).
+        cache.apply(Event::Init);
+        cache.apply(Event::InitApply(versioned("a", None, "10")));
+        cache.apply(Event::InitApply(versioned(
+            "gone",
+            Some("198.18.200.9"),
+            "12",
+        )));
+        let fresh = vec![
+            versioned("a", Some("198.18.200.1"), "20"),
+            versioned("b", Some("198.18.200.2"), "21"),
+        ];
+        assert_eq!(keys(cache.refresh(fresh, Some(21))), ["a", "b", "gone"]);
+        // The older list completes: it changes nothing. Before the fix it took a's IP away, and
+        // dropped b, whose IP the allocator then freed for a second Service.
+        assert!(cache.apply(Event::InitDone).is_empty());
+        assert_eq!(ips_of(&cache, "a"), Some(vec![ip("198.18.200.1")]));
+        assert_eq!(ips_of(&cache, "b"), Some(vec![ip("198.18.200.2")]));
+        assert_eq!(
+            ips_of(&cache, "gone"),
+            None,
+            "deleted, as the fresh read found"
+        );
+        // b, newer than anything listed, is kept; a fresh read is asked for, once.
+        assert!(cache.take_unsettled());
+        assert!(!cache.take_unsettled());
+        // The watch goes on from 15: events the fresh read is past are not taken either.
+        assert!(
+            cache
+                .apply(Event::Apply(versioned("gone", Some("198.18.200.9"), "12")))
+                .is_empty()
+        );
+        assert!(
+            cache
+                .apply(Event::Apply(versioned("b", None, "16")))
+                .is_empty()
+        );
+        assert_eq!(ips_of(&cache, "b"), Some(vec![ip("198.18.200.2")]));
+    }
+
+    #[test]
+    fn a_relist_drops_only_what_it_proves_deleted_and_a_fresh_read_settles_the_rest() {
+        let mut cache = listed_cache(&[
+            ("old", Some("198.18.200.1"), "10"),
+            ("kept", None, "11"),
+            ("newest", Some("198.18.200.3"), "30"),
+        ]);
+        // A re-list whose newest copy is at 20 lacks old (10): deleted while the watch was
+        // down, released at once. It lacks newest (30) too: created after the list's snapshot
+        // or deleted before it, it cannot tell; kept until a fresh read says.
+        cache.apply(Event::Init);
+        cache.apply(Event::InitApply(versioned("kept", None, "20")));
+        assert_eq!(keys(cache.apply(Event::InitDone)), ["kept", "old"]);
+        assert_eq!(ips_of(&cache, "old"), None);
+        assert_eq!(ips_of(&cache, "newest"), Some(vec![ip("198.18.200.3")]));
+        assert!(cache.take_unsettled());
+        // The fresh read at 40 does not hold it: deleted, and released now.
+        assert_eq!(
+            keys(cache.refresh(vec![versioned("kept", None, "20")], Some(40))),
+            ["newest"]
+        );
+        // An empty re-list bounds nothing: it keeps what the cache has and asks for a read.
+        cache.apply(Event::Init);
+        assert!(cache.apply(Event::InitDone).is_empty());
+        assert!(cache.take_unsettled());
+        // Revisions that are not numbers: the list is the truth, as before.
+        let mut cache = listed_cache(&[("a", None, "x"), ("b", None, "y")]);
+        cache.apply(Event::Init);
+        cache.apply(Event::InitApply(versioned("a", Some("198.18.200.1"), "z")));
+        assert_eq!(keys(cache.apply(Event::InitDone)), ["a", "b"]);
+        assert!(!cache.take_unsettled());
     }
 
     #[test]

@@ -85,6 +85,15 @@ impl<W: Writes> Driver<W> {
                 for key in self.decider.services.apply(*event) {
                     self.schedule.handle(Input::ServiceChanged(key));
                 }
+                if self.decider.services.take_unsettled() {
+                    // A re-list lacked Services it may be older than: kept until a fresh read
+                    // (which knows its revision) says whether they are gone. The term acts
+                    // again only once that read is in.
+                    tracing::info!(
+                        "a re-list of the Services may be older than the cache; reading them afresh"
+                    );
+                    self.fresh_for = None;
+                }
             }
             Work::Config => self.schedule.handle(Input::ConfigChanged),
             Work::Namespace(ns) => {
@@ -482,5 +491,47 @@ mod driver_tests {
         driver.writes.leading.set(true);
         driver.step(Some(2)).await;
         assert_eq!(driver.writes.take(), A_TERM_THAT_WRITES_A);
+    }
+
+    fn at_version(name: &str, rv: &str) -> CachedService {
+        CachedService::new(
+            objects::service(name)
+                .namespace("default")
+                .port(80, "TCP")
+                .with(|s| s.metadata.resource_version = Some(rv.into()))
+                .build(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_relist_that_cannot_settle_a_service_makes_the_term_read_afresh() {
+        let mut driver = driver_with_pool("198.18.200.0/30");
+        driver.take(Work::Service(Box::new(Event::Apply(at_version("a", "10")))));
+        driver.take(Work::Service(Box::new(Event::Apply(at_version("b", "30")))));
+        driver.fresh_for = Some(1);
+        // A re-list that holds a and b: settled, the term acts on.
+        driver.take(Work::Service(Box::new(Event::Init)));
+        for (name, rv) in [("a", "10"), ("b", "30")] {
+            driver.take(Work::Service(Box::new(Event::InitApply(at_version(
+                name, rv,
+            )))));
+        }
+        driver.take(Work::Service(Box::new(Event::InitDone)));
+        assert_eq!(driver.fresh_for, Some(1));
+        // One whose newest copy (20) is older than b: b may have been created after it; kept,
+        // and the term does not act until a fresh read settles it.
+        driver.take(Work::Service(Box::new(Event::Init)));
+        driver.take(Work::Service(Box::new(Event::InitApply(at_version(
+            "a", "20",
+        )))));
+        driver.take(Work::Service(Box::new(Event::InitDone)));
+        assert_eq!(driver.fresh_for, None);
+        assert!(
+            driver
+                .decider
+                .services
+                .get(at_version("b", "1").key())
+                .is_some()
+        );
     }
 }

@@ -89,9 +89,14 @@ impl Starter<'_> {
     /// hands the events to the work loop, which keeps the cache.
     fn services(&mut self) {
         self.started += 1;
+        // Lists (the first and every re-list) by quorum read, never from the API server's
+        // cache, so that a re-list holds every write the watch delivered before it broke
+        // (decision 0016); kube's default, stated because `any_semantic()` would break it.
         let stream = watcher(
             Api::<Service>::all(self.client.clone()),
-            watcher::Config::default().page_size(PAGE_SIZE),
+            watcher::Config::default()
+                .page_size(PAGE_SIZE)
+                .list_semantic(watcher::ListSemantic::MostRecent),
         )
         .backoff(ferrolb_runtime::watch::WatchBackoff::default());
         let tx = self.tx.clone();
