@@ -646,6 +646,13 @@ async fn roll(
         speakers.insert(node, keys.start_exe(lab, credentials, node, &args, old)?);
         ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(60)).await?;
     }
+    // Those restarts may leave the IPs with another node than the one that held them first (the
+    // first speaker up took them; with every speaker up they go to their chosen node): that
+    // node is the owner whose IPs must not move during the rolls.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let owner = answering(lab, &ips[0]).await?;
+    answered_by(lab, ips, &owner, Duration::from_secs(90)).await?;
+    let owner = owner.as_str();
     let (mut broken, mut held, mut moves, mut most, mut rolls) =
         (0usize, 0usize, 0usize, 0usize, Vec::new());
     for trial in 0..trials {
