@@ -258,6 +258,13 @@ fn seeds() -> BTreeMap<&'static str, Corpus> {
         }
     }
     table.extend(record(1, 0x42, 9, 5, 1_796_000_000_500)); // node1 leaving, restarting
+
+    // heartbeat_decode: the datagrams alone (its modes are the heartbeat target's first two).
+    let heartbeat_decode: Corpus = heartbeat
+        .iter()
+        .filter(|(name, _)| name.as_str() != "table")
+        .map(|(name, bytes)| (name.clone(), bytes.clone()))
+        .collect();
     heartbeat.insert("table".into(), table);
 
     BTreeMap::from([
@@ -265,6 +272,7 @@ fn seeds() -> BTreeMap<&'static str, Corpus> {
         ("ndp", ndp),
         ("router_discovery", router_discovery),
         ("heartbeat", heartbeat),
+        ("heartbeat_decode", heartbeat_decode),
     ])
 }
 
