@@ -650,9 +650,12 @@ async fn roll(
     // first speaker up took them; with every speaker up they go to their chosen node): that
     // node is the owner whose IPs must not move during the rolls.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let owner = answering(lab, &ips[0]).await?;
-    answered_by(lab, ips, &owner, Duration::from_secs(90)).await?;
-    let owner = owner.as_str();
+    let now = answering(lab, &ips[0]).await?;
+    if now != owner {
+        println!("the IPs went from {owner} to {now} as the speakers first restarted");
+    }
+    answered_by(lab, ips, &now, Duration::from_secs(90)).await?;
+    let owner = now.as_str();
     let (mut broken, mut held, mut moves, mut most, mut rolls) =
         (0usize, 0usize, 0usize, 0usize, Vec::new());
     for trial in 0..trials {
