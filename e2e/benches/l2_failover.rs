@@ -121,14 +121,7 @@ impl Keys {
         node: &str,
         extra: &[&str],
     ) -> anyhow::Result<process::LabProcess> {
-        let credentials = ferrolb::SpeakerCredentials {
-            gossip_key: self.key(node),
-            ..credentials.clone()
-        };
-        let next = self.next(node).display().to_string();
-        let mut args = vec!["--gossip-next-key-file", next.as_str()];
-        args.extend_from_slice(extra);
-        ferrolb::start_speaker(lab, &credentials, node, &args)
+        self.start_exe(lab, credentials, node, extra, None)
     }
 
     /// [`Self::start`] running the speaker binary `exe` when given (another version's).
@@ -140,9 +133,6 @@ impl Keys {
         extra: &[&str],
         exe: Option<&std::path::Path>,
     ) -> anyhow::Result<process::LabProcess> {
-        let Some(exe) = exe else {
-            return self.start(lab, credentials, node, extra);
-        };
         let credentials = ferrolb::SpeakerCredentials {
             gossip_key: self.key(node),
             ..credentials.clone()
@@ -150,7 +140,10 @@ impl Keys {
         let next = self.next(node).display().to_string();
         let mut args = vec!["--gossip-next-key-file", next.as_str()];
         args.extend_from_slice(extra);
-        ferrolb::start_speaker_exe(lab, &credentials, node, &args, exe)
+        match exe {
+            None => ferrolb::start_speaker(lab, &credentials, node, &args),
+            Some(exe) => ferrolb::start_speaker_exe(lab, &credentials, node, &args, exe),
+        }
     }
 }
 
@@ -489,16 +482,16 @@ async fn run(
     }
     // Last, with everything above already printed: it leaves the speakers restarted with
     // `--restart-hold-when=always`.
+    let rolling = Rolling {
+        lab,
+        credentials,
+        keys,
+        extra,
+        ips: &ips,
+        owner,
+        node_of: &node_of,
+    };
     if wanted.is_empty() || wanted.contains(&"roll") {
-        let rolling = Rolling {
-            lab,
-            credentials,
-            keys,
-            extra,
-            ips: &ips,
-            owner,
-            node_of: &node_of,
-        };
         roll(&rolling, speakers, None, trials).await?;
     }
     // Only when asked for: it builds another version's speaker.
@@ -511,15 +504,6 @@ async fn run(
         && (wanted.is_empty() || wanted.contains(&"upgrade"))
     {
         let old = ferrolb_e2e::bench::speaker_at(&from)?;
-        let rolling = Rolling {
-            lab,
-            credentials,
-            keys,
-            extra,
-            ips: &ips,
-            owner,
-            node_of: &node_of,
-        };
         roll(&rolling, speakers, Some((&from, &old)), trials).await?;
     }
     Ok(())
