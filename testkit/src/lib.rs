@@ -15,4 +15,5 @@
 pub mod model;
 pub mod netns;
 pub mod objects;
+pub mod seed_corpus;
 pub mod trial;
