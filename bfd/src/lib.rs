@@ -11,6 +11,7 @@
 //! the echo function is not run (the profile's `echoMode` is reported as not supported, and
 //! packets advertise a Required Min Echo RX Interval of zero, so no peer sends echoes to us).
 
+pub mod auth;
 pub mod packet;
 pub mod session;
 

@@ -17,7 +17,16 @@
 //! * Passive: no packet is sent before one was received (6.1).
 //! * A peer in demand mode with both sides Up stops this system's periodic packets (6.6).
 //! * Packets are refused when they name another discriminator, when they name none but say Init
-//!   or Up, when they carry authentication (none is configured), and while AdminDown (6.8.6).
+//!   or Up, when they carry authentication and none is configured, or none when it is, and while
+//!   AdminDown (6.8.6).
+//! * With authentication configured ([`Config::auth`], [`crate::auth`]), every packet sent is
+//!   signed, with a sequence number that starts at a random value and grows by one per packet
+//!   (what the meticulous types require; the keyed types allow it); a packet received must have
+//!   the configured type, key ID and a right digest, and once a packet was accepted its
+//!   sequence number must be within 3 × Detect Mult ahead of the last accepted one (ahead and
+//!   not equal, for the meticulous types), until the peer was silent for twice the detection
+//!   time (6.7.3, 6.7.4, 6.8.1). A forger on the segment without the key can then neither make
+//!   a packet nor replay one of the peer's (meticulous types).
 //! * Once Up, a packet must come from the peer's session this one came Up with: its My
 //!   Discriminator must be the one recorded ([`Refusal::OtherPeerSession`]). RFC 5880 lets a
 //!   packet with Your Discriminator 0 be matched by its source address alone; taken at an Up
@@ -30,6 +39,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::auth::{self, AuthError, Authentication};
 use crate::packet::{ControlPacket, Diagnostic, State};
 
 /// Why a session refuses a control packet (RFC 5880 6.8.6, and the rule for Up sessions in the
@@ -42,9 +52,20 @@ pub enum Refusal {
     /// It names no session but says Init or Up.
     #[error("it names no session but is not Down")]
     NoDiscriminator,
-    /// It carries authentication, which this system does not configure.
-    #[error("it is authenticated")]
+    /// It carries authentication, and none is configured for this session.
+    #[error("it is authenticated, and no authentication is configured")]
     Authentication,
+    /// Authentication is configured, and the packet has none or fails it.
+    #[error("authentication: {0}")]
+    AuthenticationFailed(AuthError),
+    /// Its sequence number is outside the window after the last accepted one: a replay.
+    #[error("authentication: sequence number {sequence} is not within the window after {last}")]
+    AuthenticationSequence {
+        /// The packet's sequence number.
+        sequence: u32,
+        /// The last accepted sequence number.
+        last: u32,
+    },
     /// Its My Discriminator is not that of the peer's session this one came Up with.
     #[error("it comes from another session of the peer than the one this session is Up with")]
     OtherPeerSession,
@@ -65,6 +86,8 @@ pub struct Config {
     pub detect_mult: u8,
     /// Passive role (`passiveMode`): speak only once spoken to.
     pub passive: bool,
+    /// Authentication (a ferrolb extension of the BFDProfile); `None`: none.
+    pub auth: Option<Authentication>,
 }
 
 impl Default for Config {
@@ -75,6 +98,7 @@ impl Default for Config {
             required_min_rx: Duration::from_millis(300),
             detect_mult: 3,
             passive: false,
+            auth: None,
         }
     }
 }
@@ -122,6 +146,11 @@ pub struct Session {
     next_tx: Option<Instant>,
     detect_at: Option<Instant>,
     jitter: u64,
+    /// The sequence number of the next authenticated packet sent (bfd.XmitAuthSeq).
+    xmit_auth_seq: u32,
+    /// The last accepted sequence number and until when it is known (bfd.RcvAuthSeq and
+    /// bfd.AuthSeqKnown: twice the detection time after the packet, 6.8.1).
+    rcv_auth: Option<(u32, Instant)>,
 }
 
 fn micros(d: Duration) -> u32 {
@@ -154,6 +183,10 @@ impl Session {
             next_tx: (!config.passive).then_some(now),
             detect_at: None,
             jitter: seed | 1,
+            // Random at the start (6.8.1), so a restarted session does not repeat numbers a
+            // peer may still hold; splitmix64 of the seed is enough, the digest is the secret.
+            xmit_auth_seq: splitmix(seed) as u32,
+            rcv_auth: None,
         }
     }
 
@@ -212,9 +245,10 @@ impl Session {
         }
     }
 
-    /// Whether this session takes `packet` (already decoded, so the session-independent
-    /// checks passed), or why not.
-    pub fn accepts(&self, packet: &ControlPacket) -> Result<(), Refusal> {
+    /// Whether this session takes `packet` at `now` (already decoded, so the
+    /// session-independent checks passed), or why not.
+    pub fn accepts(&self, packet: &ControlPacket, now: Instant) -> Result<(), Refusal> {
+        self.authenticate(packet, now)?;
         if packet.your_discriminator != 0 && packet.your_discriminator != self.local_discriminator {
             return Err(Refusal::OtherSession);
         }
@@ -222,24 +256,45 @@ impl Session {
         {
             return Err(Refusal::NoDiscriminator);
         }
-        // No authentication is configured: a packet with it is refused, as is one without it
-        // when it is (6.8.6); this system never configures it.
-        if packet.auth.is_some() {
-            return Err(Refusal::Authentication);
-        }
         if self.state == State::Up && packet.my_discriminator != self.remote_discriminator {
             return Err(Refusal::OtherPeerSession);
         }
         Ok(())
     }
 
+    /// The authentication checks of [`Session::accepts`]; the accepted sequence number.
+    fn authenticate(&self, packet: &ControlPacket, now: Instant) -> Result<Option<u32>, Refusal> {
+        if packet.your_discriminator != 0 && packet.your_discriminator != self.local_discriminator {
+            // Another session's packet: its own session checks it.
+            return Err(Refusal::OtherSession);
+        }
+        let Some(auth) = &self.config.auth else {
+            return match packet.auth {
+                Some(_) => Err(Refusal::Authentication),
+                None => Ok(None),
+            };
+        };
+        let verified = auth.verify(packet).map_err(Refusal::AuthenticationFailed)?;
+        if let Some((last, until)) = self.rcv_auth
+            && now < until
+            && !auth::in_window(auth.kind(), last, verified.sequence, packet.detect_mult)
+        {
+            return Err(Refusal::AuthenticationSequence {
+                sequence: verified.sequence,
+                last,
+            });
+        }
+        Ok(Some(verified.sequence))
+    }
+
     /// Handles a received control packet (already decoded, so the session-independent checks
     /// passed). Returns nothing when the packet is refused ([`Session::accepts`]).
     pub fn receive(&mut self, packet: &ControlPacket, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
-        if self.accepts(packet).is_err() {
+        if self.accepts(packet, now).is_err() {
             return actions;
         }
+        let sequence = self.authenticate(packet, now).ok().flatten();
         let heard_first = self.remote_discriminator == 0;
         let remote_min_rx_changed = self.remote_min_rx != packet.required_min_rx;
         self.remote_discriminator = packet.my_discriminator;
@@ -256,6 +311,9 @@ impl Session {
         // Every packet accepted restarts the detection time, also while AdminDown (a packet
         // then only tells the peer's state).
         self.detect_at = self.detection_time().map(|d| now + d);
+        if let (Some(sequence), Some(detection)) = (sequence, self.detection_time()) {
+            self.rcv_auth = Some((sequence, now + 2 * detection));
+        }
         if self.state == State::AdminDown {
             return actions;
         }
@@ -444,8 +502,8 @@ impl Session {
         self.transmit_interval() * u32::try_from(percent).unwrap_or(100) / 100
     }
 
-    fn packet(&self, poll: bool, final_: bool) -> ControlPacket {
-        ControlPacket {
+    fn packet(&mut self, poll: bool, final_: bool) -> ControlPacket {
+        let mut packet = ControlPacket {
             diagnostic: self.diagnostic,
             state: self.state,
             poll: poll && !final_,
@@ -459,8 +517,21 @@ impl Session {
             required_min_rx: self.advertised_rx,
             required_min_echo_rx: 0,
             auth: None,
+        };
+        if let Some(auth) = &self.config.auth {
+            auth.sign(&mut packet, self.xmit_auth_seq);
+            self.xmit_auth_seq = self.xmit_auth_seq.wrapping_add(1);
         }
+        packet
     }
+}
+
+/// splitmix64: a well-spread value from any seed.
+fn splitmix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -618,12 +689,14 @@ mod tests {
             required_min_rx: ms(100),
             detect_mult: 3,
             passive: false,
+            auth: None,
         };
         let slow = Config {
             desired_min_tx: ms(500),
             required_min_rx: ms(400),
             detect_mult: 5,
             passive: false,
+            auth: None,
         };
         let mut pair = Pair::new(fast, slow);
         pair.run(ms(5000));
@@ -816,6 +889,125 @@ mod tests {
         assert_eq!(s.remote_discriminator(), 77);
     }
 
+    fn authenticated(kind: crate::auth::AuthType, key: &[u8]) -> Config {
+        Config {
+            auth: Some(Authentication::new(kind, 1, key).unwrap()),
+            ..Config::default()
+        }
+    }
+
+    fn downs(log: &[(bool, Action)], of_a: bool) -> usize {
+        log.iter()
+            .filter(|(from_a, a)| {
+                *from_a == of_a
+                    && matches!(
+                        a,
+                        Action::StateChanged {
+                            to: State::Down,
+                            from: State::Up,
+                            ..
+                        }
+                    )
+            })
+            .count()
+    }
+
+    #[test]
+    fn authenticated_sessions_come_up_and_refuse_forged_and_replayed_packets() {
+        use crate::auth::AuthType;
+        for kind in AuthType::ALL {
+            let config = authenticated(kind, b"both ends");
+            let mut pair = Pair::new(config, config);
+            pair.run(ms(3000));
+            assert_eq!(pair.a.state(), State::Up, "{kind:?}");
+            assert!(pair.log.iter().all(|(_, a)| match a {
+                Action::Send(p) => config.auth.unwrap().verify(p).is_ok(),
+                _ => true,
+            }));
+            // A forged Down naming both discriminators (say the forger saw them), unsigned,
+            // signed with another key, or with another key ID.
+            let mut forged = pair.b.packet(false, false);
+            forged.state = State::Down;
+            forged.auth = None;
+            assert_eq!(
+                pair.a.accepts(&forged, pair.now),
+                Err(Refusal::AuthenticationFailed(AuthError::Missing))
+            );
+            Authentication::new(kind, 1, b"a guess")
+                .unwrap()
+                .sign(&mut forged, 1);
+            assert_eq!(
+                pair.a.accepts(&forged, pair.now),
+                Err(Refusal::AuthenticationFailed(AuthError::Digest))
+            );
+            Authentication::new(kind, 2, b"both ends")
+                .unwrap()
+                .sign(&mut forged, 1);
+            assert_eq!(
+                pair.a.accepts(&forged, pair.now),
+                Err(Refusal::AuthenticationFailed(AuthError::KeyId(2)))
+            );
+            // A packet the peer really sent, recorded and played again: the meticulous types
+            // refuse it; the keyed ones take it while within the window (RFC 5880 6.7.3).
+            let recorded = pair.b.packet(false, false);
+            assert!(pair.a.receive(&recorded, pair.now).is_empty());
+            let replay = pair.a.accepts(&recorded, pair.now);
+            if kind.meticulous() {
+                assert!(
+                    matches!(replay, Err(Refusal::AuthenticationSequence { .. })),
+                    "{kind:?}: {replay:?}"
+                );
+            } else {
+                assert_eq!(replay, Ok(()), "{kind:?}");
+            }
+            // Far ahead of the window: refused by both.
+            let mut ahead = pair.b.clone();
+            ahead.xmit_auth_seq = ahead.xmit_auth_seq.wrapping_add(1000);
+            assert!(matches!(
+                pair.a.accepts(&ahead.packet(false, false), pair.now),
+                Err(Refusal::AuthenticationSequence { .. })
+            ));
+            assert_eq!(pair.a.state(), State::Up);
+            pair.run(ms(3000));
+            assert_eq!(pair.a.state(), State::Up);
+            assert_eq!(downs(&pair.log, true), 0, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn authentication_on_one_side_only_or_different_keys_never_come_up() {
+        use crate::auth::AuthType;
+        let signed = authenticated(AuthType::MeticulousKeyedSha1, b"one");
+        for (a, b) in [
+            (signed, Config::default()),
+            (Config::default(), signed),
+            (signed, authenticated(AuthType::MeticulousKeyedSha1, b"two")),
+            (signed, authenticated(AuthType::KeyedSha1, b"one")),
+        ] {
+            let mut pair = Pair::new(a, b);
+            pair.run(ms(5000));
+            assert_eq!(pair.a.state(), State::Down);
+            assert_eq!(pair.b.state(), State::Down);
+        }
+    }
+
+    #[test]
+    fn an_authenticated_peer_that_restarts_comes_back_up() {
+        use crate::auth::AuthType;
+        let config = authenticated(AuthType::MeticulousKeyedSha1, b"k");
+        let mut pair = Pair::new(config, config);
+        pair.run(ms(3000));
+        assert_eq!(pair.a.state(), State::Up);
+        // The peer restarts: a new discriminator and a new random sequence number, which a
+        // still remembers its old one against until twice the detection time passed.
+        pair.b = Session::new(config, 0x3333, 99, pair.now);
+        pair.wire.clear();
+        pair.run(ms(10_000));
+        assert_eq!(pair.a.state(), State::Up);
+        assert_eq!(pair.b.state(), State::Up);
+        assert_eq!(pair.a.remote_discriminator(), 0x3333);
+    }
+
     #[test]
     fn an_up_session_ignores_packets_not_from_the_peer_session_it_is_up_with() {
         let mut pair = Pair::new(Config::default(), Config::default());
@@ -828,11 +1020,17 @@ mod tests {
         forged.diagnostic = Diagnostic::NeighborSignaledDown;
         forged.your_discriminator = 0;
         forged.my_discriminator = 0x9999;
-        assert_eq!(pair.a.accepts(&forged), Err(Refusal::OtherPeerSession));
+        assert_eq!(
+            pair.a.accepts(&forged, pair.now),
+            Err(Refusal::OtherPeerSession)
+        );
         assert!(pair.a.receive(&forged, pair.now).is_empty());
         // Naming this session (a guessed discriminator), still from another session of the peer.
         forged.your_discriminator = pair.a.local_discriminator();
-        assert_eq!(pair.a.accepts(&forged), Err(Refusal::OtherPeerSession));
+        assert_eq!(
+            pair.a.accepts(&forged, pair.now),
+            Err(Refusal::OtherPeerSession)
+        );
         assert!(pair.a.receive(&forged, pair.now).is_empty());
         assert_eq!(pair.a.state(), State::Up);
         assert_eq!(pair.a.remote_discriminator(), 0x2222);

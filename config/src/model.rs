@@ -261,4 +261,29 @@ pub struct BfdProfile {
     pub passive_mode: bool,
     /// Minimum TTL.
     pub minimum_ttl: u32,
+    /// BFD authentication (RFC 5880 6.7), a ferrolb extension set by annotations
+    /// ([`BFD_AUTHENTICATION`] and its companions); `None`: none, as in MetalLB.
+    pub authentication: Option<BfdAuthentication>,
+}
+
+/// Annotation of a BFDProfile naming its authentication type: `meticulous-keyed-sha1`
+/// (recommended), `keyed-sha1`, `meticulous-keyed-md5` or `keyed-md5`. MetalLB's BFDProfile has
+/// no field for it, and MetalLB ignores the annotation.
+pub const BFD_AUTHENTICATION: &str = "ferrolb.io/bfd-authentication";
+/// Annotation of a BFDProfile naming the Secret, in the speaker's namespace, whose `password`
+/// key holds the authentication key (1-20 octets for SHA1, 1-16 for MD5).
+pub const BFD_AUTHENTICATION_SECRET: &str = "ferrolb.io/bfd-authentication-secret";
+/// Annotation of a BFDProfile giving the Auth Key ID (0-255, default 1), which both ends must
+/// agree on.
+pub const BFD_AUTHENTICATION_KEY_ID: &str = "ferrolb.io/bfd-authentication-key-id";
+
+/// How a BFDProfile's sessions authenticate their packets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BfdAuthentication {
+    /// The type.
+    pub kind: ferrolb_bfd::auth::AuthType,
+    /// The Auth Key ID.
+    pub key_id: u8,
+    /// The Secret holding the key (its `password` key), in the speaker's namespace.
+    pub secret: String,
 }

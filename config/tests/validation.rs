@@ -835,6 +835,65 @@ fn bfd_profile_values_out_of_range_are_rejected() {
     }
 }
 
+fn bfd_profile_annotated(annotations: &str) -> String {
+    format!(
+        "apiVersion: metallb.io/v1beta1\nkind: BFDProfile\nmetadata:\n  name: b\n  annotations: {{{annotations}}}\nspec: {{}}\n"
+    )
+}
+
+#[test]
+fn bfd_authentication_is_read_from_the_profile_annotations() {
+    use ferrolb_bfd::auth::AuthType;
+    let v = check(&bfd_profile_annotated(
+        "ferrolb.io/bfd-authentication: meticulous-keyed-sha1, ferrolb.io/bfd-authentication-secret: bfd-key",
+    ));
+    assert!(v.is_valid(), "{:?}", v.errors);
+    let auth = v.config.bfd_profiles["b"].authentication.clone().unwrap();
+    assert_eq!(auth.kind, AuthType::MeticulousKeyedSha1);
+    assert_eq!(auth.key_id, 1, "the default key ID");
+    assert_eq!(auth.secret, "bfd-key");
+    let v = check(&bfd_profile_annotated(
+        "ferrolb.io/bfd-authentication: keyed-md5, ferrolb.io/bfd-authentication-secret: k, ferrolb.io/bfd-authentication-key-id: '200'",
+    ));
+    let auth = v.config.bfd_profiles["b"].authentication.clone().unwrap();
+    assert_eq!((auth.kind, auth.key_id), (AuthType::KeyedMd5, 200));
+    let v = check(&bfd_profile_annotated("other.io/x: 'y'"));
+    assert_eq!(v.config.bfd_profiles["b"].authentication, None);
+}
+
+#[test]
+fn bfd_authentication_annotations_that_are_wrong_are_rejected_by_name() {
+    let prefix = "BFDProfile metallb-system/b: metadata.annotations";
+    for (annotations, field, words) in [
+        (
+            "ferrolb.io/bfd-authentication: simple, ferrolb.io/bfd-authentication-secret: k",
+            "ferrolb.io/bfd-authentication",
+            "\"simple\" is not one of keyed-md5, meticulous-keyed-md5, keyed-sha1, meticulous-keyed-sha1",
+        ),
+        (
+            "ferrolb.io/bfd-authentication-secret: k",
+            "ferrolb.io/bfd-authentication",
+            "missing",
+        ),
+        (
+            "ferrolb.io/bfd-authentication: keyed-sha1",
+            "ferrolb.io/bfd-authentication-secret",
+            "Secret in the speaker's namespace",
+        ),
+        (
+            "ferrolb.io/bfd-authentication: keyed-sha1, ferrolb.io/bfd-authentication-secret: k, ferrolb.io/bfd-authentication-key-id: '256'",
+            "ferrolb.io/bfd-authentication-key-id",
+            "\"256\" is not a key ID (0-255)",
+        ),
+    ] {
+        rejects(
+            &bfd_profile_annotated(annotations),
+            &format!("{prefix}[{field}]"),
+            words,
+        );
+    }
+}
+
 #[test]
 fn peer_referencing_an_invalid_bfd_profile_is_left_out_too() {
     let yaml = format!(

@@ -253,19 +253,21 @@ impl Drop for NamedSecrets {
     }
 }
 
-/// The Secrets of `namespace` that the configuration's BGPPeers take passwords from.
+/// The Secrets of `namespace` that the configuration takes keys from: BGPPeers' passwords and
+/// BFDProfiles' authentication keys (both under the key `password`).
 pub fn password_secrets(config: &Config, namespace: &str) -> BTreeSet<String> {
-    config
-        .peers
+    let bgp = config.peers.values().filter_map(|p| match &p.password {
+        Some(PeerPassword::Secret {
+            name,
+            namespace: ns,
+        }) if ns == namespace => Some(name.clone()),
+        _ => None,
+    });
+    let bfd = config
+        .bfd_profiles
         .values()
-        .filter_map(|p| match &p.password {
-            Some(PeerPassword::Secret {
-                name,
-                namespace: ns,
-            }) if ns == namespace => Some(name.clone()),
-            _ => None,
-        })
-        .collect()
+        .filter_map(|p| p.authentication.as_ref().map(|a| a.secret.clone()));
+    bgp.chain(bfd).collect()
 }
 
 /// Drops everything of a Secret but its `password` key and type: the speaker has no use for

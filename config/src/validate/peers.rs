@@ -9,7 +9,11 @@ use super::{
     Kind, NodeInfo, ObjectRef, Report, by_age, compile_selectors, parse_go_duration, share_a_node,
 };
 use crate::crd::{BFDProfile, BGPPeer, BGPPeerSpec, DynamicAsn};
-use crate::model::{BfdProfile, Peer, PeerAsn, PeerPassword, PeerTarget};
+use crate::model::{
+    BFD_AUTHENTICATION, BFD_AUTHENTICATION_KEY_ID, BFD_AUTHENTICATION_SECRET, BfdAuthentication,
+    BfdProfile, Peer, PeerAsn, PeerPassword, PeerTarget,
+};
+use ferrolb_bfd::auth::AuthType;
 
 /// MetalLB's default hold time when neither timer is set.
 const DEFAULT_HOLD: Duration = Duration::from_secs(90);
@@ -48,12 +52,97 @@ pub(super) fn validate_bfd_profiles(
             minimum_ttl: field("minimumTtl", s.minimum_ttl, 1, 254, 254),
             echo_mode: s.echo_mode.unwrap_or(false),
             passive_mode: s.passive_mode.unwrap_or(false),
+            authentication: bfd_authentication(report, &me, &object.metadata),
         };
         if !report.failed_since(mark) {
             accepted.insert(profile.name.clone(), profile);
         }
     }
     accepted
+}
+
+/// A BFDProfile's authentication, from its ferrolb annotations: the type and the Secret are
+/// both needed, the key ID defaults to 1. Errors name the annotation.
+fn bfd_authentication(
+    report: &mut Report,
+    me: &ObjectRef,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<BfdAuthentication> {
+    let annotation = |key: &str| {
+        metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(|v| v.trim())
+    };
+    let field = |key: &str| format!("metadata.annotations[{key}]");
+    let kind = annotation(BFD_AUTHENTICATION);
+    let secret = annotation(BFD_AUTHENTICATION_SECRET);
+    let key_id = annotation(BFD_AUTHENTICATION_KEY_ID);
+    if kind.is_none() && secret.is_none() && key_id.is_none() {
+        return None;
+    }
+    let names = || {
+        AuthType::ALL
+            .iter()
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let kind = match kind {
+        Some(k) => match AuthType::from_name(k) {
+            Some(t) => Some(t),
+            None => {
+                report.error(
+                    me,
+                    field(BFD_AUTHENTICATION),
+                    format!("{k:?} is not one of {}", names()),
+                );
+                None
+            }
+        },
+        None => {
+            report.error(
+                me,
+                field(BFD_AUTHENTICATION),
+                format!(
+                    "missing: {BFD_AUTHENTICATION_SECRET} or {BFD_AUTHENTICATION_KEY_ID} is set, so the type is needed (one of {})",
+                    names()
+                ),
+            );
+            None
+        }
+    };
+    let secret = match secret {
+        Some(s) if !s.is_empty() => Some(s.to_string()),
+        _ => {
+            report.error(
+                me,
+                field(BFD_AUTHENTICATION_SECRET),
+                "missing: authentication needs the name of a Secret in the speaker's namespace whose key \"password\" holds the key",
+            );
+            None
+        }
+    };
+    let key_id = match key_id {
+        None => Some(1),
+        Some(text) => match text.parse::<u8>() {
+            Ok(id) => Some(id),
+            Err(_) => {
+                report.error(
+                    me,
+                    field(BFD_AUTHENTICATION_KEY_ID),
+                    format!("{text:?} is not a key ID (0-255)"),
+                );
+                None
+            }
+        },
+    };
+    Some(BfdAuthentication {
+        kind: kind?,
+        key_id: key_id?,
+        secret: secret?,
+    })
 }
 
 fn parse_timer(

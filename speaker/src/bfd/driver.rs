@@ -469,6 +469,7 @@ mod tests {
                 required_min_rx: Duration::from_millis(20),
                 detect_mult: 3,
                 passive: false,
+                auth: None,
             },
             minimum_ttl: 255,
         }

@@ -19,9 +19,11 @@ pub mod table;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use ferrolb_bfd::auth::Authentication;
 use ferrolb_bfd::packet::{Diagnostic, State};
 use ferrolb_bfd::session::Config;
-use ferrolb_config::model::{BfdProfile, Peer, PeerTarget};
+use ferrolb_config::model::{BfdAuthentication, BfdProfile, Peer, PeerTarget};
+use k8s_openapi::api::core::v1::Secret;
 
 /// The TTL every single-hop packet must arrive with (RFC 5881 section 5, GTSM).
 pub const SINGLE_HOP_TTL: u8 = 255;
@@ -81,6 +83,18 @@ pub enum Unsupported {
         /// The peer's VRF.
         vrf: String,
     },
+    /// The profile asks for authentication and its key cannot be read: a session that cannot
+    /// sign its packets would never come up with a peer that checks them, so none runs, and
+    /// the BGP session runs without BFD (as with a router that has no BFD configured).
+    #[error(
+        "BFDProfile {profile}: authentication key unusable: {why}; the BGP session runs without BFD until it is fixed"
+    )]
+    AuthenticationKey {
+        /// The profile asked for.
+        profile: String,
+        /// What is wrong with the Secret.
+        why: String,
+    },
     /// An unnumbered BGPPeer (`interface`) names a BFD profile: BFD over link-local addresses
     /// is not done.
     #[error(
@@ -101,6 +115,7 @@ impl Unsupported {
             Unsupported::EchoMode(_) => "BFDEchoNotSupported",
             Unsupported::InVrf { .. } => "BFDNotSupportedInVRF",
             Unsupported::Unnumbered { .. } => "BFDNotSupportedUnnumbered",
+            Unsupported::AuthenticationKey { .. } => "BFDAuthenticationKeyUnusable",
         }
     }
 }
@@ -115,6 +130,7 @@ impl Settings {
             // Validation keeps it in 2..=255.
             detect_mult: u8::try_from(profile.detect_multiplier).unwrap_or(u8::MAX),
             passive: profile.passive_mode,
+            auth: None,
         };
         let minimum_ttl = if multihop {
             u8::try_from(profile.minimum_ttl).unwrap_or(SINGLE_HOP_TTL)
@@ -165,6 +181,23 @@ impl Default for Status {
     }
 }
 
+/// The key of a profile's authentication, from the Secret it names (its `password` key, of a
+/// Secret of any type, as raw octets). The error names the Secret and what is wrong.
+pub fn authentication_key(
+    auth: &BfdAuthentication,
+    secret: Option<&Secret>,
+) -> Result<Authentication, String> {
+    let name = &auth.secret;
+    let secret = secret.ok_or_else(|| format!("Secret {name:?} does not exist"))?;
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("password"))
+        .ok_or_else(|| format!("Secret {name:?} has no key \"password\""))?;
+    Authentication::new(auth.kind, auth.key_id, &bytes.0)
+        .map_err(|e| format!("Secret {name:?}, key \"password\": {e}"))
+}
+
 /// The name FRR's `show bfd peers` and MetalLB's metrics give a state.
 pub fn state_name(state: State) -> &'static str {
     match state {
@@ -191,6 +224,7 @@ mod tests {
             echo_mode: false,
             passive_mode: true,
             minimum_ttl: 250,
+            authentication: None,
         }
     }
 

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use crate::bfd::driver::{Bfd, Observer, Options};
 use crate::bfd::table::Refused;
-use crate::bfd::{SessionKey, Settings, Unsupported, state_name};
+use crate::bfd::{SessionKey, Settings, Unsupported, authentication_key, state_name};
 use crate::bgp::driver::Driver;
 use ferrolb_bfd::packet::{Diagnostic, State};
 use ferrolb_bfd::session::Refusal;
 use ferrolb_config::model::{Config, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
+use k8s_openapi::api::core::v1::Secret;
 
 use crate::metrics::{Metrics, bfd_label};
 
@@ -31,8 +32,13 @@ pub struct Desired {
 }
 
 /// The BFD sessions of `peers` (running BGP sessions, by BGPPeer name). Two BGPPeers with the
-/// same address share one session (the first by name sets its timers), as in FRR.
-pub fn desired<'a>(config: &Config, peers: impl IntoIterator<Item = &'a String>) -> Desired {
+/// same address share one session (the first by name sets its timers), as in FRR. `secret`
+/// finds a Secret of the speaker's namespace by name (a profile's authentication key).
+pub fn desired<'a>(
+    config: &Config,
+    peers: impl IntoIterator<Item = &'a String>,
+    secret: &dyn Fn(&str) -> Option<Arc<Secret>>,
+) -> Desired {
     let mut sessions = BTreeMap::new();
     let mut follows = BTreeMap::new();
     let mut unsupported = Vec::new();
@@ -75,9 +81,24 @@ pub fn desired<'a>(config: &Config, peers: impl IntoIterator<Item = &'a String>)
             ));
             continue;
         }
-        let (settings, missing) = Settings::from_profile(profile, key.multihop);
+        let (mut settings, missing) = Settings::from_profile(profile, key.multihop);
         if let Some(m) = missing {
             unsupported.push((name.clone(), m));
+        }
+        if let Some(auth) = &profile.authentication {
+            match authentication_key(auth, secret(&auth.secret).as_deref()) {
+                Ok(key) => settings.config.auth = Some(key),
+                Err(why) => {
+                    unsupported.push((
+                        name.clone(),
+                        Unsupported::AuthenticationKey {
+                            profile: profile.name.clone(),
+                            why,
+                        },
+                    ));
+                    continue;
+                }
+            }
         }
         sessions.entry(key).or_insert(settings);
         follows.insert(name.clone(), key);
@@ -119,18 +140,19 @@ impl BfdSessions {
     }
 
     /// Runs the BFD sessions of the BGP sessions in `bgp` (by BGPPeer name) and makes each
-    /// follow its own.
+    /// follow its own. `secret` finds a Secret of the speaker's namespace by name.
     pub fn apply<'a>(
         &mut self,
         config: &Config,
         peers: impl IntoIterator<Item = &'a String> + Clone,
         bgp: &mut Driver,
+        secret: &dyn Fn(&str) -> Option<Arc<Secret>>,
     ) {
         let Desired {
             sessions,
             follows,
             unsupported,
-        } = desired(config, peers.clone());
+        } = desired(config, peers.clone(), secret);
         self.report_unsupported(unsupported);
         let mut names: BTreeMap<SessionKey, BTreeSet<String>> = BTreeMap::new();
         for (name, key) in &follows {
@@ -302,6 +324,8 @@ impl Observer for BfdObserver {
             Refused::Session(Refusal::OtherSession) => "other_session",
             Refused::Session(Refusal::NoDiscriminator) => "no_discriminator",
             Refused::Session(Refusal::Authentication) => "authenticated",
+            Refused::Session(Refusal::AuthenticationFailed(_)) => "authentication_failed",
+            Refused::Session(Refusal::AuthenticationSequence { .. }) => "authentication_sequence",
             Refused::Session(Refusal::OtherPeerSession) => "other_peer_session",
         };
         self.metrics
@@ -329,6 +353,7 @@ mod tests {
             echo_mode: echo,
             passive_mode: false,
             minimum_ttl: 254,
+            authentication: None,
         }
     }
 
@@ -358,7 +383,7 @@ mod tests {
             sessions,
             follows,
             unsupported,
-        } = desired(&config, &names);
+        } = desired(&config, &names, &|_| None);
         assert_eq!(sessions.len(), 1);
         let (key, settings) = sessions.iter().next().unwrap();
         assert_eq!(key.peer, "198.18.0.254".parse::<IpAddr>().unwrap());
@@ -371,7 +396,7 @@ mod tests {
         assert_eq!(unsupported.len(), 1);
         assert_eq!(unsupported[0].0, "b");
         // Only running peers count.
-        assert!(desired(&config, &names[3..]).sessions.is_empty());
+        assert!(desired(&config, &names[3..], &|_| None).sessions.is_empty());
     }
 
     /// A peer in a VRF gets no BFD session (the sockets are in the default VRF) and is
@@ -386,10 +411,64 @@ mod tests {
         red.bfd_profile = Some("fast".into());
         red.vrf = Some("red".into());
         config.peers.insert("red".into(), red);
-        let d = desired(&config, &["red".to_string()]);
+        let d = desired(&config, &["red".to_string()], &|_| None);
         assert!(d.sessions.is_empty() && d.follows.is_empty());
         assert_eq!(d.unsupported.len(), 1);
         assert_eq!(d.unsupported[0].1.reason(), "BFDNotSupportedInVRF");
+    }
+
+    /// A profile with authentication gets its key from the Secret; without a usable key the
+    /// peer gets no BFD session (it could never come up) and is reported, naming the Secret.
+    #[test]
+    fn authentication_keys_come_from_the_secret_or_the_peer_runs_without_bfd() {
+        use ferrolb_bfd::auth::AuthType;
+        use ferrolb_config::model::BfdAuthentication;
+        use k8s_openapi::ByteString;
+        let mut config = Config::default();
+        let mut signed = profile("signed", 100, false);
+        signed.authentication = Some(BfdAuthentication {
+            kind: AuthType::MeticulousKeyedSha1,
+            key_id: 3,
+            secret: "bfd-key".into(),
+        });
+        config.bfd_profiles.insert("signed".into(), signed);
+        let mut a = ferrolb_testkit::model::peer("a", "198.18.0.254").build();
+        a.bfd_profile = Some("signed".into());
+        config.peers.insert("a".into(), a);
+        let names = ["a".to_string()];
+        let with_key = |key: &'static [u8]| {
+            move |name: &str| {
+                (name == "bfd-key").then(|| {
+                    Arc::new(Secret {
+                        data: Some([("password".to_string(), ByteString(key.to_vec()))].into()),
+                        ..Secret::default()
+                    })
+                })
+            }
+        };
+        let d = desired(&config, &names, &with_key(b"0123456789"));
+        let settings = d.sessions.values().next().unwrap();
+        let auth = settings.config.auth.unwrap();
+        assert_eq!(
+            (auth.kind(), auth.key_id()),
+            (AuthType::MeticulousKeyedSha1, 3)
+        );
+        assert!(d.unsupported.is_empty());
+        for (secret, words) in [
+            (
+                &with_key(b"") as &dyn Fn(&str) -> Option<Arc<Secret>>,
+                "1 to 20 octets",
+            ),
+            (&with_key(&[7; 21]), "1 to 20 octets long, not 21"),
+            (&|_: &str| None, "Secret \"bfd-key\" does not exist"),
+        ] {
+            let d = desired(&config, &names, secret);
+            assert!(d.sessions.is_empty() && d.follows.is_empty());
+            assert_eq!(d.unsupported.len(), 1);
+            assert_eq!(d.unsupported[0].1.reason(), "BFDAuthenticationKeyUnusable");
+            let message = d.unsupported[0].1.to_string();
+            assert!(message.contains(words), "{message}");
+        }
     }
 
     /// An unnumbered peer gets no BFD session and is reported, naming its interface.
@@ -403,7 +482,7 @@ mod tests {
         link.target = PeerTarget::Interface("eth1".into());
         link.bfd_profile = Some("fast".into());
         config.peers.insert("link".into(), link);
-        let d = desired(&config, &["link".to_string()]);
+        let d = desired(&config, &["link".to_string()], &|_| None);
         assert!(d.sessions.is_empty() && d.follows.is_empty());
         assert_eq!(d.unsupported.len(), 1);
         assert_eq!(d.unsupported[0].1.reason(), "BFDNotSupportedUnnumbered");

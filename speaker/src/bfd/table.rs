@@ -167,7 +167,7 @@ impl Table {
         if ttl < minimum {
             return Err(Refused::Ttl { ttl, minimum });
         }
-        entry.session.accepts(&packet)?;
+        entry.session.accepts(&packet, now)?;
         Ok((key, entry.session.receive(&packet, now)))
     }
 

@@ -217,7 +217,7 @@ impl Bgp {
         self.links.follow_sessions(on_links);
         self.report_unsigned_links(unsigned_links(config, &plan));
         self.bfd
-            .apply(config, running.iter().copied(), &mut self.driver);
+            .apply(config, running.iter().copied(), &mut self.driver, &secret);
         self.report_live(config, &plan, &not_started, &links, &running, services);
         self.report_not_started(&not_started);
         self.report_missing_vrfs(missing_vrfs);
