@@ -87,6 +87,7 @@ struct Received {
     bytes: Vec<u8>,
     from: SocketAddr,
     ttl: Option<u8>,
+    interface: Option<u32>,
     multihop: bool,
 }
 
@@ -213,11 +214,12 @@ async fn read(listener: Listener, multihop: bool, to: mpsc::Sender<Received>) {
     let mut buf = vec![0u8; 512];
     loop {
         match listener.recv(&mut buf).await {
-            Ok((n, from, ttl)) => {
+            Ok((n, from, arrival)) => {
                 let r = Received {
                     bytes: buf[..n.min(buf.len())].to_vec(),
                     from,
-                    ttl,
+                    ttl: arrival.ttl,
+                    interface: arrival.interface,
                     multihop,
                 };
                 if let Err(mpsc::error::TrySendError::Closed(_)) = to.try_send(r) {
@@ -333,6 +335,7 @@ impl Task {
             from: d.from.ip(),
             multihop: d.multihop,
             ttl: d.ttl,
+            interface: d.interface,
         };
         match self.table.receive(datagram, Instant::now()) {
             Ok((key, actions)) => {

@@ -320,6 +320,7 @@ impl Observer for BfdObserver {
         let reason = match why {
             Refused::Malformed(_) => "malformed",
             Refused::Ttl { .. } => "ttl",
+            Refused::Interface { .. } => "interface",
             Refused::NoSession => "no_session",
             Refused::Session(Refusal::OtherSession) => "other_session",
             Refused::Session(Refusal::NoDiscriminator) => "no_discriminator",

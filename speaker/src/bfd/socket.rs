@@ -11,6 +11,15 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
+/// What the kernel said of how a datagram arrived.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Arrival {
+    /// Its IP TTL / hop limit.
+    pub ttl: Option<u8>,
+    /// The index of the interface it arrived on.
+    pub interface: Option<u32>,
+}
+
 /// A listening socket on a BFD port.
 pub struct Listener {
     socket: UdpSocket,
@@ -25,11 +34,13 @@ impl Listener {
         let socket = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
         match address {
             SocketAddr::V4(_) => {
-                nix_socket::setsockopt(&socket, nix_socket::sockopt::Ipv4RecvTtl, &true)?
+                nix_socket::setsockopt(&socket, nix_socket::sockopt::Ipv4RecvTtl, &true)?;
+                nix_socket::setsockopt(&socket, nix_socket::sockopt::Ipv4PacketInfo, &true)?;
             }
             SocketAddr::V6(_) => {
                 socket.set_only_v6(true)?;
                 nix_socket::setsockopt(&socket, nix_socket::sockopt::Ipv6RecvHopLimit, &true)?;
+                nix_socket::setsockopt(&socket, nix_socket::sockopt::Ipv6RecvPacketInfo, &true)?;
             }
         }
         socket.set_reuse_address(true)?;
@@ -45,13 +56,13 @@ impl Listener {
         self.socket.local_addr()
     }
 
-    /// Receives one datagram into `buf`: its length, its source and its TTL (when the kernel
-    /// said).
-    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<u8>)> {
+    /// Receives one datagram into `buf`: its length, its source, and its TTL and the index of
+    /// the interface it arrived on (when the kernel said).
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Arrival)> {
         self.socket
             .async_io(Interest::READABLE, || {
                 let mut iov = [IoSliceMut::new(buf)];
-                let mut cmsg = nix::cmsg_space!(libc::c_int, libc::c_int);
+                let mut cmsg = nix::cmsg_space!(libc::c_int, libc::in6_pktinfo);
                 let msg = nix_socket::recvmsg::<SockaddrStorage>(
                     self.socket.as_raw_fd(),
                     &mut iov,
@@ -59,11 +70,17 @@ impl Listener {
                     MsgFlags::MSG_DONTWAIT,
                 )
                 .map_err(io::Error::from)?;
-                let mut ttl = None;
+                let mut arrival = Arrival::default();
                 for c in msg.cmsgs().map_err(io::Error::from)? {
                     match c {
                         ControlMessageOwned::Ipv4Ttl(t) | ControlMessageOwned::Ipv6HopLimit(t) => {
-                            ttl = u8::try_from(t).ok();
+                            arrival.ttl = u8::try_from(t).ok();
+                        }
+                        ControlMessageOwned::Ipv4PacketInfo(info) => {
+                            arrival.interface = u32::try_from(info.ipi_ifindex).ok();
+                        }
+                        ControlMessageOwned::Ipv6PacketInfo(info) => {
+                            arrival.interface = Some(info.ipi6_ifindex);
                         }
                         _ => {}
                     }
@@ -79,7 +96,7 @@ impl Listener {
                             })
                     })
                     .ok_or_else(|| io::Error::other("datagram without a source address"))?;
-                Ok((msg.bytes, from, ttl))
+                Ok((msg.bytes, from, arrival))
             })
             .await
     }
@@ -141,7 +158,12 @@ mod tests {
         assert_ne!(pa, pb);
         a.send(b"hello").await.unwrap();
         let mut buf = [0u8; 64];
-        let (n, from, ttl) = l.recv(&mut buf).await.unwrap();
+        let (n, from, arrival) = l.recv(&mut buf).await.unwrap();
+        let ttl = arrival.ttl;
+        assert!(
+            arrival.interface.is_some(),
+            "the kernel names the interface"
+        );
         assert_eq!(&buf[..n], b"hello");
         assert_eq!(from.port(), pa);
         assert_eq!(ttl, Some(255));
@@ -157,7 +179,8 @@ mod tests {
         let a = open_sender(None, at, 49152..=65535, 50000).unwrap();
         a.send(b"x").await.unwrap();
         let mut buf = [0u8; 8];
-        let (_, _, ttl) = l.recv(&mut buf).await.unwrap();
+        let (_, _, arrival) = l.recv(&mut buf).await.unwrap();
+        let ttl = arrival.ttl;
         assert_eq!(ttl, Some(255));
     }
 }

@@ -23,6 +23,8 @@ pub struct Datagram<'a> {
     pub multihop: bool,
     /// Its IP TTL / hop limit, when the socket could tell.
     pub ttl: Option<u8>,
+    /// The index of the interface it arrived on, when the socket could tell.
+    pub interface: Option<u32>,
 }
 
 /// Why a datagram was dropped before reaching a session.
@@ -38,6 +40,16 @@ pub enum Refused {
         ttl: u8,
         /// The minimum the session takes.
         minimum: u8,
+    },
+    /// A single-hop session that is Init or Up takes packets from the interface its peer was
+    /// heard on when it left Down; this one came in on another (RFC 5881 section 3: a
+    /// single-hop session is bound to its interface).
+    #[error("arrived on interface {got:?}, the session's is {expected}")]
+    Interface {
+        /// The session's interface.
+        expected: u32,
+        /// The one it arrived on (`None`: the kernel did not say).
+        got: Option<u32>,
     },
     /// No session of this node has that discriminator or that peer.
     #[error("no session for it")]
@@ -55,6 +67,23 @@ pub struct Entry {
     pub session: Session,
     /// What it was configured with.
     pub settings: Settings,
+    /// Single hop: the interface the peer was heard on when the session left Down; held while
+    /// it is Init or Up, released when it is Down again.
+    pub interface: Option<u32>,
+}
+
+impl Entry {
+    /// Holds the interface a single-hop session's peer is heard on while the session is Init
+    /// or Up (the first one, `heard_on`), releases it once the session is Down.
+    fn pin_interface(&mut self, single_hop: bool, heard_on: Option<u32>) {
+        use ferrolb_bfd::packet::State;
+        match self.session.state() {
+            State::Init | State::Up if single_hop => {
+                self.interface = self.interface.or(heard_on);
+            }
+            _ => self.interface = None,
+        }
+    }
 }
 
 /// The sessions of this node.
@@ -110,7 +139,14 @@ impl Table {
             .wrapping_add(1442695040888963407);
         let session = Session::new(settings.config, discriminator, self.seed, now);
         self.by_discriminator.insert(discriminator, key);
-        self.entries.insert(key, Entry { session, settings });
+        self.entries.insert(
+            key,
+            Entry {
+                session,
+                settings,
+                interface: None,
+            },
+        );
         Vec::new()
     }
 
@@ -167,8 +203,18 @@ impl Table {
         if ttl < minimum {
             return Err(Refused::Ttl { ttl, minimum });
         }
+        if let Some(expected) = entry.interface
+            && datagram.interface != Some(expected)
+        {
+            return Err(Refused::Interface {
+                expected,
+                got: datagram.interface,
+            });
+        }
         entry.session.accepts(&packet, now)?;
-        Ok((key, entry.session.receive(&packet, now)))
+        let actions = entry.session.receive(&packet, now);
+        entry.pin_interface(!key.multihop, datagram.interface);
+        Ok((key, actions))
     }
 
     /// The sessions' timers at `now`: what each must send, and state changes by detection time.
@@ -176,7 +222,11 @@ impl Table {
         self.entries
             .iter_mut()
             .filter(|(_, e)| e.session.next_deadline().is_some_and(|at| at <= now))
-            .map(|(k, e)| (*k, e.session.on_timer(now)))
+            .map(|(k, e)| {
+                let actions = e.session.on_timer(now);
+                e.pin_interface(!k.multihop, None);
+                (*k, actions)
+            })
             .filter(|(_, a)| !a.is_empty())
             .collect()
     }
@@ -241,6 +291,7 @@ mod tests {
             from: from.parse().unwrap(),
             multihop,
             ttl: Some(ttl),
+            interface: Some(2),
         }
     }
 
@@ -334,6 +385,59 @@ mod tests {
             .receive(dgram(&packet(State::Down, 99, 0), from, false, 255), now)
             .unwrap();
         assert_eq!(states(&actions), vec![State::Down]);
+    }
+
+    /// A single-hop session that left Down takes packets only from the interface its peer was
+    /// heard on then (a host on another segment can forge the peer's address at TTL 255 too);
+    /// once Down again, any interface may start it.
+    #[test]
+    fn a_single_hop_session_is_bound_to_its_interface_while_not_down() {
+        let now = Instant::now();
+        let mut t = Table::new(7);
+        let a = key("198.18.0.254", false);
+        t.upsert(a, settings(255), now);
+        let mine = t.get(&a).unwrap().session.local_discriminator();
+        let from = "198.18.0.254";
+        let on = |bytes: &'static [u8], interface: Option<u32>| Datagram {
+            interface,
+            ..dgram(bytes, from, false, 255)
+        };
+        let down: &'static [u8] = packet(State::Down, 99, 0).leak();
+        let up: &'static [u8] = packet(State::Up, 99, mine).leak();
+        t.receive(on(down, Some(2)), now).unwrap();
+        assert_eq!(t.get(&a).unwrap().interface, Some(2));
+        for other in [Some(3), None] {
+            assert_eq!(
+                t.receive(on(up, other), now).unwrap_err(),
+                Refused::Interface {
+                    expected: 2,
+                    got: other
+                }
+            );
+        }
+        let (_, actions) = t.receive(on(up, Some(2)), now).unwrap();
+        assert_eq!(states(&actions), vec![State::Up]);
+        // The peer's Down ends it; then another interface may start a session again.
+        let (_, actions) = t
+            .receive(on(packet(State::Down, 99, mine).leak(), Some(2)), now)
+            .unwrap();
+        assert_eq!(states(&actions), vec![State::Down]);
+        assert_eq!(t.get(&a).unwrap().interface, None);
+        t.receive(on(down, Some(3)), now).unwrap();
+        assert_eq!(t.get(&a).unwrap().interface, Some(3));
+        // Silence: the detection time takes it Down and releases the interface.
+        t.on_timer(now + Duration::from_secs(60));
+        assert_eq!(t.get(&a).unwrap().session.state(), State::Down);
+        assert_eq!(t.get(&a).unwrap().interface, None);
+        // Multihop sessions are not bound to an interface.
+        let m = key("198.18.5.1", true);
+        t.upsert(m, settings(250), now);
+        let far = |interface| Datagram {
+            interface,
+            ..dgram(down, "198.18.5.1", true, 250)
+        };
+        t.receive(far(Some(4)), now).unwrap();
+        assert_eq!(t.get(&m).unwrap().interface, None);
     }
 
     /// Single hop takes TTL 255 only (GTSM); multihop takes anything from its minimum up; an
