@@ -6,8 +6,9 @@
 //! when its state changed. The driver (sockets, TTL checks, timers) lives in the speaker.
 //!
 //! Choices (docs/decisions/0018-bfd.md): asynchronous mode only (no demand mode, as FRR's bfdd);
-//! no authentication (MetalLB's BFDProfile has no field for it and FRR's bfdd implements none:
-//! packets with the A bit are discarded, as RFC 5880 6.8.6 requires of a session without it);
+//! keyed and meticulous keyed MD5 and SHA1 authentication ([`auth`]) when configured (MetalLB's
+//! BFDProfile has no field for it: a ferrolb extension), and without it packets with the A bit
+//! are discarded, as RFC 5880 6.8.6 requires;
 //! the echo function is not run (the profile's `echoMode` is reported as not supported, and
 //! packets advertise a Required Min Echo RX Interval of zero, so no peer sends echoes to us).
 
