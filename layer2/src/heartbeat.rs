@@ -21,8 +21,8 @@ type HmacSha256 = Hmac<Sha256>;
 /// rolling upgrade across versions is a partition that the quorum rule resolves: the side with
 /// the majority keeps or takes the IPs, the other owns none).
 const MAGIC: &[u8; 4] = b"FLB\x03";
-/// Bytes of the truncated HMAC tag (128 bits, as RFC 2104 allows).
-const TAG_LEN: usize = 16;
+/// Bytes of the truncated HMAC tag (128 bits, as RFC 2104 allows); [`crate::wire`] uses it too.
+pub(crate) const TAG_LEN: usize = 16;
 /// Flag: the sender may own IPs.
 const FLAG_READY: u8 = 0x1;
 /// Flag: the sender is shutting down.
@@ -95,6 +95,11 @@ impl KeyRing {
     /// Whether `key` is one of the ring's keys.
     pub fn contains(&self, key: &[u8]) -> bool {
         self.keys.iter().any(|k| k == key)
+    }
+
+    /// The ring's keys, the signing key first ([`crate::wire`] verifies under each in turn).
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().map(Vec::as_slice)
     }
 
     /// How many keys the ring holds (at least one).
@@ -403,7 +408,16 @@ thread_local! {
     static TAGS_COMPUTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-fn verifies(key: &[u8], body: &[u8], tag: &[u8]) -> bool {
+/// Tags computed by this thread so far, for tests (here and in [`crate::wire`]) that check a
+/// refusal computed none.
+#[cfg(test)]
+pub(crate) fn tag_count() -> u64 {
+    TAGS_COMPUTED.with(std::cell::Cell::get)
+}
+
+/// Whether `tag` is the truncated HMAC-SHA-256 of `body` under `key` (compared in constant
+/// time). Shared with [`crate::wire`], so v3 and v4 are signed alike.
+pub(crate) fn verifies(key: &[u8], body: &[u8], tag: &[u8]) -> bool {
     #[cfg(test)]
     TAGS_COMPUTED.with(|n| n.set(n.get() + 1));
     // Constant-time comparison (the hmac crate's).
@@ -413,7 +427,8 @@ fn verifies(key: &[u8], body: &[u8], tag: &[u8]) -> bool {
         .is_ok()
 }
 
-fn mac(key: &[u8]) -> HmacSha256 {
+/// HMAC-SHA-256 keyed with `key`.
+pub(crate) fn mac(key: &[u8]) -> HmacSha256 {
     // HMAC takes keys of any length; the error case cannot happen for HMAC.
     <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!())
 }

@@ -1,6 +1,6 @@
 //! The fuzz targets' seed corpus (layer2/fuzz/seeds/<target>/): the frames of l2_vectors.rs
-//! (captured from Linux, arping and ndisc6) and signed heartbeats, wrapped in each target's
-//! input format, so coverage-guided fuzzing (scripts/fuzz) starts from valid messages.
+//! (captured from Linux, arping and ndisc6), signed heartbeats and the v4 membership messages of
+//! wire_vectors.rs, wrapped in each target's input format, so coverage-guided fuzzing (scripts/fuzz) starts from valid messages.
 //!
 //! This test fails when the committed files differ from what it would write; to rewrite them:
 //! `FERROLB_WRITE_FUZZ_SEEDS=1 cargo test -p ferrolb-layer2 --test fuzz_seeds`.
@@ -17,16 +17,19 @@ use std::path::Path;
 
 use seed_corpus::{Corpus, check_or_write, hex_consts};
 
-use ferrolb_layer2::heartbeat::{Heard, Heartbeat};
+use ferrolb_layer2::heartbeat::{Heard, Heartbeat, KeyRing};
 use ferrolb_layer2::packet::ndp::ALL_NODES;
 use ferrolb_layer2::packet::router_discovery::ALL_ROUTERS;
 use ferrolb_layer2::packet::{
     ETHERTYPE_ARP, ETHERTYPE_IPV6, MacAddr, RouterAdvertisement, RouterSolicitation,
     router_advertisement, router_solicitation,
 };
+use ferrolb_layer2::wire::{self, Ack, Beat, Message, NodeRef, Report, Seen, SetId};
 
 /// The heartbeat target's key (layer2/fuzz/fuzz_targets/heartbeat.rs).
 const FUZZ_KEY: &[u8] = b"fuzz key, at least 16 bytes";
+/// The key wire_vectors.rs signs its vectors with.
+const VECTOR_KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 /// Bytes of the heartbeat's truncated tag and of its magic.
 const TAG_LEN: usize = 16;
 const MAGIC_LEN: usize = 4;
@@ -193,12 +196,87 @@ fn seeds() -> BTreeMap<&'static str, Corpus> {
     heartbeat.insert("table".into(), table);
 
     BTreeMap::from([
+        ("wire", wire_seeds()),
         ("arp", arp),
         ("ndp", ndp),
         ("router_discovery", router_discovery),
         ("heartbeat", heartbeat),
         ("heartbeat_decode", heartbeat_decode),
     ])
+}
+
+/// The wire target's seeds: the vectors of wire_vectors.rs and the longest beat and a 5,000-node
+/// report, each as a raw datagram signed with the target's key (mode 0), a body the target signs
+/// (mode 1) and a body the target also gives the magic (mode 2).
+fn wire_seeds() -> Corpus {
+    let vectors = hex_consts(include_str!("wire_vectors.rs"));
+    assert!(
+        vectors.len() >= 5,
+        "wire_vectors.rs gives {} vectors",
+        vectors.len()
+    );
+    let ring = KeyRing::new([VECTOR_KEY.to_vec()]).unwrap();
+    let mut messages: Vec<(String, Message)> = vectors
+        .iter()
+        .map(|(name, bytes)| (name.clone(), Message::decode(bytes, &ring).unwrap().0))
+        .collect();
+    // The worst cases the format allows at 5,000 nodes with 253-byte names.
+    let names: Vec<String> = (0..5000).map(|i| format!("{i:0>253}")).collect();
+    let set = SetId::of(names.iter().map(String::as_str)).unwrap();
+    let longest = Beat {
+        node: names[4999].clone(),
+        boot: 0x1234_5678_9abc_def0,
+        seq: 42,
+        unix_ms: 1_796_000_000_000,
+        ready: true,
+        leaving: false,
+        restarting: false,
+        set,
+        interfaces: (0..wire::MAX_INTERFACES)
+            .map(|i| format!("{i:0>15}"))
+            .collect(),
+        acks: (0..wire::MAX_ACKS as u16)
+            .map(|i| Ack {
+                voter: NodeRef::new(i * 7, &names[usize::from(i) * 7]),
+                seen: Seen {
+                    boot: 9,
+                    seq: 1000 + u64::from(i),
+                },
+            })
+            .collect(),
+    };
+    let report = Report {
+        voter: NodeRef::new(3, &names[3]),
+        to: NodeRef::new(4999, &names[4999]),
+        boot: 9,
+        seq: 1001,
+        unix_ms: 1_796_000_000_050,
+        set,
+        ack: Seen {
+            boot: 0x1234_5678_9abc_def0,
+            seq: 42,
+        },
+        bitmap: wire::bitmap(5000, (0..5000).filter(|i| i % 7 != 0)),
+    };
+    messages.push(("beat_longest".into(), longest.into()));
+    messages.push(("report_5000".into(), report.into()));
+    let mut corpus = Corpus::new();
+    for (name, message) in messages {
+        let signed = message.encode_with(FUZZ_KEY).unwrap();
+        assert!(
+            signed.len() <= wire::MAX_DATAGRAM,
+            "{name}: {} bytes",
+            signed.len()
+        );
+        let body = &signed[..signed.len() - TAG_LEN];
+        corpus.insert(format!("{name}.raw"), [&[0u8][..], &signed].concat());
+        corpus.insert(format!("{name}.unsigned"), [&[1u8][..], body].concat());
+        corpus.insert(
+            format!("{name}.no_magic"),
+            [&[2u8][..], &body[MAGIC_LEN..]].concat(),
+        );
+    }
+    corpus
 }
 
 #[test]
