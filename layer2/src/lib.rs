@@ -21,6 +21,8 @@
 //! - [`heartbeat`] encodes, signs and checks the speakers' heartbeats, under a ring of keys;
 //!   [`replay`] tells a new heartbeat from a replayed or forged one; [`liveness`] keeps the
 //!   table of live speakers that the quorum rule and owner choice run over.
+//! - [`wire`] is the membership wire format v4 (issue #34): member beats to voters, voters'
+//!   reports, sized to one Ethernet frame at any cluster size.
 
 pub mod damping;
 pub mod heartbeat;
@@ -30,3 +32,4 @@ pub mod packet;
 pub mod quorum;
 pub mod replay;
 pub mod tenure;
+pub mod wire;
