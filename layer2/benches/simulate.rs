@@ -1,0 +1,277 @@
+//! Today's layer 2 membership at scale, in the simulator (issue #34 step 2):
+//! `cargo bench -p ferrolb-layer2 --bench simulate`.
+//!
+//! For each cluster size: a full simulated run where the engine can carry it (start-up, then
+//! an owner cut off for 2 s, then healed), and for every size a model from the real rules'
+//! measured costs (one heartbeat received, one membership check, one heartbeat signed, at that
+//! size). The full runs calibrate the model; where a full run would take hours the model says
+//! how many.
+//!
+//! Environment: `SIM_BENCH_NODES` (default `100,1000,5000`), `SIM_BENCH_FULL_MAX` (largest size
+//! run in full, default 200), `SIM_BENCH_SECONDS` (simulated seconds of a full run, default 8).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use ferrolb_layer2::heartbeat::{Heard, Heartbeat};
+use ferrolb_layer2::liveness::Membership;
+use ferrolb_layer2::quorum;
+use ferrolb_layer2::sim::{
+    Cluster, Engine, FRAME_PAYLOAD, Fault, FaultKind, Legacy, MAX_DATAGRAM, MS, Micros, SECOND,
+    frames,
+};
+use ferrolb_layer2::tenure::{self, SentLog};
+
+const KEY: &[u8] = b"ferrolb-simulator-gossip-key-000";
+
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn ms(v: Option<Micros>) -> String {
+    v.map_or("-".to_string(), |v| format!("{}", v / MS))
+}
+
+/// What the real rules cost at size `n`, measured.
+struct Model {
+    /// Bytes of a steady-state heartbeat (every peer heard and acknowledged).
+    heartbeat: usize,
+    /// Seconds to take in one heartbeat (the copy each receiver gets, then `receive`).
+    receive: f64,
+    /// Seconds of one membership check (reports, quorum, acknowledgements, tenure).
+    check: f64,
+    /// Seconds to build and sign one heartbeat.
+    sign: f64,
+}
+
+impl Model {
+    /// Datagrams each node sends a second: every interval, one to each peer (none when a
+    /// heartbeat no longer fits a datagram).
+    fn datagrams(&self, n: usize) -> f64 {
+        if self.heartbeat > MAX_DATAGRAM {
+            0.0
+        } else {
+            10.0 * (n - 1) as f64
+        }
+    }
+
+    /// CPU seconds per simulated second, all nodes: each receives 10·(N−1) heartbeats, checks
+    /// and signs 10 times a second.
+    fn cpu(&self, n: usize) -> f64 {
+        let n = n as f64;
+        n * (10.0 * (n - 1.0) * self.receive + 10.0 * (self.check + self.sign))
+    }
+}
+
+fn measure(names: &[String]) -> Model {
+    let n = names.len();
+    let t0 = Instant::now();
+    let timeout = Duration::from_millis(500);
+    let known: BTreeSet<String> = names.iter().cloned().collect();
+    let eth0: BTreeSet<String> = ["eth0".to_string()].into();
+    // A peer's steady-state heartbeat: it hears every node but itself, all acknowledged.
+    let beat = |from: usize, seq: u64, at_ms: u64| Heartbeat {
+        node: names[from].clone(),
+        boot: 1 + from as u64,
+        seq,
+        unix_ms: 1_800_000_000_000 + at_ms,
+        ready: true,
+        leaving: false,
+        restarting: false,
+        interfaces: eth0.clone(),
+        hears: names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != from)
+            .map(|(i, name)| {
+                (
+                    name.clone(),
+                    Heard {
+                        ready: true,
+                        boot: 1 + i as u64,
+                        seq: 1_000 + seq,
+                    },
+                )
+            })
+            .collect::<BTreeMap<_, _>>(),
+    };
+    let sample = beat(1, 1, 0);
+    let heartbeat = sample.encode(KEY).unwrap().len();
+    // Node 0's table, every peer heard once.
+    let mut table = Membership::new(names[0].clone(), timeout);
+    table.set_nodes(known.clone());
+    let peers = n - 1;
+    let beats: Vec<Heartbeat> = (1..n).map(|i| beat(i, 1, 0)).collect();
+    for b in &beats {
+        table.receive(b.clone(), t0, 1_800_000_000_000).unwrap();
+    }
+    // Receiving: each peer's next heartbeat, a copy per receiver as the simulator (and the
+    // decoder in the speaker) makes one. Up to 200 peers, then scaled.
+    let count = peers.min(200);
+    let next: Vec<Heartbeat> = (1..=count).map(|i| beat(i, 2, 100)).collect();
+    let start = Instant::now();
+    for b in &next {
+        let _ = table.receive(
+            b.clone(),
+            t0 + Duration::from_millis(100),
+            1_800_000_000_100,
+        );
+    }
+    let receive = start.elapsed().as_secs_f64() / count as f64;
+    // A check, as the speaker's loop runs it.
+    let mut sent = SentLog::new(1);
+    sent.record(1_001, t0);
+    let now = t0 + Duration::from_millis(150);
+    let rounds: u32 = if n > 2_000 { 1 } else { 3 };
+    let start = Instant::now();
+    for _ in 0..rounds {
+        let reports = table.reports(now);
+        let verdict = quorum::decide(&names[0], &known, &reports, true, &eth0);
+        let acks = table.acks(1);
+        let tenure = tenure::tenure(&names[0], &known, &acks, &sent, timeout);
+        std::hint::black_box((verdict, tenure));
+    }
+    let check = start.elapsed().as_secs_f64() / f64::from(rounds);
+    // Signing: node 0's own heartbeat, built from its table.
+    let start = Instant::now();
+    for seq in 0..rounds {
+        let hears = table.hears(now);
+        let own = Heartbeat {
+            hears,
+            seq: u64::from(seq),
+            ..sample.clone()
+        };
+        std::hint::black_box(own.encode(KEY).unwrap());
+    }
+    let sign = start.elapsed().as_secs_f64() / f64::from(rounds);
+    Model {
+        heartbeat,
+        receive,
+        check,
+        sign,
+    }
+}
+
+fn main() {
+    let sizes = env_list("SIM_BENCH_NODES", "100,1000,5000");
+    let full_max = env_num("SIM_BENCH_FULL_MAX", 200) as usize;
+    let seconds = env_num("SIM_BENCH_SECONDS", 8);
+    println!(
+        "today's design (legacy): one owner cut off at 4 s for 2 s; 30-character node names; \
+         traffic counted from 2 s on"
+    );
+    println!(
+        "{:>6} {:>5} {:>10} {:>8} {:>8} {:>6} {:>12} {:>14} {:>10} {:>7} {:>12} {:>14}",
+        "N",
+        "sim s",
+        "kind",
+        "fo p50",
+        "fo p99",
+        "moved",
+        "dgram/s/node",
+        "bytes/s/node",
+        "largest B",
+        "frames",
+        "wall s/sim s",
+        "model CPU s/s"
+    );
+    for n in sizes {
+        let names: Vec<String> = {
+            let cluster = Cluster {
+                ips: 1,
+                ..Cluster::new(n, 1)
+            };
+            // The engine names nodes; a cluster of one IP keeps this cheap.
+            let engine = Engine::new(Legacy::default(), &cluster, Instant::now());
+            engine.env().names.clone()
+        };
+        let model = measure(&names);
+        let model_cpu = model.cpu(n);
+        if n <= full_max {
+            let mut cluster = Cluster::new(n, 1);
+            cluster.measure_from = 2 * SECOND;
+            let end = seconds * SECOND;
+            let started = Instant::now();
+            let mut engine = Engine::new(Legacy::default(), &cluster, Instant::now());
+            engine.add_fault(Fault {
+                at: 4 * SECOND,
+                heal: 6 * SECOND,
+                kind: FaultKind::Cut(vec![1]),
+            });
+            engine.run_until(end);
+            let wall = started.elapsed().as_secs_f64();
+            let report = engine.report();
+            let m = &report.metrics;
+            println!(
+                "{:>6} {:>5} {:>10} {:>8} {:>8} {:>6} {:>12.0} {:>14.0} {:>10} {:>7} {:>12.2} {:>14.2}",
+                n,
+                seconds,
+                "simulated",
+                ms(m.failover(0.5)),
+                ms(m.failover(0.99)),
+                m.moved,
+                m.datagrams_per_node_second(),
+                m.bytes_per_node_second(),
+                m.largest,
+                frames(m.largest),
+                wall / seconds as f64,
+                model_cpu,
+            );
+            if report.violation_count > 0 {
+                println!(
+                    "       {} invariant violations, first: {:?}",
+                    report.violation_count,
+                    report.violations.first()
+                );
+            }
+        } else {
+            let datagrams = model.datagrams(n);
+            println!(
+                "{:>6} {:>5} {:>10} {:>8} {:>8} {:>6} {:>12.0} {:>14.0} {:>10} {:>7} {:>12} {:>14.0}",
+                n,
+                "-",
+                "model",
+                "-",
+                "-",
+                "-",
+                datagrams,
+                datagrams * model.heartbeat as f64,
+                model.heartbeat,
+                frames(model.heartbeat),
+                "-",
+                model_cpu,
+            );
+            if model.heartbeat > MAX_DATAGRAM {
+                println!(
+                    "       a heartbeat of {} bytes does not fit a UDP datagram ({MAX_DATAGRAM}): \
+                     send_to fails, no node hears a majority, layer 2 stops everywhere",
+                    model.heartbeat
+                );
+            } else if model.heartbeat > FRAME_PAYLOAD {
+                println!(
+                    "       a full run would take about {:.1} h per simulated second (one core)",
+                    model_cpu / 3_600.0
+                );
+            }
+        }
+        println!(
+            "       measured at N={n}: receive {:.1} µs, check {:.1} ms, sign {:.1} µs",
+            model.receive * 1e6,
+            model.check * 1e3,
+            model.sign * 1e6
+        );
+    }
+}
