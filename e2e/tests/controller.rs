@@ -1017,6 +1017,129 @@ async fn leader_cut_off_from_the_api_server(lab: &Lab, replicas: &Replicas) -> a
     Ok(())
 }
 
+/// Waits until replica `identity`'s log holds `text`.
+async fn wait_log(replicas: &Replicas, identity: &str, text: &str) -> anyhow::Result<()> {
+    let process = replicas
+        .running
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(id, _)| id == identity)
+        .map(|(_, p)| p.clone())
+        .with_context(|| format!("replica {identity} is not running"))?;
+    wait_for(
+        &format!("{identity}'s log to say {text:?}"),
+        Duration::from_secs(30),
+        || async {
+            let log = process::log_tail(&process, 400);
+            if log.iter().any(|l| l.contains(text)) {
+                Ok(Some(()))
+            } else {
+                Err(log.last().cloned().unwrap_or_default())
+            }
+        },
+    )
+    .await
+}
+
+/// A Service re-list older than a new term's fresh read (issue #33, item 4): the standby's
+/// Service watch re-lists (failpoint `controller-services-relist`) and the list's end is held
+/// while the leader gives the pool's one IP to Service `b`, created after the list; `c`, in the
+/// list and waiting, becomes eligible for the pool; the leader dies and the standby leads, reads
+/// afresh, and only then is the old list let through. Taking the list whole would drop `b`, free
+/// its IP and give it to `c` (whose listed copy is current, so the write lands): one IP on two
+/// Services. A watcher sees no IP on two Services and none changed, and `c` stays waiting.
+async fn stale_relist_frees_no_ip(lab: &Lab, replicas: &Replicas) -> anyhow::Result<()> {
+    const POOL: &str = "ctl-relist";
+    let mut case = Case::new(lab, POOL).await?;
+    // Only Services labelled `relist: first` at first.
+    case.pool_spec(
+        POOL,
+        "{addresses: ['198.18.226.0/32'], serviceAllocation: {priority: 10, namespaces: [ctl-relist], serviceSelectors: [{matchLabels: {relist: first}}]}}",
+    )?;
+    let api = case.services().await?;
+    let (seen, watcher) = watch_invariants(api.clone());
+    struct Abort(tokio::task::JoinHandle<()>);
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _watcher = Abort(watcher);
+    api.create(
+        &PostParams::default(),
+        &lb_service("c").label("relist", "second").build(),
+    )
+    .await?;
+    // Let the leader see c (and give it nothing) before the list, so that c's listed copy is
+    // its last.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let old = leader(lab).await?;
+    let standby = if old == "a" { "b" } else { "a" };
+    let dir = ferrolb_e2e::ferrolb::controller_failpoints(lab, standby);
+    std::fs::create_dir_all(&dir)?;
+    let armed = dir.join("controller-services-relist");
+    struct Disarm(PathBuf);
+    impl Drop for Disarm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    std::fs::write(&armed, "")?;
+    let disarm = Disarm(armed);
+    wait_log(replicas, standby, "stalling here until it is removed").await?;
+
+    // After the list: b gets the IP, then the pool admits c too (full: c waits).
+    api.create(
+        &PostParams::default(),
+        &lb_service("b").label("relist", "first").build(),
+    )
+    .await?;
+    ensure!(ingress_ips(&wait_ips(&api, "b", 1).await?) == ["198.18.226.0"]);
+    case.pool_spec(
+        POOL,
+        "{addresses: ['198.18.226.0/32'], serviceAllocation: {priority: 10, namespaces: [ctl-relist]}}",
+    )?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The standby leads and reads afresh while its re-list is still held.
+    replicas.kill(&old);
+    let new_leader = wait_for(
+        &format!("{standby} to lead after {old} was killed"),
+        Duration::from_secs(60),
+        || async {
+            match leader(lab).await {
+                Ok(l) if l == standby => Ok(Some(l)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    wait_log(replicas, &new_leader, "new term: read every Service afresh").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The old list through: nothing may move.
+    drop(disarm);
+    wait_log(replicas, &new_leader, "failpoint removed: going on").await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let restarted = replicas.start(&old, if old == "a" { 7472 } else { 7473 });
+    let snap = snapshot(&api).await?;
+    let violations = seen.lock().unwrap().violations.clone();
+    restarted?;
+    ensure!(
+        violations.is_empty(),
+        "{violations:?} (Services now {snap:?})"
+    );
+    ensure!(
+        snap.get("b").map(Vec::as_slice) == Some(&["198.18.226.0".to_string()][..])
+            && snap.get("c").is_some_and(Vec::is_empty),
+        "after the stale re-list: {snap:?}"
+    );
+    eprintln!("stale re-list: no IP freed or reused ({snap:?})");
+    Ok(())
+}
+
 /// The leader's work loop stalls (a failpoint) while its Lease task runs on: its health fails
 /// and it gives up the Lease, the other replica takes over and serves; released, it recovers as
 /// a healthy follower.
@@ -1316,6 +1439,9 @@ fn main() -> std::process::ExitCode {
                 )
             },
         )
+        .test("a_stale_service_relist_frees_and_reuses_no_ip", |c| {
+            Box::pin(async move { stale_relist_frees_no_ip(&c.lab, &c.replicas).await })
+        })
         .test(
             "a_leader_cut_off_from_the_api_server_gives_no_ip_twice_and_changes_none",
             |c| {

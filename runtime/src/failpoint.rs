@@ -46,6 +46,17 @@ impl Failpoints {
         }
     }
 
+    /// Returns once failpoint `name` is armed; never in a release build (a branch of a
+    /// `select!` that only a test can take).
+    pub async fn armed_later(&self, name: &str) {
+        if !cfg!(debug_assertions) || self.dir.is_none() {
+            return std::future::pending().await;
+        }
+        while !self.armed(name) {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// Waits here while failpoint `name` is armed (a stall, as a deadlock or a call that never
     /// returns would cause).
     pub async fn hold(&self, name: &str) {

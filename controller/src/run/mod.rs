@@ -262,7 +262,7 @@ pub async fn run(
     let mut beat = tokio::time::interval(PULSE_EVERY);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let started = watches::start(&client, &settings.namespace, &tx);
+    let started = watches::start(&client, &settings.namespace, &tx, &settings.failpoints);
     let writes = ApiWrites::new(
         client.clone(),
         settings.namespace.clone(),

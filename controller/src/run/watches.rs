@@ -2,6 +2,7 @@
 //! Namespaces and Nodes, and the `metallb.io` configuration of ferrolb's namespace. Each hands
 //! the loop a [`Work`] item per change and one when its initial list is complete.
 
+use ferrolb_runtime::failpoint::Failpoints;
 use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
@@ -52,13 +53,18 @@ pub(super) struct Started {
 const PAGE_SIZE: u32 = 100;
 
 /// Starts every watch, sending what they hear on `tx`.
-pub(super) fn start(client: &Client, namespace: &str, tx: &mpsc::UnboundedSender<Work>) -> Started {
+pub(super) fn start(
+    client: &Client,
+    namespace: &str,
+    tx: &mpsc::UnboundedSender<Work>,
+    failpoints: &Failpoints,
+) -> Started {
     let mut starter = Starter {
         client,
         tx,
         started: 0,
     };
-    starter.services();
+    starter.services(failpoints.clone());
     let stores = Stores {
         namespaces: starter.metadata::<Namespace>("namespaces", |n| {
             Work::Namespace(n.metadata.name.clone().unwrap_or_default())
@@ -87,37 +93,28 @@ struct Starter<'a> {
 impl Starter<'_> {
     /// Watches Services, trimming each as it arrives (the full object is dropped at once), and
     /// hands the events to the work loop, which keeps the cache.
-    fn services(&mut self) {
+    ///
+    /// Failpoint `controller-services-relist` (debug builds): once armed, the watch starts over
+    /// with a re-list, and holds that list's end (`InitDone`) until disarmed, so that a test
+    /// can make a re-list older than what happens while it is held (issue #33, item 4).
+    fn services(&mut self, failpoints: Failpoints) {
         self.started += 1;
-        // Lists (the first and every re-list) by quorum read, never from the API server's
-        // cache, so that a re-list holds every write the watch delivered before it broke
-        // (decision 0016); kube's default, stated because `any_semantic()` would break it.
-        let stream = watcher(
-            Api::<Service>::all(self.client.clone()),
-            watcher::Config::default()
-                .page_size(PAGE_SIZE)
-                .list_semantic(watcher::ListSemantic::MostRecent),
-        )
-        .backoff(ferrolb_runtime::watch::WatchBackoff::default());
+        let client = self.client.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                let event = match event {
-                    Ok(Event::Apply(s)) => Event::Apply(CachedService::new(s)),
-                    Ok(Event::Delete(s)) => Event::Delete(CachedService::new(s)),
-                    Ok(Event::InitApply(s)) => Event::InitApply(CachedService::new(s)),
-                    Ok(Event::Init) => Event::Init,
-                    Ok(Event::InitDone) => Event::InitDone,
-                    Err(e) => {
-                        tracing::warn!(error = %e, watch = "services", "watch failed; retrying");
-                        continue;
-                    }
-                };
-                let done = matches!(event, Event::InitDone);
-                if tx.send(Work::Service(Box::new(event))).is_err()
-                    || (done && tx.send(Work::Synced("services")).is_err())
-                {
+            loop {
+                // Lists (the first and every re-list) by quorum read, never from the API
+                // server's cache, so that a re-list holds every write the watch delivered
+                // before it broke (decision 0016); kube's default, stated because
+                // `any_semantic()` would break it.
+                let stream = watcher(
+                    Api::<Service>::all(client.clone()),
+                    watcher::Config::default()
+                        .page_size(PAGE_SIZE)
+                        .list_semantic(watcher::ListSemantic::MostRecent),
+                )
+                .backoff(ferrolb_runtime::watch::WatchBackoff::default());
+                if !forward_services(stream, &tx, &failpoints).await {
                     return;
                 }
             }
@@ -168,5 +165,49 @@ impl Starter<'_> {
                 },
             )
         })
+    }
+}
+
+/// What the Service watch of [`Starter::services`] does with each event: trims it and sends it
+/// on. Returns `false` once the loop is gone, `true` when failpoint `controller-services-relist`
+/// asks for a re-list.
+async fn forward_services(
+    stream: impl futures::Stream<Item = watcher::Result<Event<Service>>>,
+    tx: &mpsc::UnboundedSender<Work>,
+    failpoints: &Failpoints,
+) -> Continue {
+    const RELIST: &str = "controller-services-relist";
+    futures::pin_mut!(stream);
+    // Whether this stream is the re-list the failpoint asked for.
+    let forced = failpoints.armed(RELIST);
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            () = failpoints.armed_later(RELIST), if !forced => {
+                tracing::warn!(failpoint = RELIST, "failpoint armed: re-listing the Services");
+                return true;
+            }
+        };
+        let Some(event) = event else { return true };
+        let event = match event {
+            Ok(Event::Apply(s)) => Event::Apply(CachedService::new(s)),
+            Ok(Event::Delete(s)) => Event::Delete(CachedService::new(s)),
+            Ok(Event::InitApply(s)) => Event::InitApply(CachedService::new(s)),
+            Ok(Event::Init) => Event::Init,
+            Ok(Event::InitDone) => Event::InitDone,
+            Err(e) => {
+                tracing::warn!(error = %e, watch = "services", "watch failed; retrying");
+                continue;
+            }
+        };
+        let done = matches!(event, Event::InitDone);
+        if done && forced {
+            failpoints.hold(RELIST).await;
+        }
+        if tx.send(Work::Service(Box::new(event))).is_err()
+            || (done && tx.send(Work::Synced("services")).is_err())
+        {
+            return false;
+        }
     }
 }
