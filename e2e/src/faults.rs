@@ -300,6 +300,45 @@ pub fn junk_flood(
     Ok(())
 }
 
+/// Sends `count` valid Router Advertisements (hop limit 255, Router Lifetime 0), `interval`
+/// apart, from link-local address `from` of `interface` to all nodes: what any host on a link
+/// can send (run in a lab host by `ferrolb-lab send-ra`). Not looped back to the sending host.
+pub fn send_router_advertisements(
+    interface: &str,
+    from: std::net::Ipv6Addr,
+    count: u32,
+    interval: std::time::Duration,
+) -> anyhow::Result<()> {
+    use ferrolb_layer2::packet::ndp::ALL_NODES;
+    use ferrolb_layer2::packet::{MacAddr, RouterAdvertisement, router_advertisement};
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let index: u32 = std::fs::read_to_string(format!("/sys/class/net/{interface}/ifindex"))
+        .with_context(|| format!("interface {interface}"))?
+        .trim()
+        .parse()?;
+    let message = router_advertisement(
+        &RouterAdvertisement::not_a_default_router(MacAddr([2, 0, 0, 0, 0, 0x66])),
+        from,
+        ALL_NODES,
+    );
+    let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+    socket.bind_device(Some(interface.as_bytes()))?;
+    socket
+        .bind(&SockAddr::from(std::net::SocketAddrV6::new(
+            from, 0, 0, index,
+        )))
+        .with_context(|| format!("binding to {from}%{interface}"))?;
+    socket.set_multicast_hops_v6(255)?;
+    socket.set_multicast_if_v6(index)?;
+    socket.set_multicast_loop_v6(false)?;
+    let to = SockAddr::from(std::net::SocketAddrV6::new(ALL_NODES, 0, 0, index));
+    for _ in 0..count {
+        socket.send_to(&message, &to).context("sending")?;
+        std::thread::sleep(interval);
+    }
+    Ok(())
+}
+
 /// Sends one datagram, `hex` bytes, to `to` from port `from_port` with IP TTL `ttl` (run in a
 /// lab host by `ferrolb-lab send-udp`: the BFD tests' hand-made control packets).
 pub fn send_udp(

@@ -1373,6 +1373,7 @@ spec:
     );
     let up = ferrolb::speaker_metric(lab, "node1", r#"metallb_bgp_session_up{peer="link"}"#)?;
     ensure!(up == 1.0, "node1 reports the session {up}");
+    forged_advertisements_leave_the_session_alone(lab).await?;
     // The link goes down on node1's side: the routes leave the router.
     let down_at = std::time::Instant::now();
     lab.exec("node1", "ip", &["link", "set", "eth1", "down"])?;
@@ -1417,6 +1418,75 @@ spec:
         withdrawn.as_secs_f64() * 1e3,
         up_at.elapsed().as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// Issue #33 item 3: another host on the node1–router link (a second link-local address on the
+/// router's end, its advertisements not looped back to the router's own FRR) sends valid
+/// Router Advertisements, hop limit 255, every 200 ms for 40 s (longer than the speaker's 30 s
+/// failure wait plus a 30 s hold would matter) while the unnumbered session is Established:
+/// the session stays up on both ends and is never dropped.
+async fn forged_advertisements_leave_the_session_alone(lab: &Lab) -> anyhow::Result<()> {
+    let neighbour = || -> anyhow::Result<(String, u64)> {
+        let out = vtysh(lab, &["show bgp neighbors eth2 json"])?;
+        let json: serde_json::Value =
+            serde_json::from_str(&out).with_context(|| format!("vtysh printed {out}"))?;
+        let n = &json["eth2"];
+        Ok((
+            n["bgpState"].as_str().unwrap_or_default().to_string(),
+            // FRR's count of the session's drops (bgp_vty.c, `peer->dropped`).
+            n["connectionsDropped"]
+                .as_u64()
+                .with_context(|| format!("no connectionsDropped for eth2 in {out}"))?,
+        ))
+    };
+    let (state, dropped) = neighbour()?;
+    ensure!(state == "Established", "the session is {state}");
+    lab.exec(
+        "router",
+        "ip",
+        &["-6", "addr", "add", "fe80::66/64", "dev", "eth2", "nodad"],
+    )?;
+    struct Forger<'a>(&'a Lab);
+    impl Drop for Forger<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.exec(
+                "router",
+                "ip",
+                &["-6", "addr", "del", "fe80::66/64", "dev", "eth2"],
+            );
+        }
+    }
+    let _forger = Forger(lab);
+    let mut child = lab
+        .lab_command(
+            "router",
+            &[
+                "send-ra",
+                "--interface",
+                "eth2",
+                "--from",
+                "fe80::66",
+                "--count",
+                "200",
+                "--interval-ms",
+                "200",
+            ],
+        )?
+        .spawn()?;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(42) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (state, now_dropped) = neighbour()?;
+        let up = ferrolb::speaker_metric(lab, "node1", r#"metallb_bgp_session_up{peer="link"}"#)?;
+        ensure!(
+            state == "Established" && now_dropped == dropped && up == 1.0,
+            "forged advertisements disturbed the session after {:?}: router {state}, dropped {dropped} → {now_dropped}, node1 up {up}",
+            started.elapsed()
+        );
+    }
+    let status = child.wait()?;
+    ensure!(status.success(), "send-ra: {status}");
     Ok(())
 }
 

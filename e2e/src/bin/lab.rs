@@ -170,6 +170,24 @@ enum Command {
         #[arg(long)]
         hex: String,
     },
+    /// (internal) Send valid Router Advertisements (hop limit 255, lifetime 0) from --from, a
+    /// link-local address of --interface, to all nodes: the forger of the unnumbered BGP test
+    /// (e2e/src/faults.rs `send_router_advertisements`).
+    #[command(hide = true)]
+    SendRa {
+        /// Interface to send on.
+        #[arg(long)]
+        interface: String,
+        /// Source link-local address (must be on the interface, not tentative).
+        #[arg(long)]
+        from: std::net::Ipv6Addr,
+        /// Advertisements sent.
+        #[arg(long, default_value_t = 10)]
+        count: u32,
+        /// Between two, milliseconds.
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+    },
     /// (internal) Run a lab process and record how it ended (see e2e/src/process.rs).
     #[command(hide = true)]
     Supervise {
@@ -494,6 +512,18 @@ fn run(command: Command) -> anyhow::Result<i32> {
             ttl,
             hex,
         } => ferrolb_e2e::faults::send_udp(to, from_port, ttl, &hex).map(|_| 0),
+        Command::SendRa {
+            interface,
+            from,
+            count,
+            interval_ms,
+        } => ferrolb_e2e::faults::send_router_advertisements(
+            &interface,
+            from,
+            count,
+            Duration::from_millis(interval_ms),
+        )
+        .map(|_| 0),
         Command::DelayRelay {
             delay_ms,
             route,
