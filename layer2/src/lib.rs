@@ -23,6 +23,8 @@
 //!   table of live speakers that the quorum rule and owner choice run over.
 //! - [`wire`] is the membership wire format v4 (issue #34): member beats to voters, voters'
 //!   reports, sized to one Ethernet frame at any cluster size.
+//! - [`sim`] is the event-driven simulator of many speakers over these rules, with
+//!   faults and the one-owner invariants checked at every event.
 
 pub mod damping;
 pub mod heartbeat;
@@ -31,5 +33,6 @@ pub mod owner;
 pub mod packet;
 pub mod quorum;
 pub mod replay;
+pub mod sim;
 pub mod tenure;
 pub mod wire;
