@@ -163,11 +163,29 @@ pub fn seen_ready(
     verdict: &Verdict,
     acks: &BTreeMap<String, crate::heartbeat::Heard>,
 ) -> bool {
+    seen_ready_since(me, verdict, acks, 0)
+}
+
+/// [`seen_ready`], counting only acknowledgements of heartbeats sent after `after_seq`: this
+/// node's latest heartbeat that said `ready: false` (0: none). Such a heartbeat is a
+/// resignation (the others dropped this node as a candidate and may have taken its IPs), so the
+/// claim must be earned again as at a rejoin. An older acknowledgement does not count: after a
+/// freeze, the others' heartbeats acknowledging what this node sent before it resigned are
+/// still queued when it resumes, and they say `ready` although the others no longer count it.
+pub fn seen_ready_since(
+    me: &str,
+    verdict: &Verdict,
+    acks: &BTreeMap<String, crate::heartbeat::Heard>,
+    after_seq: u64,
+) -> bool {
     verdict
         .candidates
         .keys()
         .filter(|name| name.as_str() != me)
-        .all(|name| acks.get(name).is_some_and(|heard| heard.ready))
+        .all(|name| {
+            acks.get(name)
+                .is_some_and(|heard| heard.ready && heard.seq > after_seq)
+        })
 }
 
 /// The verdicts a cluster settles into: `names` are the speakers (all with usable interface
@@ -451,6 +469,33 @@ mod tests {
         // node3 has not acknowledged anything of this boot.
         let missing = [("node2".to_string(), ack(true))].into();
         assert!(!seen_ready("node1", &v, &missing));
+        // After a resignation (a `ready: false` heartbeat with seq 5): only acknowledgements of
+        // later heartbeats count, however ready the older ones say it was.
+        let acked = |seq2, seq3| -> BTreeMap<String, Heard> {
+            [
+                (
+                    "node2".to_string(),
+                    Heard {
+                        ready: true,
+                        boot: 1,
+                        seq: seq2,
+                    },
+                ),
+                (
+                    "node3".to_string(),
+                    Heard {
+                        ready: true,
+                        boot: 1,
+                        seq: seq3,
+                    },
+                ),
+            ]
+            .into()
+        };
+        assert!(!seen_ready_since("node1", &v, &acked(6, 4), 5));
+        assert!(!seen_ready_since("node1", &v, &acked(6, 5), 5));
+        assert!(seen_ready_since("node1", &v, &acked(6, 7), 5));
+        assert!(seen_ready_since("node1", &v, &acked(4, 4), 0));
     }
 
     proptest! {

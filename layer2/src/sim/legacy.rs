@@ -14,8 +14,10 @@
 //! * **The work loop** runs a check (the gate) every interval after its last run, at the next
 //!   silence or gate timer (plus 1 ms), and at each change: [`quorum::decide`] over
 //!   [`Membership::reports`], the tenure from [`Membership::acks`], starvation, flap damping, the
-//!   claim delay and [`quorum::seen_ready`], exactly as `gate::Gate::check` combines them; then
-//!   it plans with the members (owner choice) and renews the mandate to answer.
+//!   claim delay and [`quorum::seen_ready_since`], exactly as `gate::Gate::check` combines them;
+//!   then it plans with the members (owner choice) and renews the mandate to answer. A heartbeat
+//!   that said `ready: false` since the last check is a resignation (the gate's rule 8): the
+//!   node stops claiming and earns the claim again as at a rejoin.
 //!
 //! The gate (and the speaker's `Settling`) live in the speaker, not in this crate, so they are
 //! reproduced here line for line; moving them into `ferrolb-layer2` would let the speaker and the
@@ -107,6 +109,8 @@ struct Gate {
     claiming: bool,
     candidate: bool,
     starvation: Starvation,
+    /// The latest `ready: false` heartbeat's sequence number the last check read.
+    unready_seq: u64,
 }
 
 impl Gate {
@@ -118,6 +122,7 @@ impl Gate {
             claiming: false,
             candidate: false,
             starvation: Starvation::default(),
+            unready_seq: 0,
         }
     }
 
@@ -129,6 +134,7 @@ impl Gate {
         reports: &BTreeMap<String, quorum::Report>,
         acks: &BTreeMap<String, Heard>,
         tenure: Tenure,
+        last_unready_seq: u64,
         usable: &BTreeSet<String>,
         now: Instant,
     ) -> Outcome {
@@ -153,14 +159,20 @@ impl Gate {
         }
         let held_until = self.damping.held_until(now);
         let acts = settled && verdict.acts() && held_until.is_none() && !starved;
-        let delay_over = self
-            .claim
-            .observe(acts, now, t.interval * CLAIM_AFTER_BEATS);
+        let claim_wait = t.interval * CLAIM_AFTER_BEATS;
+        if last_unready_seq > self.unready_seq {
+            // The gate's rule 8: a `ready: false` heartbeat since the last check resigned.
+            self.unready_seq = last_unready_seq;
+            self.claiming = false;
+            self.claim.observe(false, now, claim_wait);
+        }
+        let delay_over = self.claim.observe(acts, now, claim_wait);
         self.candidate = delay_over;
         let claims = delay_over
             && (self.claiming
                 || env.mutation.no_tenure()
-                || (answer_until.is_some() && quorum::seen_ready(me, &verdict, acks)));
+                || (answer_until.is_some()
+                    && quorum::seen_ready_since(me, &verdict, acks, self.unready_seq)));
         self.claiming = claims;
         // The speaker's `step::members`: this node among them only once it claims.
         let members = verdict
@@ -221,6 +233,8 @@ pub struct LegacyNode {
     name: String,
     boot: u64,
     seq: u64,
+    /// The latest heartbeat that said `ready: false` (`Gossip::last_unready_seq`).
+    last_unready_seq: u64,
     speaks_from: Micros,
     table: Membership,
     sent: SentLog,
@@ -286,6 +300,9 @@ impl LegacyNode {
             && local
                 .confirmed
                 .is_some_and(|c| now.saturating_sub(c) <= micros(env.timing.mandate()));
+        if !ready {
+            self.last_unready_seq = self.seq;
+        }
         Some(Heartbeat {
             node: self.name.clone(),
             boot: self.boot,
@@ -341,6 +358,7 @@ impl LegacyNode {
             &reports,
             &acks,
             tenure,
+            self.last_unready_seq,
             &self.interfaces,
             at,
         );
@@ -420,6 +438,7 @@ impl Design for Legacy {
             name,
             boot,
             seq: 0,
+            last_unready_seq: 0,
             speaks_from: now + micros(env.timing.timeout),
             table,
             sent: SentLog::new(boot),

@@ -18,6 +18,12 @@
 //!    members, so nodes that became ready together hear each other first.
 //! 7. **Claiming** starts only once every other candidate has said it hears this node ready, and
 //!    its tenure lets it answer; it goes on while the node acts.
+//! 8. **Resignation**: a heartbeat that said `ready: false` (the work loop had not confirmed
+//!    recently, say after a freeze) made the others drop this node and take its IPs, even if
+//!    the loop never stopped acting. At the next check it stops claiming and earns the claim
+//!    again as at a rejoin: the claim delay from that check, then every other candidate's
+//!    acknowledgement of a heartbeat sent after the resignation saying `ready`
+//!    (`quorum::seen_ready_since`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -70,6 +76,9 @@ pub struct Inputs<'a> {
     pub acks: &'a BTreeMap<String, Heard>,
     /// This node's tenure from those acknowledgements.
     pub tenure: Tenure,
+    /// The sequence number of this node's latest heartbeat that said `ready: false` (0: none),
+    /// read after `acks` (rule 8).
+    pub last_unready_seq: u64,
     /// This node's interfaces that can announce.
     pub usable: &'a BTreeSet<String>,
 }
@@ -113,6 +122,8 @@ pub struct Gate {
     /// The others count this node as a candidate (it has acted for the claim delay).
     candidate: bool,
     starvation: Starvation,
+    /// The latest `ready: false` heartbeat's sequence number the last check read (rule 8).
+    unready_seq: u64,
 }
 
 impl Gate {
@@ -126,6 +137,7 @@ impl Gate {
             claiming: false,
             candidate: false,
             starvation: Starvation::default(),
+            unready_seq: 0,
         }
     }
 
@@ -157,14 +169,25 @@ impl Gate {
         }
         let held_until = self.damping.held_until(now);
         let acts = settled && verdict.acts() && held_until.is_none() && !starved;
-        let delay_over = self
-            .claim
-            .observe(acts, now, t.heartbeat_interval * CLAIM_AFTER_BEATS);
+        let claim_wait = t.heartbeat_interval * CLAIM_AFTER_BEATS;
+        if inputs.last_unready_seq > self.unready_seq {
+            // Rule 8: a `ready: false` heartbeat went out since the last check, a resignation
+            // the others acted on. Start over as a node that did not act until now.
+            self.unready_seq = inputs.last_unready_seq;
+            self.claiming = false;
+            self.claim.observe(false, now, claim_wait);
+        }
+        let delay_over = self.claim.observe(acts, now, claim_wait);
         self.candidate = delay_over;
         let claims = delay_over
             && (self.claiming
                 || (answer_until.is_some()
-                    && quorum::seen_ready(inputs.me, &verdict, inputs.acks)));
+                    && quorum::seen_ready_since(
+                        inputs.me,
+                        &verdict,
+                        inputs.acks,
+                        self.unready_seq,
+                    )));
         self.claiming = claims;
         let members = step::members(&verdict, inputs.me, claims);
         let state = Layer2State {
@@ -266,8 +289,8 @@ mod tests {
             .collect()
     }
 
-    /// Every node of `peers` acknowledges this node, `ready`.
-    fn acks(peers: &[&str], ready: bool) -> BTreeMap<String, Heard> {
+    /// Every node of `peers` acknowledges this node's heartbeat `seq`, `ready`.
+    fn acks(peers: &[&str], ready: bool, seq: u64) -> BTreeMap<String, Heard> {
         peers
             .iter()
             .map(|p| {
@@ -276,7 +299,7 @@ mod tests {
                     Heard {
                         ready,
                         boot: 1,
-                        seq: 10,
+                        seq,
                     },
                 )
             })
@@ -288,6 +311,10 @@ mod tests {
         gate: Gate,
         t0: Instant,
         known: BTreeSet<String>,
+        /// The latest heartbeat of node1's the others acknowledge.
+        acked_seq: u64,
+        /// node1's latest heartbeat that said `ready: false` (0: none).
+        unready: u64,
     }
 
     impl Cluster {
@@ -296,6 +323,8 @@ mod tests {
                 gate: Gate::new(timing()),
                 t0: Instant::now(),
                 known: names(&["node1", "node2", "node3"]),
+                acked_seq: 10,
+                unready: 0,
             }
         }
 
@@ -314,7 +343,7 @@ mod tests {
         ) -> Outcome {
             let now = self.at(millis);
             let reports = reports(&["node1", "node2", "node3"], heard, acked_ready);
-            let acks = acks(heard, acked_ready);
+            let acks = acks(heard, acked_ready, self.acked_seq);
             let usable = eth0();
             self.gate.check(
                 Inputs {
@@ -323,6 +352,7 @@ mod tests {
                     reports: &reports,
                     acks: &acks,
                     tenure,
+                    last_unready_seq: self.unready,
                     usable: &usable,
                 },
                 now,
@@ -380,6 +410,52 @@ mod tests {
         assert!(o.acts && !o.claims && c.gate.waiting_to_claim());
         let o = c.check(1000, &["node2", "node3"], true, tenure);
         assert!(o.claims && !c.gate.waiting_to_claim());
+    }
+
+    #[test]
+    fn a_claiming_node_that_said_not_ready_earns_its_claim_again() {
+        // Issue #34 finding 1: frozen past its mandate, the node's timer heartbeat (seq 20) went
+        // out saying `ready: false` before its work loop ran again; the others dropped it.
+        for acked_at_once in [false, true] {
+            let mut c = Cluster::new();
+            assert!(c.steady(0, 1500).claims);
+            c.unready = 20;
+            let heard = ["node2", "node3"];
+            // The others' heartbeats queued during the freeze still acknowledge seq 10, ready.
+            let o = c.check(1900, &heard, true, Tenure::Until(c.at(2900)));
+            assert!(
+                o.acts && !o.claims && !o.members.contains_key(ME),
+                "kept claiming"
+            );
+            assert!(o.state.claims == o.claims);
+            if acked_at_once {
+                // Acknowledgements newer than the resignation: still the claim delay first.
+                c.acked_seq = 21;
+            }
+            for t in [2000, 2100] {
+                let o = c.check(t, &heard, true, Tenure::Until(c.at(t + 1000)));
+                assert!(o.acts && !o.claims, "claimed within the claim delay at {t}");
+            }
+            // The claim delay (three intervals from the check that saw the resignation) is over.
+            let o = c.check(2200, &heard, true, Tenure::Until(c.at(3200)));
+            if acked_at_once {
+                assert!(o.claims && o.members.contains_key(ME));
+                continue;
+            }
+            // Acknowledgements older than the resignation say ready, but do not count.
+            assert!(!o.claims && c.gate.waiting_to_claim());
+            c.acked_seq = 20;
+            let o = c.check(2300, &heard, true, Tenure::Until(c.at(3300)));
+            assert!(
+                !o.claims,
+                "claimed on the resignation's own acknowledgement"
+            );
+            c.acked_seq = 21;
+            let o = c.check(2400, &heard, true, Tenure::Until(c.at(3400)));
+            assert!(o.claims && o.members.contains_key(ME));
+            // No new resignation: it goes on claiming.
+            assert!(c.steady(2500, 3000).claims);
+        }
     }
 
     #[test]
@@ -479,6 +555,7 @@ mod tests {
                     reports: &empty,
                     acks: &BTreeMap::new(),
                     tenure: Tenure::Unbounded,
+                    last_unready_seq: 0,
                     usable: &usable,
                 },
                 t0 + ms(t),
@@ -503,6 +580,7 @@ mod tests {
                     reports: &BTreeMap::new(),
                     acks: &BTreeMap::new(),
                     tenure: Tenure::Unbounded,
+                    last_unready_seq: 0,
                     usable: &none,
                 },
                 t0 + ms(t),

@@ -37,6 +37,9 @@ pub struct Gossip {
     port: u16,
     boot: u64,
     seq: Mutex<u64>,
+    /// The sequence number of this boot's latest heartbeat that said `ready: false` (0: none):
+    /// the gate reads it as a resignation ([`Gossip::last_unready_seq`]).
+    last_unready_seq: std::sync::atomic::AtomicU64,
     /// When this boot's recent heartbeats went out, for the tenure (`ferrolb_layer2::tenure`).
     sent: Mutex<SentLog>,
     /// No heartbeat goes out before this: a starting speaker listens for one failure timeout
@@ -159,6 +162,7 @@ impl Gossip {
             port,
             boot,
             seq: Mutex::new(0),
+            last_unready_seq: std::sync::atomic::AtomicU64::new(0),
             sent: Mutex::new(SentLog::new(boot)),
             speaks_from: Instant::now() + timing.timeout,
             timeout: timing.timeout,
@@ -272,6 +276,15 @@ impl Gossip {
         lock(&self.membership).acks(self.boot)
     }
 
+    /// The sequence number of this boot's latest heartbeat that said `ready: false` (0: none).
+    /// Such a heartbeat is a resignation: the others drop this node as a candidate at once, so
+    /// the gate stops claiming and earns the claim again (`gate::Gate::check`). Read it after
+    /// [`Gossip::acks`], so that no acknowledgement read is of a heartbeat later than it.
+    pub fn last_unready_seq(&self) -> u64 {
+        self.last_unready_seq
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// When the next heard peer would fall silent.
     pub fn next_silence(&self, now: Instant) -> Option<Instant> {
         lock(&self.membership).next_silence(now)
@@ -300,16 +313,23 @@ impl Gossip {
             *seq += 1;
             // Logged before it is sent: a bound taken early is safe.
             lock(&self.sent).record(*seq, Instant::now());
+            let ready = local.ready
+                && !local.leaving
+                && local
+                    .confirmed
+                    .is_some_and(|t| t.elapsed() <= self.confirm_within);
+            if !ready {
+                // Recorded before it is sent (under the `seq` lock, so it only grows): the work
+                // loop must not claim on acknowledgements older than it.
+                self.last_unready_seq
+                    .store(*seq, std::sync::atomic::Ordering::SeqCst);
+            }
             Heartbeat {
                 node: self.node.clone(),
                 boot: self.boot,
                 seq: *seq,
                 unix_ms: unix_ms(),
-                ready: local.ready
-                    && !local.leaving
-                    && local
-                        .confirmed
-                        .is_some_and(|t| t.elapsed() <= self.confirm_within),
+                ready,
                 leaving: local.leaving,
                 restarting: local.leaving && local.restarting,
                 interfaces: local.interfaces,

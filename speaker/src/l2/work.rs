@@ -147,6 +147,7 @@ impl Layer2 {
             reports,
             acks,
             tenure,
+            last_unready_seq,
         } = io.heartbeats(&known, now);
         let o = self.gate.check(
             gate::Inputs {
@@ -155,6 +156,7 @@ impl Layer2 {
                 reports: &reports,
                 acks: &acks,
                 tenure,
+                last_unready_seq,
                 usable: &usable_names,
             },
             now,

@@ -39,6 +39,9 @@ pub struct Heartbeats {
     pub acks: BTreeMap<String, Heard>,
     /// Until when this node may answer, from those acknowledgements.
     pub tenure: Tenure,
+    /// The sequence number of this node's latest heartbeat that said `ready: false` (0: none),
+    /// read after the acknowledgements.
+    pub last_unready_seq: u64,
 }
 
 /// The work loop's I/O. Reads are of caches (never a request); writes never wait on the API
@@ -136,10 +139,13 @@ impl LoopIo for World {
         // One read of the acknowledgements serves the tenure and the claim rule.
         let acks = self.gossip.acks();
         let tenure = self.gossip.tenure(known, &acks);
+        // After the acknowledgements: none of them is of a heartbeat later than this.
+        let last_unready_seq = self.gossip.last_unready_seq();
         Heartbeats {
             reports,
             acks,
             tenure,
+            last_unready_seq,
         }
     }
 

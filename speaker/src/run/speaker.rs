@@ -345,6 +345,7 @@ metadata: {name: l2, namespace: metallb-system}
                 reports,
                 acks,
                 tenure,
+                last_unready_seq: 0,
             }
         }
         async fn say(&self, acts: bool, _interfaces: BTreeSet<String>) {
