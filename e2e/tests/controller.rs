@@ -420,6 +420,81 @@ async fn invalid_and_overlapping_pools_are_reported(lab: &Lab) -> anyhow::Result
     .await
 }
 
+/// An IPAddressPool stored under a looser schema than ferrolb's types (an older CRD, or
+/// MetalLB's: here the CRD without `format: int32` on the priority, which the API server checks)
+/// with a priority above `i32::MAX` is refused by name and field, and the pools around it, old
+/// and new, work on (issue #33, item 10). The API server does not check stored objects again
+/// when the CRD is put back.
+async fn undecodable_pool_is_refused_by_name(lab: &Lab) -> anyhow::Result<()> {
+    let mut case = Case::new(lab, "ctl-undecodable").await?;
+    case.pool("ctl-undecodable-good", &["198.18.215.0/29"], "")?;
+    let api = case.services().await?;
+    api.create(&PostParams::default(), &lb_service("before").build())
+        .await?;
+    let before = ingress_ips(&wait_ips(&api, "before", 1).await?);
+    lab.kubectl(&[
+        "patch",
+        "crd",
+        "ipaddresspools.metallb.io",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/serviceAllocation/properties/priority/format"}]"#,
+    ])?;
+    let stored = case.pool_spec(
+        "ctl-undecodable",
+        "{addresses: ['198.18.215.8/29'], serviceAllocation: {priority: 3000000000, namespaces: [ctl-undecodable]}}",
+    );
+    // The CRD as the chart has it, whatever happened.
+    lab.install_crds()?;
+    stored?;
+    let summary = wait_for(
+        "ConfigurationState controller to name the undecodable pool",
+        Duration::from_secs(30),
+        || async {
+            let out = lab
+                .kubectl(&[
+                    "get",
+                    "configurationstate",
+                    "-n",
+                    NS,
+                    "controller",
+                    "-o",
+                    "jsonpath={.status.result}|{.status.errorSummary}",
+                ])
+                .map_err(|e| e.to_string())?;
+            if out.contains("metallb-system/ctl-undecodable:") {
+                Ok(Some(out))
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        summary.contains(
+            "IPAddressPool metallb-system/ctl-undecodable: spec.serviceAllocation.priority: cannot be read"
+        ),
+        "{summary}"
+    );
+    let note = wait_event(lab, NS, "ctl-undecodable", "InvalidConfiguration").await?;
+    ensure!(note.contains("spec.serviceAllocation.priority"), "{note}");
+    // A pool added after it is read (a watch failing on the bad object would never see it).
+    case.pool("ctl-undecodable-later", &["198.18.215.16/29"], "")?;
+    api.create(
+        &PostParams::default(),
+        &lb_service("later")
+            .annotation("metallb.io/address-pool", "ctl-undecodable-later")
+            .build(),
+    )
+    .await?;
+    ensure!(ingress_ips(&wait_ips(&api, "later", 1).await?) == ["198.18.215.16"]);
+    ensure!(
+        ingress_ips(&api.get("before").await?) == before,
+        "existing IP changed"
+    );
+    Ok(())
+}
+
 async fn pool_annotation_and_auto_assign_false(lab: &Lab) -> anyhow::Result<()> {
     let mut case = Case::new(lab, "ctl-pool").await?;
     case.pool_spec("ctl-pool-auto", "{addresses: ['198.18.217.0/30'], serviceAllocation: {priority: 10, namespaces: [ctl-pool]}}")?;
@@ -1392,6 +1467,10 @@ fn main() -> std::process::ExitCode {
         .test(
             "invalid_and_overlapping_pools_are_reported_without_disturbing_the_rest",
             |c| Box::pin(async move { invalid_and_overlapping_pools_are_reported(&c.lab).await }),
+        )
+        .test(
+            "an_undecodable_pool_is_refused_by_name_and_field_and_the_others_work_on",
+            |c| Box::pin(async move { undecodable_pool_is_refused_by_name(&c.lab).await }),
         )
         .test(
             "pool_annotation_picks_an_auto_assign_false_pool_under_both_prefixes",
