@@ -96,7 +96,7 @@ pub const CALLS: &[Call] = &[
         verbs: LIST_WATCH,
         name: None,
         file: "controller/src/run/watches.rs",
-        call: "Api::<Service>::all(self.client.clone())",
+        call: "Api::<Service>::all(client.clone())",
     },
     // The first list at start-up, before the watch.
     Call {
