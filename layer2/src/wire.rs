@@ -5,14 +5,14 @@
 //! the cluster: IP-fragmented past about 30 nodes, too large for a datagram past about 1,360.
 //! In v4 (docs/plans/layer2-at-scale.md) every node sends a [`Beat`] to each voter of a small
 //! odd set, and each voter answers with a [`Report`]: a bitmap over the sorted presence set of
-//! the nodes it hears both ways. **Every message fits one Ethernet frame**
-//! ([`MAX_DATAGRAM`] = 1,472 bytes of UDP payload, 1,500 less the IPv4 and UDP headers) at any
-//! cluster size the format allows:
+//! the ready nodes it hears, and two flags about the recipient ([`Report::mature`],
+//! [`Report::told`]). **Every message fits one Ethernet frame** ([`MAX_DATAGRAM`] = 1,472 bytes
+//! of UDP payload, 1,500 less the IPv4 and UDP headers) at any cluster size the format allows:
 //!
 //! | message | worst case (253-byte names, [`MAX_INTERFACES`], [`MAX_ACKS`]) |
 //! |---|---|
 //! | [`Beat`] | [`MAX_BEAT_LEN`] = 1,248 bytes, whatever the cluster size |
-//! | [`Report`] | 99 bytes + ⌈N/8⌉ up to N = [`INLINE_MAX_NODES`] (10,984): 724 at N = 5,000 |
+//! | [`Report`] | 100 bytes + ⌈N/8⌉ up to N = [`INLINE_MAX_NODES`] (10,976): 725 at N = 5,000 |
 //! | [`Part`] | at most 1,472 bytes, only past [`INLINE_MAX_NODES`] |
 //!
 //! A report's bitmap travels inside it up to [`INLINE_MAX_NODES`] nodes, so at 5,000 nodes a
@@ -30,10 +30,10 @@
 //! **Decoding** never panics and computes no tag for a datagram that is longer than
 //! [`MAX_DATAGRAM`] or whose shape is wrong: lengths, names (1 to 253 bytes of UTF-8), lists in
 //! strictly ascending order, indexes inside the presence set, a bitmap exactly as long as the
-//! set needs with its padding bits clear, unknown flags or kinds. A datagram is at most 1,472
-//! bytes, so the whole parse is bounded and done before the tag is computed; a flood of junk costs
-//! a parse each, never a hash. Every message has exactly one encoding: decoding then encoding
-//! gives back the same bytes (the `wire` fuzz target checks it).
+//! set needs with its padding bits clear, unknown flags (a beat's or a report's) or kinds. A
+//! datagram is at most 1,472 bytes, so the whole parse is bounded and done before the tag is
+//! computed; a flood of junk costs a parse each, never a hash. Every message has exactly one
+//! encoding: decoding then encoding gives back the same bytes (the `wire` fuzz target checks it).
 //!
 //! **Byte order** is big-endian; a bitmap's node `i` is bit `7 - i % 8` of byte `i / 8` (the
 //! first node is the top bit of the first byte).
@@ -76,6 +76,11 @@ const FLAG_LEAVING: u8 = 0x2;
 /// Flag of a beat, with leaving: a new process replaces the sender on the same node.
 const FLAG_RESTARTING: u8 = 0x4;
 
+/// Flag of a report: its `ack` is mature ([`Report::mature`]).
+const FLAG_MATURE: u8 = 0x1;
+/// Flag of a report: the recipient is told ready everywhere ([`Report::told`]).
+const FLAG_TOLD: u8 = 0x2;
+
 /// Bytes of a [`NodeRef`]: index and name check.
 const NODE_REF_LEN: usize = 2 + NAME_CHECK_LEN;
 /// Bytes of a [`SetId`]: digest and node count.
@@ -97,12 +102,12 @@ pub const MAX_BEAT_LEN: usize = BEAT_FIXED
     + MAX_ACKS * ACK_LEN
     + TAG_LEN;
 /// Bytes of a report besides its bitmap: magic, kind, voter, recipient, boot, sequence number,
-/// clock, set, acknowledgement, tag.
+/// clock, set, acknowledgement, flags, tag.
 const REPORT_OVERHEAD: usize =
-    4 + 1 + 2 * NODE_REF_LEN + 8 + 8 + 8 + SET_ID_LEN + SEEN_LEN + TAG_LEN;
+    4 + 1 + 2 * NODE_REF_LEN + 8 + 8 + 8 + SET_ID_LEN + SEEN_LEN + 1 + TAG_LEN;
 /// Longest bitmap a report carries itself.
 pub const INLINE_BITMAP_BYTES: usize = MAX_DATAGRAM - REPORT_OVERHEAD;
-/// Largest presence set whose bitmap a report carries itself (10,984 nodes); a larger set's
+/// Largest presence set whose bitmap a report carries itself (10,976 nodes); a larger set's
 /// bitmap goes in [`Part`]s.
 pub const INLINE_MAX_NODES: usize = INLINE_BITMAP_BYTES * 8;
 /// Bytes of a part besides its slice: magic, kind, voter, boot, sequence number, set, offset,
@@ -348,7 +353,8 @@ pub struct Beat {
     pub acks: Vec<Ack>,
 }
 
-/// Voter → member: who the voter hears both ways, over the sorted presence set.
+/// Voter → member: which ready nodes the voter hears, over the sorted presence set, and what the
+/// voter's acknowledgement of the recipient is worth.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
     /// The voter, in [`Report::set`].
@@ -367,10 +373,20 @@ pub struct Report {
     pub set: SetId,
     /// The recipient's last beat the voter received: what tells the member the voter hears it.
     pub ack: Seen,
-    /// Bit `i`: the voter hears node `i` of the set both ways (its beats arrive and acknowledge
-    /// the voter's reports) and its last beat said ready. [`SetId::bitmap_bytes`] long with the
-    /// bits past the last node clear; empty when the set is larger than [`INLINE_MAX_NODES`]
-    /// (the bitmap then travels in [`Part`]s, see [`Report::split`]).
+    /// The voter has heard the recipient without a silence for 1.5 failure timeouts, so `ack`
+    /// may be used as an acknowledgement bounding when the voter can stop hearing it (the
+    /// tenure, decision 0015 "Acknowledgements mature"). Without it `ack` only says the voter
+    /// hears the recipient now. Flag bit 0x01, in the octet after `ack`.
+    pub mature: bool,
+    /// Every member that may hold one of this voter's reports (one sent within the last 1.5
+    /// failure timeouts) holds one that lists the recipient ready: the recipient may start
+    /// claiming on a majority of such reports. Flag bit 0x02, in the octet after `ack`.
+    pub told: bool,
+    /// Bit `i`: the voter hears node `i` of the set (a beat arrived within the failure timeout,
+    /// or the node is held through its restart hold) and its last beat said ready and not
+    /// leaving. [`SetId::bitmap_bytes`] long with the bits past the last node clear; empty when
+    /// the set is larger than [`INLINE_MAX_NODES`] (the bitmap then travels in [`Part`]s, see
+    /// [`Report::split`], which keeps the flags in the report).
     pub bitmap: Vec<u8>,
 }
 
@@ -673,6 +689,7 @@ fn write_report(out: &mut Vec<u8>, r: &Report) -> Result<(), Shape> {
     out.extend_from_slice(&r.unix_ms.to_be_bytes());
     write_set(out, &r.set);
     write_seen(out, &r.ack);
+    out.push(if r.mature { FLAG_MATURE } else { 0 } | if r.told { FLAG_TOLD } else { 0 });
     if r.bitmap.len() > INLINE_BITMAP_BYTES {
         return Err(Shape::BitmapLength);
     }
@@ -784,6 +801,10 @@ fn parse_report(r: &mut Reader<'_>) -> Result<Report, Shape> {
         return Err(Shape::IndexOutOfSet);
     }
     let ack = r.seen()?;
+    let flags = r.u8()?;
+    if flags & !(FLAG_MATURE | FLAG_TOLD) != 0 {
+        return Err(Shape::Flags(flags));
+    }
     // The bitmap is the rest of the body: exactly the set's, or nothing when parts carry it.
     let bitmap = r.take(r.0.len())?.to_vec();
     if set.inline() {
@@ -799,6 +820,8 @@ fn parse_report(r: &mut Reader<'_>) -> Result<Report, Shape> {
         unix_ms,
         set,
         ack,
+        mature: flags & FLAG_MATURE != 0,
+        told: flags & FLAG_TOLD != 0,
         bitmap,
     })
 }
@@ -943,7 +966,8 @@ pub(crate) mod fixtures {
         }
     }
 
-    /// Voter 0's report of `names` to node 1, hearing every even node.
+    /// Voter 0's report of `names` to node 1, hearing every even node; its ack mature, the
+    /// recipient not yet told ready everywhere.
     pub(crate) fn report(names: &[String]) -> Report {
         let set = set_of(names);
         Report {
@@ -954,6 +978,8 @@ pub(crate) mod fixtures {
             unix_ms: 1_000_050,
             set,
             ack: Seen { boot: 7, seq: 11 },
+            mature: true,
+            told: false,
             bitmap: bitmap(set.len, (0..names.len()).step_by(2)),
         }
     }
@@ -1032,7 +1058,7 @@ mod tests {
         // The figures the module's documentation gives.
         assert_eq!(
             (beat_len, report_len, INLINE_MAX_NODES, PART_BYTES),
-            (1248, 724, 10_984, 1403)
+            (1248, 725, 10_976, 1403)
         );
         for len in [beat_len, report_len] {
             assert!(len <= MAX_DATAGRAM, "{len} bytes");
@@ -1093,6 +1119,70 @@ mod tests {
             flipped[12] ^= 1;
             assert_eq!(Message::decode(&flipped, &ring), Err(WireError::BadTag));
         }
+    }
+
+    /// Offset of a report's flags in its body: magic, kind, voter, recipient, boot, sequence
+    /// number, clock, set, acknowledgement.
+    const REPORT_FLAGS_AT: usize = 5 + 2 * NODE_REF_LEN + 24 + SET_ID_LEN + SEEN_LEN;
+
+    #[test]
+    fn report_flags_round_trip_in_one_octet_after_the_ack() {
+        let names = names(10, 8);
+        for (mature, told, octet) in [
+            (false, false, 0x00),
+            (true, false, 0x01),
+            (false, true, 0x02),
+            (true, true, 0x03),
+        ] {
+            let r = Report {
+                mature,
+                told,
+                ..report(&names)
+            };
+            let bytes = Message::from(r.clone()).encode(&ring()).unwrap();
+            assert_eq!(
+                bytes[REPORT_FLAGS_AT], octet,
+                "mature {mature}, told {told}"
+            );
+            // The bitmap follows the flags.
+            assert_eq!(bytes[REPORT_FLAGS_AT + 1..bytes.len() - TAG_LEN], r.bitmap);
+            assert_eq!(bytes.len(), REPORT_OVERHEAD + r.bitmap.len());
+            assert_eq!(
+                Message::decode(&bytes, &ring()),
+                Ok((Message::from(r.clone()), 0))
+            );
+            // A report split into parts keeps its flags in the head.
+            let big = Report {
+                set: SetId {
+                    digest: [4; 16],
+                    len: 20_000,
+                },
+                bitmap: vec![0; 2500],
+                ..r
+            };
+            let (head, parts) = big.clone().split().unwrap();
+            assert!(!parts.is_empty());
+            assert_eq!((head.mature, head.told), (mature, told));
+            let bytes = Message::from(head.clone()).encode(&ring()).unwrap();
+            assert_eq!(bytes[REPORT_FLAGS_AT], octet);
+            let Message::Report(back) = Message::decode(&bytes, &ring()).unwrap().0 else {
+                panic!("not a report");
+            };
+            assert_eq!((back.mature, back.told), (mature, told));
+            assert_eq!(back.join(&parts).unwrap(), big.bitmap);
+        }
+    }
+
+    #[test]
+    fn reports_with_unknown_flags_are_refused_before_any_tag() {
+        let names = names(10, 8);
+        for bit in [0x04u8, 0x08, 0x10, 0x20, 0x40, 0x80] {
+            let datagram = edited(report(&names), |body| body[REPORT_FLAGS_AT] |= bit);
+            assert_eq!(refused(&datagram), Shape::Flags(0x01 | bit).into());
+        }
+        // The flags octet missing (a report cut right after its ack).
+        let datagram = edited(report(&names), |body| body.truncate(REPORT_FLAGS_AT));
+        assert_eq!(refused(&datagram), Shape::Truncated.into());
     }
 
     #[test]
@@ -1564,10 +1654,11 @@ mod tests {
         (
             arb_names(),
             any::<(u16, u16, u64, u64, u64, u64, u64)>(),
+            any::<(bool, bool)>(),
             prop::collection::vec(any::<u16>(), 0..40),
         )
             .prop_map(
-                |(names, (v, t, boot, seq, unix_ms, aboot, aseq), heard_nodes)| {
+                |(names, (v, t, boot, seq, unix_ms, aboot, aseq), (mature, told), heard_nodes)| {
                     let set = set_of(&names);
                     Report {
                         voter: NodeRef::new(v % set.len, &names[usize::from(v % set.len)]),
@@ -1580,6 +1671,8 @@ mod tests {
                             boot: aboot,
                             seq: aseq,
                         },
+                        mature,
+                        told,
                         bitmap: bitmap(set.len, heard_nodes.into_iter().map(usize::from)),
                     }
                 },

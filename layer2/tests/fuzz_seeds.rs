@@ -256,6 +256,8 @@ fn wire_seeds() -> Corpus {
             boot: 0x1234_5678_9abc_def0,
             seq: 42,
         },
+        mature: true,
+        told: true,
         bitmap: wire::bitmap(5000, (0..5000).filter(|i| i % 7 != 0)),
     };
     messages.push(("beat_longest".into(), longest.into()));

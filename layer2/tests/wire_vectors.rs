@@ -15,7 +15,8 @@
 //! def ref(i, name): return struct.pack(">H", i) + check(name)
 //! def sign(body): return body + hmac.new(KEY, body, hashlib.sha256).digest()[:16]
 //! # beat: b"FLB\x04", kind 1, flags, boot, seq, clock, set, name, interfaces, acks
-//! # report: b"FLB\x04", kind 2, voter ref, recipient ref, boot, seq, clock, set, ack, bitmap
+//! # report: b"FLB\x04", kind 2, voter ref, recipient ref, boot, seq, clock, set, ack,
+//! #   flags (one octet: 0x01 mature, 0x02 told), bitmap
 //! # part: b"FLB\x04", kind 3, voter ref, boot, seq, set, offset, length, slice
 //! ```
 //!
@@ -44,19 +45,21 @@ const BEAT_LEAVING: &str = "\
     00000000000000000000000000000000026e320000a482dc966814110626cffb\
     02adbbba9a";
 /// n0's report to n1 over {n0, n1, n2}: boot 0x11, sequence 0x100, clock 0x190_0000_0032 ms,
-/// acknowledging n1's beat (0x0102030405060708, 9), hearing n0 and n1 (bitmap 0xc0). 100 bytes.
+/// acknowledging n1's beat (0x0102030405060708, 9), mature and not told (flags 0x01), hearing n0
+/// and n1 (bitmap 0xc0). 101 bytes.
 const REPORT: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     110000000000000100000001900000003277ec47d1e8566ca98cd4d7ac6f3b72\
-    1e000301020304050607080000000000000009c05912b8c5db9ce110215a78a7\
-    edb18281";
+    1e00030102030405060708000000000000000901c05e5ac7357ca73cf2b78279\
+    557fcd75f7";
 /// n0's next report, over a set of 12,000 nodes (digest 0xab…, a set too large for the bitmap
-/// to travel inline): no bitmap. 99 bytes.
+/// to travel inline), mature and told (flags 0x03, kept in the head report when the bitmap goes
+/// in parts): no bitmap. 100 bytes.
 const REPORT_SPLIT: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     1100000000000001010000019000000032ababababababababababababababab\
-    ab2ee00102030405060708000000000000000939bb06a89c3c10ce1aeb72b2a0\
-    1a3e60";
+    ab2ee001020304050607080000000000000009032986a6b3b9f22c566777a9c7\
+    eafe5b66";
 /// The second and last part of that report's bitmap (all 0x5a): offset 1,403, 97 bytes. 166 bytes.
 const PART: &str = "\
     464c42040300001f6d68e718d110b300000000000000110000000000000101ab\
@@ -144,6 +147,8 @@ fn report() -> Report {
             boot: 0x0102_0304_0506_0708,
             seq: 9,
         },
+        mature: true,
+        told: false,
         bitmap: bitmap(3, [0, 1]),
     }
 }
@@ -152,6 +157,7 @@ fn report() -> Report {
 fn big_report() -> Report {
     Report {
         seq: 0x101,
+        told: true,
         set: big(),
         bitmap: vec![0x5a; 1500],
         ..report()
@@ -216,6 +222,8 @@ fn a_large_report_splits_into_the_pinned_parts_and_joins_back() {
         panic!("REPORT_SPLIT is not a report");
     };
     assert_eq!(got, head);
+    // The head keeps the report's flags; the parts do not carry them.
+    assert!(got.mature && got.told);
     assert_eq!(got.join([&parts[0], &last]).unwrap(), whole.bitmap);
     assert!(heard(&whole.bitmap, 1) && !heard(&whole.bitmap, 0));
 }
