@@ -23,6 +23,9 @@
 //!   table of live speakers that the quorum rule and owner choice run over.
 //! - [`wire`] is the membership wire format v4 (issue #34): member beats to voters, voters'
 //!   reports, sized to one Ethernet frame at any cluster size.
+//! - [`voters`] is the membership of issue #34: members beat to a few voters, act on a
+//!   majority of their reports, at a cost per node that does not grow with the cluster;
+//!   [`settling`] the waits (settle, claim delay) both designs share.
 //! - [`sim`] is the event-driven simulator of many speakers over these rules, with
 //!   faults and the one-owner invariants checked at every event.
 
@@ -33,6 +36,8 @@ pub mod owner;
 pub mod packet;
 pub mod quorum;
 pub mod replay;
+pub mod settling;
 pub mod sim;
 pub mod tenure;
+pub mod voters;
 pub mod wire;

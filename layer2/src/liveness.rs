@@ -48,7 +48,7 @@ impl Peer {
             heard_since: now,
             held_until: hold_of(None, &beat, now, hold),
             last: (beat.boot, beat.seq),
-            history: History::first(&beat, now, unix_ms),
+            history: History::first((&beat).into(), now, unix_ms),
             ready: beat.ready,
             leaving: beat.leaving,
             interfaces: beat.interfaces,
@@ -188,7 +188,7 @@ impl Membership {
         replay::check_window(beat.unix_ms, unix_ms)?;
         let was_alive = self.is_alive(&beat.node, now);
         if let Some(peer) = self.peers.get_mut(&beat.node) {
-            peer.history.admit(&beat, now)?;
+            peer.history.admit((&beat).into(), now)?;
             let hold_before = peer.held_until;
             let changed = peer.heard_again(beat, now, self.timeout, self.restart_hold);
             return Ok(changed || !was_alive || hold_before != peer.held_until);

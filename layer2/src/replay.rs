@@ -25,6 +25,29 @@ use std::time::Instant;
 
 use crate::heartbeat::{Heartbeat, HeartbeatError};
 
+/// What the replay rule reads of a message: its sender's boot, sequence number and clock. v3
+/// heartbeats and v4 beats and reports ([`crate::wire`]) carry the same three, so one rule
+/// serves both formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// Random per process start.
+    pub boot: u64,
+    /// Increases with every message of one boot.
+    pub seq: u64,
+    /// The sender's wall clock, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+impl From<&Heartbeat> for Stamp {
+    fn from(beat: &Heartbeat) -> Self {
+        Stamp {
+            boot: beat.boot,
+            seq: beat.seq,
+            unix_ms: beat.unix_ms,
+        }
+    }
+}
+
 /// Heartbeats whose timestamp is further than this from ours are refused: replays of old
 /// captures fail, while nodes kept within seconds by NTP pass.
 pub const CLOCK_WINDOW_MS: u64 = 30_000;
@@ -45,7 +68,7 @@ pub const MAX_BOOTS: usize = 4;
 
 /// Rule 1: a heartbeat stamped `beat_ms` when our wall clock reads `unix_ms` is refused when
 /// the two are further apart than [`CLOCK_WINDOW_MS`].
-pub(crate) fn check_window(beat_ms: u64, unix_ms: u64) -> Result<(), HeartbeatError> {
+pub fn check_window(beat_ms: u64, unix_ms: u64) -> Result<(), HeartbeatError> {
     let skew_ms = unix_ms.abs_diff(beat_ms);
     if skew_ms > CLOCK_WINDOW_MS {
         return Err(HeartbeatError::Clock { skew_ms });
@@ -56,7 +79,7 @@ pub(crate) fn check_window(beat_ms: u64, unix_ms: u64) -> Result<(), HeartbeatEr
 /// What the table remembers of a peer's heartbeats to tell new ones from replays (module docs,
 /// rules 2 to 4).
 #[derive(Clone, Debug)]
-pub(crate) struct History {
+pub struct History {
     /// Boots heard, each with the highest sequence number accepted from it; the boot heard last
     /// is at the end. At most [`MAX_BOOTS`].
     boots: Vec<(u64, u64)>,
@@ -80,7 +103,7 @@ const MAX_AHEAD: usize = 128;
 impl History {
     /// The state after the first heartbeat heard from a peer. With nothing known of its clock,
     /// ours stands in for it (rule 4).
-    pub(crate) fn first(beat: &Heartbeat, now: Instant, unix_ms: u64) -> Self {
+    pub fn first(beat: Stamp, now: Instant, unix_ms: u64) -> Self {
         let mut history = History {
             boots: Vec::new(),
             newest_ms: 0,
@@ -100,7 +123,7 @@ impl History {
     }
 
     /// Decides whether `beat` is new (rules 2 and 3) and, if so, records it (rule 4).
-    pub(crate) fn admit(&mut self, beat: &Heartbeat, now: Instant) -> Result<(), HeartbeatError> {
+    pub fn admit(&mut self, beat: Stamp, now: Instant) -> Result<(), HeartbeatError> {
         if self.ahead.contains(&(beat.boot, beat.seq, beat.unix_ms)) {
             // Accepted before with a capped timestamp: the time rule alone would take it again.
             return Err(HeartbeatError::Replay);
@@ -127,7 +150,7 @@ impl History {
     /// Records an accepted heartbeat: its sequence for its boot, its timestamp capped at the
     /// clock estimate plus [`MAX_LEAD_MS`]. A capped one moves the estimate on by the lead and is
     /// remembered until the recorded time passes it.
-    fn record(&mut self, beat: &Heartbeat, now: Instant) {
+    fn record(&mut self, beat: Stamp, now: Instant) {
         let cap = self.clock(now).saturating_add(MAX_LEAD_MS);
         if beat.unix_ms > cap {
             self.clock_ms = cap;

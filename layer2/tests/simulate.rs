@@ -61,40 +61,6 @@ fn splits(report: &Report) -> Vec<&Violation> {
         .collect()
 }
 
-/// One fault of every kind the simulator has, on cluster of `n`, picked by `pick` with its
-/// parameters drawn from `p` (0 to 999).
-fn fault_kind(n: usize, pick: u8, node: usize, p: u64) -> FaultKind {
-    let node = node % n;
-    match pick % 9 {
-        0 => FaultKind::Cut(vec![node]),
-        1 => FaultKind::Cut((0..n).filter(|i| i * 3 / n == node % 3).collect()),
-        2 => FaultKind::halves(n),
-        3 => FaultKind::Loss {
-            from: Some(node),
-            to: None,
-            fraction: 0.2 + 0.8 * p as f64 / 1_000.0,
-        },
-        4 => FaultKind::Loss {
-            from: None,
-            to: Some(node),
-            fraction: 0.2 + 0.8 * p as f64 / 1_000.0,
-        },
-        5 => FaultKind::Delay {
-            from: node,
-            extra: p * MS,
-        },
-        6 => FaultKind::Freeze(node),
-        7 => FaultKind::Restart {
-            node,
-            graceful: None,
-        },
-        _ => FaultKind::Restart {
-            node,
-            graceful: Some(p.is_multiple_of(2)),
-        },
-    }
-}
-
 /// Cluster sizes: mostly small (fast), some up to 50.
 fn sizes() -> impl Strategy<Value = usize> {
     prop_oneof![4 => 5usize..=9, 1 => 10usize..=50]
@@ -123,7 +89,7 @@ proptest! {
         at in 3_500u64..4_000,
         length in 200u64..2_500,
     ) {
-        let kind = fault_kind(n, pick, node, p);
+        let kind = FaultKind::pick(n, pick, node, p);
         let loop_first = matches!(kind, FaultKind::Freeze(_)) && seed % 2 == 0;
         let fault = Fault { at: at * MS, heal: (at + length) * MS, kind };
         let design = Legacy { loop_first, ..Legacy::default() };

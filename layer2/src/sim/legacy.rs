@@ -24,13 +24,14 @@
 //! simulator share one copy.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Answer, Design, Dest, Env, MS, Micros, Outbox, micros};
 use crate::damping::Damping;
 use crate::heartbeat::{Heard, Heartbeat};
 use crate::liveness::{Member, Membership};
 use crate::quorum::{self, Verdict};
+use crate::settling::Settling;
 use crate::tenure::{self, SentLog, Starvation, Tenure};
 
 /// Heartbeat intervals between saying `ready` and claiming IPs (the speaker's
@@ -68,27 +69,6 @@ impl Default for Legacy {
             loop_latency: MS,
             loop_first: false,
         }
-    }
-}
-
-/// The speaker's `Settling`: a node may own IPs a wait after it became able to.
-#[derive(Clone, Copy, Debug, Default)]
-struct Settling {
-    settled_at: Option<Instant>,
-}
-
-impl Settling {
-    fn observe(&mut self, able: bool, now: Instant, wait: Duration) -> bool {
-        match (able, self.settled_at) {
-            (true, None) => self.settled_at = Some(now + wait),
-            (false, Some(_)) => self.settled_at = None,
-            _ => {}
-        }
-        self.settled_at.is_some_and(|t| now >= t)
-    }
-
-    fn wake_at(&self, now: Instant) -> Option<Instant> {
-        self.settled_at.filter(|t| *t > now)
     }
 }
 

@@ -10,7 +10,8 @@
 //! of its [`Cluster`] (seed included) and its faults, so any failure replays exactly.
 //!
 //! **Designs.** How a speaker behaves is a [`Design`]: today's membership (every speaker
-//! heartbeats every other, [`Legacy`]) is one; the voters of issue #34 step 3 plug in as another.
+//! heartbeats every other, [`Legacy`]) is one; the voters of issue #34 ([`VotersDesign`]) are
+//! another.
 //! The engine owns the network, the faults, the speakers' lifecycles (start, freeze, leave,
 //! restart) and the invariants; a design owns what a speaker does with its timers and datagrams,
 //! and says which IPs it answers for and until when.
@@ -34,6 +35,7 @@
 
 mod legacy;
 mod rng;
+mod voters;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
@@ -42,6 +44,7 @@ use std::time::{Duration, Instant};
 
 pub use legacy::{Legacy, LegacyNode};
 pub use rng::Rng;
+pub use voters::{VoterMessage, VotersDesign, VotersNode};
 
 /// Simulated time: microseconds since the start of a run.
 pub type Micros = u64;
@@ -122,6 +125,12 @@ pub enum Mutation {
     IgnoreQuorum,
     /// Both of the above: the rules before decision 0015.
     IgnoreQuorumAndTenure,
+    /// Voters only: a voter's reports say its acknowledgements are mature from the first beat
+    /// it hears of a node, not after 1.5 failure timeouts without a silence.
+    ImmatureAcks,
+    /// Voters only: a member claims without being told by a majority of the voters that every
+    /// member holds a report listing it ready.
+    NoTold,
 }
 
 impl Mutation {
@@ -437,6 +446,43 @@ impl FaultKind {
     /// A 50/50 split of `n` nodes (the first half against the second).
     pub fn halves(n: usize) -> Self {
         FaultKind::Split((0..n).map(|i| u8::from(i >= n / 2)).collect())
+    }
+
+    /// One fault of every kind the simulator has on a cluster of `n` (the property tests'
+    /// generator): `pick` chooses the kind (9 kinds), `node` the node it strikes (modulo `n`),
+    /// `p` (0 to 999) its parameter: the fraction lost, 0.2 to 1, or the delay in
+    /// milliseconds, or for a graceful stop whether it asks for the restart hold.
+    pub fn pick(n: usize, pick: u8, node: usize, p: u64) -> Self {
+        let node = node % n.max(1);
+        let fraction = 0.2 + 0.8 * p as f64 / 1_000.0;
+        match pick % 9 {
+            0 => FaultKind::Cut(vec![node]),
+            1 => FaultKind::Cut((0..n).filter(|i| i * 3 / n == node % 3).collect()),
+            2 => FaultKind::halves(n),
+            3 => FaultKind::Loss {
+                from: Some(node),
+                to: None,
+                fraction,
+            },
+            4 => FaultKind::Loss {
+                from: None,
+                to: Some(node),
+                fraction,
+            },
+            5 => FaultKind::Delay {
+                from: node,
+                extra: p * MS,
+            },
+            6 => FaultKind::Freeze(node),
+            7 => FaultKind::Restart {
+                node,
+                graceful: None,
+            },
+            _ => FaultKind::Restart {
+                node,
+                graceful: Some(p.is_multiple_of(2)),
+            },
+        }
     }
 
     /// A three-way split of `n` nodes into thirds.

@@ -15,7 +15,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_layer2::liveness::Member;
@@ -26,30 +25,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::l2::plan::Plan;
 use crate::view::{ServiceView, slice_service};
 
-/// When this node may own IPs: [`Settling::observe`] each step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Settling {
-    settled_at: Option<Instant>,
-}
-
-impl Settling {
-    /// Takes in whether the node can announce (`able`: it has a usable interface) at `now`;
-    /// returns whether it may own IPs. Once able, it may after `wait`; no longer able, it starts
-    /// over.
-    pub fn observe(&mut self, able: bool, now: Instant, wait: Duration) -> bool {
-        match (able, self.settled_at) {
-            (true, None) => self.settled_at = Some(now + wait),
-            (false, Some(_)) => self.settled_at = None,
-            _ => {}
-        }
-        self.settled_at.is_some_and(|t| now >= t)
-    }
-
-    /// When the loop must wake to let the node own IPs, if that is still ahead of `now`.
-    pub fn wake_at(&self, now: Instant) -> Option<Instant> {
-        self.settled_at.filter(|t| *t > now)
-    }
-}
+/// The settle wait, shared with the simulator and the voters' rules.
+pub use ferrolb_layer2::settling::Settling;
 
 /// The Services planning reads, with their UIDs (Events attach to a Service's incarnation).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -205,6 +182,7 @@ mod tests {
     use super::*;
     use crate::l2::plan::Announcement;
     use ferrolb_testkit::objects;
+    use std::time::{Duration, Instant};
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey::new("default", name)

@@ -1,0 +1,397 @@
+//! The voters' membership ([`crate::voters`], issue #34) as a [`Design`]: every node beats to a
+//! few voters every interval; each voter answers with a report; each node decides on a majority
+//! of the voters' reports ([`Member::check`]).
+//!
+//! A [`VotersNode`] is one speaker process: a [`Member`] on every node, and a [`Voter`] on the
+//! nodes chosen as voters ([`crate::voters::spread`] over the racks). It runs the same loop as
+//! today's speaker ([`super::Legacy`]): a beat every interval (its own voter, if it is one, takes
+//! it in without the network), a check every interval and soon after a report that changed
+//! something, the voter's sweep every quarter interval. Every beat and report is encoded and
+//! signed for real: the sizes counted are the wire format's ([`crate::wire`]).
+
+use std::cell::OnceCell;
+use std::sync::Arc;
+
+use super::{Answer, Design, Dest, Env, MS, Micros, Mutation, Outbox, micros};
+use crate::heartbeat::KeyRing;
+use crate::voters::{Member, Roster, Rules, Timers, Voter, spread};
+use crate::wire::{Beat, Message, Report, heard};
+
+/// Pause between the three beats a leaving speaker sends.
+const LEAVE_GAP: Micros = 20 * MS;
+
+/// The key the simulated speakers sign with.
+const KEY: &[u8] = b"ferrolb-simulator-gossip-key-000";
+
+/// What voters and members send each other.
+#[derive(Clone, Debug)]
+pub enum VoterMessage {
+    /// Member → voter.
+    Beat(Beat),
+    /// Voter → member.
+    Report(Report),
+}
+
+/// The voters' design.
+#[derive(Clone, Debug)]
+pub struct VotersDesign {
+    /// How many voters (rounded down to an odd number above 2; at most the nodes).
+    pub voters: usize,
+    /// How long after its start a speaker's loop runs its first check (caches sync).
+    pub caches_sync: Micros,
+    /// How long after a report that changed something the loop runs its check.
+    pub loop_latency: Micros,
+    /// Between two sweeps of a voter's table.
+    pub sweep_every: Micros,
+    /// The roster, the voters and the signing ring, built at the first start.
+    shared: OnceCell<Shared>,
+}
+
+#[derive(Clone, Debug)]
+struct Shared {
+    roster: Arc<Roster>,
+    voters: Vec<u16>,
+    keys: KeyRing,
+}
+
+impl Default for VotersDesign {
+    fn default() -> Self {
+        VotersDesign {
+            voters: 5,
+            caches_sync: 50 * MS,
+            loop_latency: MS,
+            sweep_every: 25 * MS,
+            shared: OnceCell::new(),
+        }
+    }
+}
+
+impl VotersDesign {
+    /// `count` voters and the defaults otherwise.
+    pub fn with_voters(count: usize) -> Self {
+        VotersDesign {
+            voters: count,
+            ..Self::default()
+        }
+    }
+
+    fn shared(&self, env: &Env) -> &Shared {
+        self.shared.get_or_init(|| build_shared(env, self.voters))
+    }
+
+    /// The voters chosen for `env` (node indexes).
+    pub fn voter_nodes(&self, env: &Env) -> Vec<usize> {
+        self.shared(env)
+            .voters
+            .iter()
+            .map(|&v| usize::from(v))
+            .collect()
+    }
+}
+
+fn build_shared(env: &Env, count: usize) -> Shared {
+    // The simulator's names are valid and fewer than 65,536: this cannot fail.
+    let roster =
+        Roster::new(env.names.iter().map(String::as_str)).unwrap_or_else(|_| unreachable_roster());
+    let domains: Vec<(String, String)> = env
+        .names
+        .iter()
+        .zip(&env.racks)
+        .map(|(n, r)| (n.clone(), format!("rack{r:03}")))
+        .collect();
+    let voters = spread(&domains, count)
+        .iter()
+        .filter_map(|n| roster.index(n))
+        .collect();
+    let keys = KeyRing::new([KEY.to_vec()]).unwrap_or_else(|_| unreachable_ring());
+    Shared {
+        roster: Arc::new(roster),
+        voters,
+        keys,
+    }
+}
+
+#[allow(clippy::panic)]
+fn unreachable_roster() -> Roster {
+    panic!("the simulator's node names form a valid presence set")
+}
+
+#[allow(clippy::panic)]
+fn unreachable_ring() -> KeyRing {
+    panic!("the simulator's key is valid")
+}
+
+/// One speaker process of the voters' design.
+#[derive(Debug)]
+pub struct VotersNode {
+    me: usize,
+    member: Member,
+    voter: Option<Voter>,
+    voters: Vec<u16>,
+    keys: KeyRing,
+    interfaces: Vec<String>,
+    next_beat: Micros,
+    next_sweep: Micros,
+    loop_wake: Micros,
+    claims: bool,
+    candidates: Vec<u8>,
+    plan: Vec<u32>,
+    until: Micros,
+    left: bool,
+    immature_acks: bool,
+    /// Checks run, and reports that changed what a check reads.
+    checks: u64,
+    changes: u64,
+}
+
+impl VotersNode {
+    /// Whether it claims IPs now.
+    pub fn claims(&self) -> bool {
+        self.claims
+    }
+
+    /// Whether this node runs a voter.
+    pub fn is_voter(&self) -> bool {
+        self.voter.is_some()
+    }
+
+    /// Checks its loop ran, and how many reports changed what a check reads.
+    pub fn checks(&self) -> (u64, u64) {
+        (self.checks, self.changes)
+    }
+
+    fn sign(&self, msg: Message) -> usize {
+        // Signed for real: the bytes counted are the wire format's. The simulator's messages
+        // are all valid.
+        msg.encode(&self.keys).map_or(usize::MAX, |b| b.len())
+    }
+
+    fn beat(&mut self, env: &Env, now: Micros, after: Micros, out: &mut Outbox<VoterMessage>) {
+        let at = env.instant(now);
+        let beat = self.member.beat(at, env.unix_ms(now), &self.interfaces);
+        let bytes = self.sign(Message::Beat(beat.clone()));
+        for &v in &self.voters {
+            let v = usize::from(v);
+            if v == self.me {
+                continue;
+            }
+            out.send(Dest::One(v), VoterMessage::Beat(beat.clone()), bytes, after);
+        }
+        if after == 0 {
+            self.own_voter_takes(env, &beat, now);
+        }
+    }
+
+    /// This node's own voter takes its beat in directly.
+    fn own_voter_takes(&mut self, env: &Env, beat: &Beat, now: Micros) {
+        let at = env.instant(now);
+        let Some(voter) = self.voter.as_mut() else {
+            return;
+        };
+        if let Ok(Some(mut report)) = voter.receive(beat, at, env.unix_ms(now)) {
+            if self.immature_acks {
+                report.mature = true;
+            }
+            if let Ok(true) = self.member.receive_local(report, at) {
+                self.changes += 1;
+            }
+        }
+    }
+
+    fn step(&mut self, env: &Env, now: Micros) {
+        self.checks += 1;
+        let at = env.instant(now);
+        let check = self.member.check(at, true);
+        if check.candidates != self.candidates {
+            self.candidates = check.candidates;
+            self.replan(env);
+        }
+        self.claims = check.claims;
+        if check.claims {
+            self.until = check.answer_until.map_or(now, |u| env.micros(u));
+        }
+        let periodic = now + micros(env.timing.interval);
+        let timer = self
+            .member
+            .next_wake(at)
+            .map(|t| env.micros(t) + MS)
+            .unwrap_or(Micros::MAX);
+        self.loop_wake = periodic.min(timer);
+    }
+
+    fn replan(&mut self, env: &Env) {
+        self.plan.clear();
+        if !heard(&self.candidates, self.me) {
+            return;
+        }
+        let members: Vec<usize> = (0..env.names.len())
+            .filter(|&i| heard(&self.candidates, i))
+            .collect();
+        for ip in 0..env.ips.len() {
+            if env.owner(ip, members.iter().copied()) == Some(self.me) {
+                self.plan.push(u32::try_from(ip).unwrap_or(u32::MAX));
+            }
+        }
+    }
+}
+
+impl Design for VotersDesign {
+    type Node = VotersNode;
+    type Message = VoterMessage;
+
+    fn name(&self) -> &'static str {
+        "voters"
+    }
+
+    fn start(&self, env: &Env, me: usize, boot: u64, now: Micros) -> VotersNode {
+        let shared = self.shared(env);
+        let timers = Timers {
+            interval: env.timing.interval,
+            timeout: env.timing.timeout,
+            restart_hold: env.timing.restart_hold,
+            flap_damping: env.timing.flap_damping,
+        };
+        let index = u16::try_from(me).unwrap_or(u16::MAX);
+        let at = env.instant(now);
+        let mut member = Member::new(shared.roster.clone(), index, boot, &shared.voters, timers);
+        member.rules = Rules {
+            quorum: !env.mutation.ignore_quorum(),
+            tenure: !env.mutation.no_tenure(),
+            told: !env.mutation.no_tenure() && env.mutation != Mutation::NoTold,
+        };
+        let voter = shared
+            .voters
+            .contains(&index)
+            .then(|| Voter::new(shared.roster.clone(), index, boot ^ 0x5eed, timers, at));
+        VotersNode {
+            me,
+            member,
+            voter,
+            voters: shared.voters.clone(),
+            keys: shared.keys.clone(),
+            interfaces: vec!["eth0".to_string()],
+            next_beat: now,
+            next_sweep: now,
+            loop_wake: now + self.caches_sync,
+            claims: false,
+            candidates: Vec::new(),
+            plan: Vec::new(),
+            until: 0,
+            left: false,
+            immature_acks: env.mutation == Mutation::ImmatureAcks,
+            checks: 0,
+            changes: 0,
+        }
+    }
+
+    fn wake(&self, env: &Env, node: &mut VotersNode, now: Micros, out: &mut Outbox<VoterMessage>) {
+        if node.left {
+            return;
+        }
+        if now >= node.next_sweep {
+            if let Some(v) = node.voter.as_mut() {
+                v.sweep(env.instant(now));
+            }
+            node.next_sweep = (node.next_sweep + self.sweep_every).max(now + 1);
+        }
+        if now >= node.next_beat {
+            node.beat(env, now, 0, out);
+            let interval = micros(env.timing.interval);
+            node.next_beat += interval;
+            if node.next_beat <= now {
+                // Missed ticks are delayed, not burst (a frozen process resumes).
+                node.next_beat = now + interval;
+            }
+        }
+        if now >= node.loop_wake {
+            node.step(env, now);
+        }
+    }
+
+    fn receive(
+        &self,
+        env: &Env,
+        node: &mut VotersNode,
+        msg: &VoterMessage,
+        now: Micros,
+        out: &mut Outbox<VoterMessage>,
+    ) {
+        if node.left {
+            return;
+        }
+        let at = env.instant(now);
+        match msg {
+            VoterMessage::Beat(beat) => {
+                let immature_acks = node.immature_acks;
+                let Some(voter) = node.voter.as_mut() else {
+                    return;
+                };
+                let Ok(Some(mut report)) = voter.receive(beat, at, env.unix_ms(now)) else {
+                    return;
+                };
+                if immature_acks {
+                    report.mature = true;
+                }
+                let to = usize::from(report.to.index);
+                let bytes = node.sign(Message::Report(report.clone()));
+                out.send(Dest::One(to), VoterMessage::Report(report), bytes, 0);
+            }
+            VoterMessage::Report(report) => {
+                if let Ok(true) = node.member.receive(report.clone(), at, env.unix_ms(now)) {
+                    node.changes += 1;
+                    node.loop_wake = node.loop_wake.min(now + self.loop_latency);
+                }
+            }
+        }
+    }
+
+    fn leave(
+        &self,
+        env: &Env,
+        node: &mut VotersNode,
+        replaced: bool,
+        now: Micros,
+        out: &mut Outbox<VoterMessage>,
+    ) {
+        node.member.leave(replaced);
+        node.claims = false;
+        node.plan.clear();
+        node.until = 0;
+        node.voter = None;
+        for k in 0..3 {
+            node.beat(env, now, LEAVE_GAP * k, out);
+        }
+        node.left = true;
+    }
+
+    fn next_wake(&self, node: &VotersNode) -> Micros {
+        if node.left {
+            return Micros::MAX;
+        }
+        let sweep = if node.voter.is_some() {
+            node.next_sweep
+        } else {
+            Micros::MAX
+        };
+        node.next_beat.min(node.loop_wake).min(sweep)
+    }
+
+    fn answer<'a>(&self, node: &'a VotersNode) -> Answer<'a> {
+        Answer {
+            ips: &node.plan,
+            until: if node.claims { node.until } else { 0 },
+        }
+    }
+
+    fn claims(&self, node: &VotersNode) -> bool {
+        node.claims
+    }
+
+    fn startup(&self, env: &Env) -> Micros {
+        // Settling (one timeout) and the claim delay; told needs the voters to list it ready
+        // and every member to acknowledge that, or 1.5 timeouts; a voter process restarting
+        // listens a timeout first.
+        let t = env.timing;
+        micros(t.timeout * 5 / 2 + t.interval * 3)
+    }
+}

@@ -1,0 +1,537 @@
+//! A member: beats to the voters, keeps their latest reports and decides whether it may own IPs,
+//! which nodes are candidates, and until when it may answer.
+//!
+//! The rules are today's (decision 0015 and the speaker's gate) with the voters' reports in
+//! place of every peer's heartbeat:
+//!
+//! 1. **Quorum**: fresh reports (received within the failure timeout) from a majority of the
+//!    voters acknowledge a beat of this process: they hear it, and it hears them.
+//! 2. **Settle**: a usable interface for one failure timeout first.
+//! 3. **Flap damping** and **starvation** as in today's design ([`crate::damping`],
+//!    [`crate::tenure::Starvation`]).
+//! 4. **Candidates**: the union of the fresh reports' bitmaps; this node among them only while
+//!    it claims.
+//! 5. **Tenure**: from the mature acknowledgements of the voters other than itself, the
+//!    earliest instant a majority of them can have stopped listing it; answering ends half an
+//!    interval before.
+//! 6. **Claim**: acting for the claim delay (three intervals), a tenure, and `told` from a
+//!    majority of the voters in reports that acknowledge a beat sent after its last
+//!    resignation.
+//! 7. **Resignation**: a beat that said not ready (its loop had not confirmed within the
+//!    mandate) ends the claim, which is earned again as at a rejoin (decision 0015,
+//!    amendment of 2026-12-06).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::damping::Damping;
+use crate::heartbeat::HeartbeatError;
+use crate::replay::{self, History, Stamp};
+use crate::settling::Settling;
+use crate::tenure::{SentLog, Starvation, Tenure};
+use crate::wire::{Ack, Beat, Report, bitmap};
+
+use super::{Roster, Timers, majority, smallest_takeover};
+
+/// Heartbeat intervals between saying `ready` and claiming IPs (as today).
+pub const CLAIM_AFTER_BEATS: u32 = 3;
+
+/// Why a report was not taken in.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MemberError {
+    /// Not from one of our voters, or for another node.
+    #[error("report not from a voter of ours to us")]
+    NotOurs,
+    /// Over another presence set: its bitmap would be read against the wrong names.
+    #[error("report over another presence set")]
+    OtherSet,
+    /// Refused by the replay rule.
+    #[error("report refused: {0}")]
+    Replay(#[from] HeartbeatError),
+}
+
+/// Rules of the member that the simulator switches off to show that its invariants catch the
+/// split each one prevents. Everything else leaves them all on ([`Rules::default`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// Act only with a quorum of voters (rule 1).
+    pub quorum: bool,
+    /// Answer only within the tenure (rule 5).
+    pub tenure: bool,
+    /// Claim only once told by a majority (rule 6).
+    pub told: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            quorum: true,
+            tenure: true,
+            told: true,
+        }
+    }
+}
+
+/// A voter's latest report, as held.
+#[derive(Clone, Debug)]
+struct Held {
+    report: Report,
+    at: Instant,
+}
+
+/// What one check decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// This node acts (may own IPs; its beats say ready while confirmed).
+    pub acts: bool,
+    /// It claims IPs: it is among the candidates it plans with.
+    pub claims: bool,
+    /// The candidates, as a bitmap over the roster.
+    pub candidates: Vec<u8>,
+    /// It may answer for what it owns until then (`None`: not at all).
+    pub answer_until: Option<Instant>,
+}
+
+/// One member process.
+#[derive(Clone, Debug)]
+pub struct Member {
+    roster: Arc<Roster>,
+    me: u16,
+    name: String,
+    boot: u64,
+    seq: u64,
+    sent: SentLog,
+    timers: Timers,
+    /// Roster indexes of the voters, ascending.
+    voters: Vec<u16>,
+    /// Per voter (same order), its latest report and replay history.
+    held: Vec<Option<Held>>,
+    histories: Vec<Option<History>>,
+    /// This node's position among the voters, if it is one.
+    my_voter: Option<usize>,
+    /// Gate state.
+    settling: Settling,
+    damping: Damping,
+    claim: Settling,
+    claiming: bool,
+    candidate: bool,
+    starvation: Starvation,
+    /// It has had a quorum since it settled: only then is losing it a flap.
+    had_quorum: bool,
+    /// The latest `ready: false` beat sent, and the one the last check read.
+    last_unready_seq: u64,
+    unready_seq: u64,
+    /// What the beats say.
+    ready: bool,
+    confirmed: Option<Instant>,
+    leaving: bool,
+    restarting: bool,
+    /// The rules in force.
+    pub rules: Rules,
+}
+
+impl Member {
+    /// A member process started at `now` on the node at `me` of `roster`, with a random `boot`,
+    /// beating to `voters` (roster indexes).
+    pub fn new(roster: Arc<Roster>, me: u16, boot: u64, voters: &[u16], timers: Timers) -> Self {
+        let mut voters = voters.to_vec();
+        voters.sort_unstable();
+        voters.dedup();
+        let name = roster.name(me).unwrap_or_default().to_string();
+        Member {
+            my_voter: voters.iter().position(|&v| v == me),
+            held: vec![None; voters.len()],
+            histories: vec![None; voters.len()],
+            voters,
+            roster,
+            me,
+            name,
+            boot,
+            seq: 0,
+            sent: SentLog::new(boot),
+            timers,
+            settling: Settling::default(),
+            damping: Damping::new(),
+            claim: Settling::default(),
+            claiming: false,
+            candidate: false,
+            starvation: Starvation::default(),
+            had_quorum: false,
+            last_unready_seq: 0,
+            unready_seq: 0,
+            ready: false,
+            confirmed: None,
+            leaving: false,
+            restarting: false,
+            rules: Rules::default(),
+        }
+    }
+
+    /// The voters (roster indexes).
+    pub fn voters(&self) -> &[u16] {
+        &self.voters
+    }
+
+    /// The node's roster index.
+    pub fn me(&self) -> u16 {
+        self.me
+    }
+
+    /// Whether it claims IPs (as of the last check).
+    pub fn claims(&self) -> bool {
+        self.claiming
+    }
+
+    /// The next beat, sent at `now` (wall clock `unix_ms`) to every voter. It says ready only
+    /// while the last check that found the node acting is within the mandate.
+    pub fn beat(&mut self, now: Instant, unix_ms: u64, interfaces: &[String]) -> Beat {
+        self.seq += 1;
+        self.sent.record(self.seq, now);
+        let ready = self.ready
+            && !self.leaving
+            && self
+                .confirmed
+                .is_some_and(|c| now.saturating_duration_since(c) <= self.timers.mandate());
+        if !ready {
+            self.last_unready_seq = self.seq;
+        }
+        let acks = self
+            .voters
+            .iter()
+            .zip(&self.held)
+            .filter_map(|(&v, held)| {
+                let held = held.as_ref()?;
+                Some(Ack {
+                    voter: self.roster.node_ref(v)?,
+                    seen: crate::wire::Seen {
+                        boot: held.report.boot,
+                        seq: held.report.seq,
+                    },
+                })
+            })
+            .collect();
+        Beat {
+            node: self.name.clone(),
+            boot: self.boot,
+            seq: self.seq,
+            unix_ms,
+            ready,
+            leaving: self.leaving,
+            restarting: self.leaving && self.restarting,
+            set: self.roster.id(),
+            interfaces: interfaces.iter().cloned().collect(),
+            acks,
+        }
+    }
+
+    /// Takes in `report`, which arrived at `now` (our wall clock `unix_ms`). Returns whether it
+    /// changed what a check reads (its bitmap, or what it says of this node).
+    pub fn receive(
+        &mut self,
+        report: Report,
+        now: Instant,
+        unix_ms: u64,
+    ) -> Result<bool, MemberError> {
+        let slot = self.slot_of(&report)?;
+        replay::check_window(report.unix_ms, unix_ms)?;
+        let stamp = Stamp {
+            boot: report.boot,
+            seq: report.seq,
+            unix_ms: report.unix_ms,
+        };
+        match self.histories[slot].as_mut() {
+            Some(h) => h.admit(stamp, now)?,
+            None => self.histories[slot] = Some(History::first(stamp, now, unix_ms)),
+        }
+        Ok(self.hold(slot, report, now))
+    }
+
+    /// Takes in the report of this node's own voter (no network, so no replay rule).
+    pub fn receive_local(&mut self, report: Report, now: Instant) -> Result<bool, MemberError> {
+        let slot = self.slot_of(&report)?;
+        Ok(self.hold(slot, report, now))
+    }
+
+    fn slot_of(&self, report: &Report) -> Result<usize, MemberError> {
+        if report.set != self.roster.id() {
+            return Err(MemberError::OtherSet);
+        }
+        if report.to.index != self.me || !self.roster.knows(&report.to) {
+            return Err(MemberError::NotOurs);
+        }
+        let slot = self
+            .voters
+            .binary_search(&report.voter.index)
+            .map_err(|_| MemberError::NotOurs)?;
+        if !self.roster.knows(&report.voter) {
+            return Err(MemberError::NotOurs);
+        }
+        Ok(slot)
+    }
+
+    fn hold(&mut self, slot: usize, report: Report, now: Instant) -> bool {
+        let changed = self.held[slot].as_ref().is_none_or(|h| {
+            now.saturating_duration_since(h.at) >= self.timers.timeout
+                || h.report.bitmap != report.bitmap
+                || (h.report.ack.boot == self.boot) != (report.ack.boot == self.boot)
+                || h.report.told != report.told
+                || h.report.mature != report.mature
+        });
+        self.held[slot] = Some(Held { report, at: now });
+        changed
+    }
+
+    /// The fresh reports at `now`, with their voter's position.
+    fn fresh(&self, now: Instant) -> impl Iterator<Item = (usize, &Report)> {
+        let timeout = self.timers.timeout;
+        self.held.iter().enumerate().filter_map(move |(i, h)| {
+            let h = h.as_ref()?;
+            (now.saturating_duration_since(h.at) < timeout).then_some((i, &h.report))
+        })
+    }
+
+    /// Whether `report` acknowledges a beat of this process.
+    fn hears_me(&self, report: &Report) -> bool {
+        report.ack.boot == self.boot && report.ack.seq > 0
+    }
+
+    /// Whether the voters at positions `set` are a majority.
+    fn majority_of(&self, set: impl Iterator<Item = usize>) -> bool {
+        let mut count = 0;
+        let mut lowest = false;
+        for i in set {
+            count += 1;
+            lowest |= i == 0;
+        }
+        majority(count, lowest, self.voters.len())
+    }
+
+    /// The tenure at `now` from the mature acknowledgements of the voters other than this node.
+    pub fn tenure(&self, now: Instant) -> Tenure {
+        let v = self.voters.len();
+        let needed = smallest_takeover(v, self.my_voter);
+        let others = v - usize::from(self.my_voter.is_some());
+        if needed > others || v == 0 {
+            return if v == 0 {
+                Tenure::Lapsed
+            } else {
+                Tenure::Unbounded
+            };
+        }
+        let mut bounds: Vec<Option<Instant>> = (0..v)
+            .filter(|&i| Some(i) != self.my_voter)
+            .map(|i| {
+                let h = self.held[i].as_ref()?;
+                let fresh = now.saturating_duration_since(h.at) < self.timers.timeout;
+                let r = &h.report;
+                if !fresh || !r.mature || !self.hears_me(r) {
+                    return None;
+                }
+                Some(self.sent.sent_at(r.ack.seq)? + self.timers.timeout)
+            })
+            .collect();
+        bounds.sort();
+        match bounds.get(needed - 1).copied().flatten() {
+            Some(at) => Tenure::Until(at),
+            None => Tenure::Lapsed,
+        }
+    }
+
+    /// One check at `now`: `usable` whether the node has an interface that can announce.
+    pub fn check(&mut self, now: Instant, usable: bool) -> Check {
+        let t = self.timers;
+        let settled = self.settling.observe(usable, now, t.timeout);
+        let quorum = !self.rules.quorum
+            || self.majority_of(
+                self.fresh(now)
+                    .filter(|(_, r)| self.hears_me(r))
+                    .map(|(i, _)| i),
+            );
+        let answer_until = if self.rules.tenure {
+            self.tenure(now)
+                .cap(now + t.mandate(), t.interval / 2)
+                .filter(|until| *until > now)
+        } else {
+            Some(now + t.mandate())
+        };
+        let starved =
+            self.starvation
+                .observe(self.candidate, answer_until.is_some(), now, t.timeout);
+        // A process that has not had a quorum yet has lost nothing: when a whole cluster
+        // starts, its voters listen for a timeout before the first report.
+        self.had_quorum |= settled && quorum;
+        if settled && t.flap_damping && self.had_quorum {
+            self.damping.observe(quorum && !starved, now);
+        }
+        let held = self.damping.held_until(now).is_some();
+        let acts = settled && quorum && !held && !starved;
+        let claim_wait = t.interval * CLAIM_AFTER_BEATS;
+        if self.last_unready_seq > self.unready_seq {
+            // Rule 7: a not-ready beat since the last check resigned.
+            self.unready_seq = self.last_unready_seq;
+            self.claiming = false;
+            self.claim.observe(false, now, claim_wait);
+        }
+        let delay_over = self.claim.observe(acts, now, claim_wait);
+        self.candidate = delay_over;
+        let told = !self.rules.told
+            || self.majority_of(
+                self.fresh(now)
+                    .filter(|(_, r)| self.hears_me(r) && r.told && r.ack.seq > self.unready_seq)
+                    .map(|(i, _)| i),
+            );
+        let claims = delay_over && (self.claiming || (answer_until.is_some() && told));
+        self.claiming = claims;
+        self.ready = acts;
+        self.confirmed = Some(now);
+        let mut candidates = bitmap(u16::try_from(self.roster.len()).unwrap_or(u16::MAX), []);
+        for (_, r) in self.fresh(now) {
+            for (c, b) in candidates.iter_mut().zip(&r.bitmap) {
+                *c |= b;
+            }
+        }
+        let (byte, bit) = (usize::from(self.me) / 8, 0x80u8 >> (self.me % 8));
+        if let Some(c) = candidates.get_mut(byte) {
+            if claims {
+                *c |= bit;
+            } else {
+                *c &= !bit;
+            }
+        }
+        Check {
+            acts,
+            claims,
+            candidates,
+            answer_until: if claims { answer_until } else { None },
+        }
+    }
+
+    /// When a check must run even without a report or a beat: a wait ending, or a held report
+    /// going stale.
+    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let timeout = self.timers.timeout;
+        let stale = self
+            .held
+            .iter()
+            .flatten()
+            .map(|h| h.at + timeout)
+            .filter(|at| *at > now)
+            .min();
+        [self.settling.wake_at(now), self.claim.wake_at(now), stale]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The process stops gracefully (`replaced`: a successor follows on this node): it stops
+    /// claiming at once, and its next beats say leaving.
+    pub fn leave(&mut self, replaced: bool) {
+        self.leaving = true;
+        self.restarting = replaced;
+        self.claiming = false;
+        self.ready = false;
+    }
+
+    /// The failure timeout and friends.
+    pub fn timers(&self) -> Timers {
+        self.timers
+    }
+
+    /// How long the claim delay is.
+    pub fn claim_delay(&self) -> Duration {
+        self.timers.interval * CLAIM_AFTER_BEATS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::voters::Voter;
+    use crate::wire::heard;
+
+    const MS: Duration = Duration::from_millis(1);
+    const UNIX: u64 = 1_800_000_000_000;
+
+    /// Three nodes, each a voter: beats go round every 100 ms without loss. Node 0 claims
+    /// after listening, settling, maturity and told; every node ends claiming.
+    #[test]
+    fn three_voting_members_come_up_and_claim() {
+        let roster = Arc::new(Roster::new(["a", "b", "c"]).unwrap());
+        let t0 = Instant::now();
+        let timers = Timers::default();
+        let mut voters: Vec<Voter> = (0..3)
+            .map(|i| Voter::new(roster.clone(), i, 100 + u64::from(i), timers, t0))
+            .collect();
+        let mut members: Vec<Member> = (0..3)
+            .map(|i| Member::new(roster.clone(), i, 10 + u64::from(i), &[0, 1, 2], timers))
+            .collect();
+        let eth0 = ["eth0".to_string()];
+        let mut claimed_at = None;
+        for k in 0..40u32 {
+            let now = t0 + 100 * MS * k;
+            for (m, member) in members.iter_mut().enumerate() {
+                let beat = member.beat(now, UNIX, &eth0);
+                for (v, voter) in voters.iter_mut().enumerate() {
+                    voter.sweep(now);
+                    if let Some(r) = voter.receive(&beat, now, UNIX).unwrap() {
+                        if v == m {
+                            member.receive_local(r, now).unwrap();
+                        } else {
+                            member.receive(r, now, UNIX).unwrap();
+                        }
+                    }
+                }
+            }
+            for m in &mut members {
+                let c = m.check(now, true);
+                if c.claims && claimed_at.is_none() {
+                    claimed_at = Some(k);
+                }
+            }
+        }
+        assert!(members.iter().all(Member::claims));
+        let c = members[0].check(t0 + 4_000 * MS, true);
+        assert!((0..3).all(|i| heard(&c.candidates, i)));
+        assert!(c.answer_until.is_some());
+        // The voters listen and the members settle for 500 ms at once, then the claim delay
+        // (300 ms) covers the voters' maturity (750 ms) and told.
+        let k = claimed_at.unwrap();
+        assert!((8..=12).contains(&k), "claimed at {k} intervals");
+    }
+
+    #[test]
+    fn reports_for_others_or_over_other_sets_are_refused() {
+        let roster = Arc::new(Roster::new(["a", "b", "c"]).unwrap());
+        let t0 = Instant::now();
+        let timers = Timers::default();
+        let mut voter = Voter::new(roster.clone(), 1, 5, timers, t0);
+        let mut a = Member::new(roster.clone(), 0, 10, &[1], timers);
+        let mut c = Member::new(roster.clone(), 2, 12, &[1], timers);
+        let later = t0 + 600 * MS;
+        let beat = a.beat(later, UNIX, &[]);
+        voter.receive(&beat, t0, UNIX).unwrap();
+        let r = voter
+            .receive(
+                &{
+                    let mut b = beat.clone();
+                    b.seq += 1;
+                    b
+                },
+                later,
+                UNIX,
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.receive(r.clone(), later, UNIX), Err(MemberError::NotOurs));
+        let mut other = r.clone();
+        other.set.len += 1;
+        assert_eq!(a.receive(other, later, UNIX), Err(MemberError::OtherSet));
+        assert_eq!(a.receive(r.clone(), later, UNIX), Ok(true));
+        assert!(matches!(
+            a.receive(r, later, UNIX),
+            Err(MemberError::Replay(_))
+        ));
+    }
+}

@@ -1,0 +1,250 @@
+//! Layer 2 membership by voters (issue #34, decision record 0027): every node beats to a few
+//! voters, the voters report whom they hear, and a node acts on a majority of the voters.
+//!
+//! Today's design ([`crate::liveness`], [`crate::quorum`]) has every speaker heartbeat every
+//! other, listing every peer it hears: each node's traffic and the membership check grow with the
+//! cluster (O(N) datagrams per interval per node, O(N) bytes each, an O(N²) check). Here the
+//! same safety argument (decision 0015) runs with "a majority of the voters" in place of "a
+//! majority of the known speakers":
+//!
+//! * A small odd set of **voters** (5 by default, spread over failure domains: [`spread`]).
+//!   Every node sends one [`Beat`](crate::wire::Beat) per interval to each voter.
+//! * A **voter** ([`voter::Voter`]) answers each beat with a
+//!   [`Report`](crate::wire::Report) to its sender: a bitmap over the sorted presence set
+//!   ([`Roster`]) of the nodes it hears whose last beat said ready (a node held through its
+//!   restart too), the recipient's beat it heard last (`ack`), whether it has heard the
+//!   recipient long enough for that to bound a takeover (`mature`), and whether every node
+//!   that may hold one of its reports holds one that lists the recipient ready (`told`).
+//! * A **member** ([`member::Member`]) acts while fresh reports from a majority of the voters
+//!   say they hear it. Its candidates for owner choice are the union of its fresh reports'
+//!   bitmaps. It answers only within its tenure: the instant by which a majority of the voters,
+//!   itself left out, can have stopped listing it, from the mature acknowledgements. It starts
+//!   to claim IPs only once a majority of the voters say `told`.
+//!
+//! **Why two nodes never answer for one IP.** Suppose A and B both answer for IP `x`. Owner
+//! choice over a common candidate set gives `x` to one node, so one of them, say B, does not
+//! count A: none of B's fresh reports lists A ready. B acts, so a majority `M_B` of the voters
+//! has a fresh report at B; A claimed, so a majority `M_A` said `told` to A; the two meet in a
+//! voter `w`. When `w` told A, every node that might hold a report of `w` held one sent after
+//! `w` began listing A ready; B's report from `w` is that one or a later one, so it lists A
+//! unless `w` stopped listing A since. `w` stops listing A only a failure timeout after the
+//! last beat of A it heard, and A's tenure ends before that for a majority of the voters: A
+//! has stopped answering by the time B can leave it out. The cases (a voter restarting, frozen,
+//! cut off; reports delayed; a member resigning) are in decision 0027; the simulator
+//! ([`crate::sim::VotersDesign`]) checks the claim at every event.
+//!
+//! **Cost.** A member sends `V` beats per interval (100 bytes or so each) and receives `V`
+//! reports of `99 + ⌈N/8⌉` bytes, whatever N; a voter receives N beats and sends N reports
+//! per interval. The bitmap is kept up to date as beats arrive, so a report costs a copy of it.
+
+pub mod member;
+pub mod voter;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::wire::{NodeRef, SetId, WireError};
+
+pub use member::{Check, Member, Rules};
+pub use voter::Voter;
+
+/// The timers every speaker of a cluster shares (one Helm value each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timers {
+    /// Between two beats (`--heartbeat-interval`).
+    pub interval: Duration,
+    /// A node (or a voter's report) silent this long is gone (`--failure-timeout`).
+    pub timeout: Duration,
+    /// How long a node that left to be replaced stays listed (`--restart-hold`).
+    pub restart_hold: Duration,
+    /// Flap damping (`--flap-damping`).
+    pub flap_damping: bool,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers {
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_millis(500),
+            restart_hold: Duration::from_secs(10),
+            flap_damping: true,
+        }
+    }
+}
+
+impl Timers {
+    /// How long answering stays allowed after a check: the failure timeout less two intervals,
+    /// at least one interval (as in today's design).
+    pub fn mandate(&self) -> Duration {
+        self.timeout
+            .saturating_sub(self.interval * 2)
+            .max(self.interval)
+    }
+
+    /// How long a report may be held after it was sent: a failure timeout of freshness after
+    /// its arrival, and delivery within half a failure timeout (the assumption of decision
+    /// 0015). After this, nobody holds a report sent before.
+    pub fn held_for(&self) -> Duration {
+        self.timeout * 3 / 2
+    }
+}
+
+/// The presence set: every node that may beat, in name order, which the bitmaps index.
+#[derive(Clone, Debug)]
+pub struct Roster {
+    names: Vec<String>,
+    index: HashMap<String, u16>,
+    id: SetId,
+}
+
+impl Roster {
+    /// The set of `names` (strictly ascending, as a `BTreeSet` iterates; at most
+    /// [`crate::wire::MAX_NODES`]).
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Self, WireError> {
+        let names: Vec<String> = names.into_iter().map(str::to_string).collect();
+        let id = SetId::of(names.iter().map(String::as_str))?;
+        let index = names
+            .iter()
+            .enumerate()
+            // SetId::of refused more than u16::MAX names.
+            .map(|(i, n)| (n.clone(), u16::try_from(i).unwrap_or(u16::MAX)))
+            .collect();
+        Ok(Roster { names, index, id })
+    }
+
+    /// The set's id, as reports carry it.
+    pub fn id(&self) -> SetId {
+        self.id
+    }
+
+    /// Nodes in the set.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The index of `name`, if it is in the set.
+    pub fn index(&self, name: &str) -> Option<u16> {
+        self.index.get(name).copied()
+    }
+
+    /// The name at `index`.
+    pub fn name(&self, index: u16) -> Option<&str> {
+        self.names.get(usize::from(index)).map(String::as_str)
+    }
+
+    /// The node at `index` as messages name it.
+    pub fn node_ref(&self, index: u16) -> Option<NodeRef> {
+        self.name(index).map(|n| NodeRef::new(index, n))
+    }
+
+    /// Whether `node` names the node at its index in this set.
+    pub fn knows(&self, node: &NodeRef) -> bool {
+        self.name(node.index).is_some_and(|n| node.names(n))
+    }
+}
+
+/// Whether `count` of `voters` voters, the lowest-named voter among them when `lowest`, are a
+/// majority: more than half, or exactly half holding the lowest (so a cluster of two voters
+/// split in two keeps one side working, as [`crate::quorum::majority`] does).
+pub fn majority(count: usize, lowest: bool, voters: usize) -> bool {
+    let twice = 2 * count;
+    twice > voters || (twice == voters && lowest)
+}
+
+/// How many voters, `me` (index in the voter list, if it is one) not among them, the smallest
+/// majority that could leave `me` out has.
+pub fn smallest_takeover(voters: usize, me: Option<usize>) -> usize {
+    if voters.is_multiple_of(2) && me != Some(0) {
+        voters / 2
+    } else {
+        voters / 2 + 1
+    }
+}
+
+/// Chooses `count` voters among `nodes` (name and failure domain: a zone, a rack), spread over
+/// the domains: one from each domain in turn, domains in order of their name, names in order
+/// within a domain, so every node that runs it on the same list chooses the same voters. An
+/// even count above 2 is rounded down: an odd set tolerates as many lost voters with one fewer.
+pub fn spread(nodes: &[(String, String)], count: usize) -> Vec<String> {
+    let mut count = count.min(nodes.len());
+    if count > 2 && count.is_multiple_of(2) {
+        count -= 1;
+    }
+    let mut domains: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (name, domain) in nodes {
+        domains.entry(domain).or_default().push(name);
+    }
+    for names in domains.values_mut() {
+        names.sort_unstable();
+        names.dedup();
+    }
+    let mut chosen = Vec::with_capacity(count);
+    let mut round = 0;
+    while chosen.len() < count {
+        let mut any = false;
+        for names in domains.values() {
+            if let Some(name) = names.get(round) {
+                any = true;
+                if chosen.len() < count {
+                    chosen.push(name.to_string());
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+        round += 1;
+    }
+    chosen.sort_unstable();
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn majorities_of_voters() {
+        assert!(majority(3, false, 5));
+        assert!(!majority(2, true, 5));
+        assert!(majority(1, true, 2));
+        assert!(!majority(1, false, 2));
+        assert!(majority(1, false, 1));
+        assert_eq!(smallest_takeover(5, None), 3);
+        assert_eq!(smallest_takeover(5, Some(0)), 3);
+        assert_eq!(smallest_takeover(2, Some(1)), 1);
+        assert_eq!(smallest_takeover(2, Some(0)), 2);
+    }
+
+    #[test]
+    fn voters_spread_over_domains() {
+        let nodes: Vec<(String, String)> = (0..9)
+            .map(|i| (format!("n{i}"), format!("rack{}", i % 3)))
+            .collect();
+        let v = spread(&nodes, 5);
+        assert_eq!(v, ["n0", "n1", "n2", "n3", "n4"]);
+        // Even counts round down; never more than the nodes.
+        assert_eq!(spread(&nodes, 4).len(), 3);
+        assert_eq!(spread(&nodes[..2], 5).len(), 2);
+        // One domain of many nodes still gives the count.
+        let one: Vec<(String, String)> = (0..7).map(|i| (format!("n{i}"), "z".into())).collect();
+        assert_eq!(spread(&one, 5), ["n0", "n1", "n2", "n3", "n4"]);
+    }
+
+    #[test]
+    fn the_roster_indexes_names_in_order() {
+        let r = Roster::new(["a", "b", "c"]).unwrap();
+        assert_eq!(r.index("b"), Some(1));
+        assert_eq!(r.name(2), Some("c"));
+        assert!(r.knows(&r.node_ref(1).unwrap()));
+        assert!(!r.knows(&NodeRef::new(0, "b")));
+        assert!(Roster::new(["b", "a"]).is_err());
+    }
+}
