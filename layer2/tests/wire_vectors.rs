@@ -16,7 +16,8 @@
 //! def sign(body): return body + hmac.new(KEY, body, hashlib.sha256).digest()[:16]
 //! # beat: b"FLB\x04", kind 1, flags, boot, seq, clock, set, name, interfaces, acks
 //! # report: b"FLB\x04", kind 2, voter ref, recipient ref, boot, seq, clock, set, ack,
-//! #   flags (one octet: 0x01 mature, 0x02 told), bitmap
+//! #   flags (one octet: 0x01 mature, 0x02 told, 0x04 same), bitmap version (8 bytes),
+//! #   bitmap (none when same, or when the set is past 10,912 nodes)
 //! # part: b"FLB\x04", kind 3, voter ref, boot, seq, set, offset, length, slice
 //! ```
 //!
@@ -45,21 +46,28 @@ const BEAT_LEAVING: &str = "\
     00000000000000000000000000000000026e320000a482dc966814110626cffb\
     02adbbba9a";
 /// n0's report to n1 over {n0, n1, n2}: boot 0x11, sequence 0x100, clock 0x190_0000_0032 ms,
-/// acknowledging n1's beat (0x0102030405060708, 9), mature and not told (flags 0x01), hearing n0
-/// and n1 (bitmap 0xc0). 101 bytes.
+/// acknowledging n1's beat (0x0102030405060708, 9), mature and not told (flags 0x01), bitmap
+/// version 7, hearing n0 and n1 (bitmap 0xc0). 109 bytes.
 const REPORT: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     110000000000000100000001900000003277ec47d1e8566ca98cd4d7ac6f3b72\
-    1e00030102030405060708000000000000000901c05e5ac7357ca73cf2b78279\
-    557fcd75f7";
+    1e000301020304050607080000000000000009010000000000000007c0d9579b\
+    ac3ed5565e4c491ace77740cfc";
 /// n0's next report, over a set of 12,000 nodes (digest 0xab…, a set too large for the bitmap
 /// to travel inline), mature and told (flags 0x03, kept in the head report when the bitmap goes
-/// in parts): no bitmap. 100 bytes.
+/// in parts), bitmap version 8: no bitmap. 108 bytes.
 const REPORT_SPLIT: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     1100000000000001010000019000000032ababababababababababababababab\
-    ab2ee001020304050607080000000000000009032986a6b3b9f22c566777a9c7\
-    eafe5b66";
+    ab2ee001020304050607080000000000000009030000000000000008adb9de37\
+    600c7e7976a5873ef9109bf1";
+/// n0's next report to n1 over {n0, n1, n2} (sequence 0x101), leaving its bitmap out: n1
+/// acknowledged holding version 7 (flags 0x07: mature, told, same). 108 bytes at any set size.
+const REPORT_SAME: &str = "\
+    464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
+    110000000000000101000001900000003277ec47d1e8566ca98cd4d7ac6f3b72\
+    1e00030102030405060708000000000000000907000000000000000790658bd3\
+    f1eabcec525bd8fd30fef40a";
 /// The second and last part of that report's bitmap (all 0x5a): offset 1,403, 97 bytes. 166 bytes.
 const PART: &str = "\
     464c42040300001f6d68e718d110b300000000000000110000000000000101ab\
@@ -149,7 +157,20 @@ fn report() -> Report {
         },
         mature: true,
         told: false,
+        same: false,
+        version: 7,
         bitmap: bitmap(3, [0, 1]),
+    }
+}
+
+/// [`report`]'s successor to the same member, which holds its bitmap: left out.
+fn report_same() -> Report {
+    Report {
+        seq: 0x101,
+        told: true,
+        same: true,
+        bitmap: vec![],
+        ..report()
     }
 }
 
@@ -158,6 +179,7 @@ fn big_report() -> Report {
     Report {
         seq: 0x101,
         told: true,
+        version: 8,
         set: big(),
         bitmap: vec![0x5a; 1500],
         ..report()
@@ -171,6 +193,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
         ("BEAT_LEAVING", beat_leaving().into()),
         ("REPORT", report().into()),
         ("REPORT_SPLIT", head.into()),
+        ("REPORT_SAME", report_same().into()),
         ("PART", parts[1].clone().into()),
     ]
 }
@@ -181,6 +204,7 @@ fn hex_of(name: &str) -> &'static str {
         "BEAT_LEAVING" => BEAT_LEAVING,
         "REPORT" => REPORT,
         "REPORT_SPLIT" => REPORT_SPLIT,
+        "REPORT_SAME" => REPORT_SAME,
         "PART" => PART,
         _ => unreachable!(),
     }
@@ -229,6 +253,26 @@ fn a_large_report_splits_into_the_pinned_parts_and_joins_back() {
 }
 
 #[test]
+fn a_same_report_names_the_bitmap_of_the_report_before() {
+    let decode = |hex| match Message::decode(&unhex(hex), &ring()).unwrap().0 {
+        Message::Report(r) => r,
+        other => panic!("not a report: {other:?}"),
+    };
+    let (before, same) = (decode(REPORT), decode(REPORT_SAME));
+    assert_eq!(same, report_same());
+    assert!(same.same && same.bitmap.is_empty() && !before.same);
+    // Same voter, boot and version: the recipient reads the bitmap it kept from REPORT.
+    assert_eq!(
+        (same.voter, same.boot, same.version),
+        (before.voter, before.boot, before.version)
+    );
+    // Nothing to split or join: the report alone, and no bitmap of its own.
+    let (head, parts) = same.clone().split().unwrap();
+    assert_eq!((head, parts.len()), (same.clone(), 0));
+    assert!(same.join([]).is_err());
+}
+
+#[test]
 fn any_changed_byte_is_refused() {
     for (name, _) in vectors() {
         let good = unhex(hex_of(name));
@@ -259,7 +303,7 @@ fn any_changed_byte_is_refused() {
 #[test]
 fn senders_are_read_before_the_tag() {
     assert_eq!(sender(&unhex(BEAT)), Ok(Sender::Node("n1".into())));
-    for v in [REPORT, REPORT_SPLIT, PART] {
+    for v in [REPORT, REPORT_SPLIT, REPORT_SAME, PART] {
         assert_eq!(sender(&unhex(v)), Ok(Sender::Voter(NodeRef::new(0, "n0"))));
     }
     // Even under a key nobody holds: the sender is a hint, not an authenticated fact.

@@ -1,7 +1,8 @@
 //! Any datagram at the membership port, format v4 (layer2/src/wire.rs): decoding must return,
 //! never panic; what decodes must encode back to the same bytes; the cheap `sender()` peek must
 //! agree with the full decode on every datagram whose shape it refuses and on the sender of every
-//! message it accepts; and a report's bitmap must survive a split into parts and a join.
+//! message it accepts; and a report's bitmap must survive a split into parts and a join (a report
+//! that leaves its bitmap out, `same`, splits into itself alone and has nothing to join).
 //!
 //! Three kinds of input, by the first byte (mode % 3): a raw datagram (the tag check refuses
 //! nearly all, so this mostly exercises the shape checks); a body signed here with the fuzzer's
@@ -74,8 +75,16 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(peek, Ok(want));
     if let Message::Report(report) = message {
-        // A report over a set small enough carries its bitmap: split gives it back alone.
-        if report.set.inline() {
+        if report.same {
+            // A report that leaves its bitmap out splits into itself alone, whatever the set,
+            // and has no bitmap to join: the recipient uses the one it kept.
+            let Ok((head, parts)) = report.clone().split() else {
+                panic!("a decoded same report does not split");
+            };
+            assert!(parts.is_empty() && head == report);
+            assert!(head.join(&parts).is_err());
+        } else if report.set.inline() {
+            // A report over a set small enough carries its bitmap: split gives it back alone.
             let Ok((head, parts)) = report.clone().split() else {
                 panic!("a decoded report does not split");
             };
