@@ -1,6 +1,11 @@
-//! Today's layer 2 membership at scale, in the simulator (issue #34 step 2):
-//! `cargo bench -p ferrolb-layer2 --bench simulate`.
+//! Layer 2 membership at scale, in the simulator (issue #34): today's design and the voters',
+//! side by side. `cargo bench -p ferrolb-layer2 --bench simulate`.
 //!
+//! **Voters** ([`VotersDesign`]) run in full at every size: start-up, a steady second, then the
+//! owner of the most IPs cut off for 2 s and healed, and the busiest voter cut off for 2 s.
+//! Up to 2,000 IPs (4 per node below 500 nodes).
+//!
+//! **Today's design:**
 //! For each cluster size: a full simulated run where the engine can carry it (start-up, a
 //! steady second whose wall time is the `wall s/sim s` column, then the owner of the most IPs
 //! cut off for 2 s and healed), and for every size a model from the real rules'
@@ -9,8 +14,12 @@
 //! how many. The model's costs are measured with hot caches on one table, so it is a lower
 //! bound: at N = 100 the full run's steady state costs about four times the model.
 //!
+//! **SWIM** (MetalLB's memberlist, through `foca`: `tests/support/swim.rs`) runs in full, with
+//! the same faults, up to `SIM_BENCH_SWIM_MAX` nodes (default 1,000).
+//!
 //! Environment: `SIM_BENCH_NODES` (default `100,1000,5000`), `SIM_BENCH_FULL_MAX` (largest size
-//! run in full, default 100), `SIM_BENCH_SECONDS` (simulated seconds of a full run, default 10).
+//! of today's design run in full, default 100), `SIM_BENCH_SECONDS` (simulated seconds of a
+//! full run, default 10), `SIM_BENCH_DESIGNS` (`legacy,voters,swim` by default).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -21,9 +30,12 @@ use ferrolb_layer2::heartbeat::{Heard, Heartbeat};
 use ferrolb_layer2::liveness::Membership;
 use ferrolb_layer2::quorum;
 use ferrolb_layer2::sim::{
-    Cluster, Engine, FRAME_PAYLOAD, Fault, FaultKind, Legacy, MAX_DATAGRAM, MS, Micros, SECOND,
-    frames,
+    Cluster, Design, Engine, FRAME_PAYLOAD, Fault, FaultKind, Legacy, MAX_DATAGRAM, MS, Micros,
+    SECOND, Violation, VotersDesign, frames,
 };
+
+#[path = "../tests/support/swim.rs"]
+mod swim;
 use ferrolb_layer2::tenure::{self, SentLog};
 
 const KEY: &[u8] = b"ferrolb-simulator-gossip-key-000";
@@ -171,8 +183,173 @@ fn measure(names: &[String]) -> Model {
 
 fn main() {
     let sizes = env_list("SIM_BENCH_NODES", "100,1000,5000");
+    let seconds = env_num("SIM_BENCH_SECONDS", 10).max(9);
+    let designs =
+        std::env::var("SIM_BENCH_DESIGNS").unwrap_or_else(|_| "legacy,voters,swim".into());
+    if designs.contains("legacy") {
+        legacy(&sizes, seconds);
+    }
+    if designs.contains("voters") {
+        voters(&sizes, seconds);
+    }
+    if designs.contains("swim") {
+        swim(&sizes, seconds);
+    }
+}
+
+/// Runs `design` in full at size `n`: start-up, a steady second, the owner of the most IPs (not
+/// a voter) cut off at 4 s for 2 s, the busiest sender cut off at 7 s for 1 s; then, on a fresh
+/// cluster, a 50/50 split from 4 s to 9 s, counting the IPs that two nodes answered at once.
+fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize]) {
+    let mut cluster = Cluster::new(n, 1);
+    cluster.ips = (4 * n).clamp(16, 2_000);
+    cluster.measure_from = 2 * SECOND;
+    let setup = Instant::now();
+    let mut engine = Engine::new(design.clone(), &cluster, Instant::now());
+    let setup = setup.elapsed().as_secs_f64();
+    let started = Instant::now();
+    engine.run_until(3 * SECOND);
+    let startup = started.elapsed().as_secs_f64();
+    let steady = Instant::now();
+    engine.run_until(4 * SECOND);
+    let wall = steady.elapsed().as_secs_f64();
+    let owner = (0..n)
+        .filter(|i| !avoid.contains(i))
+        .max_by_key(|&i| {
+            (0..cluster.ips)
+                .filter(|&ip| engine.answering(ip) == [i as u32])
+                .count()
+        })
+        .unwrap_or(0);
+    engine.add_fault(Fault {
+        at: 4 * SECOND,
+        heal: 6 * SECOND,
+        kind: FaultKind::Cut(vec![owner]),
+    });
+    let report = engine.report();
+    let busiest = (0..n)
+        .max_by_key(|&i| report.metrics.datagrams[i])
+        .unwrap_or(0);
+    engine.add_fault(Fault {
+        at: 7 * SECOND,
+        heal: 8 * SECOND,
+        kind: FaultKind::Cut(vec![busiest]),
+    });
+    let faulty = Instant::now();
+    engine.run_until(seconds * SECOND);
+    let fault_wall = faulty.elapsed().as_secs_f64() / (seconds - 4) as f64;
+    let report = engine.report();
+    let m = &report.metrics;
+    let secs = m.measured as f64 / SECOND as f64;
+    let max_dgrams = m.datagrams.iter().max().copied().unwrap_or(0) as f64 / secs;
+    let max_bytes = m.bytes.iter().max().copied().unwrap_or(0) as f64 / secs;
+    // The split, on a fresh cluster.
+    let mut split = Engine::new(design, &cluster, Instant::now());
+    split.add_fault(Fault {
+        at: 4 * SECOND,
+        heal: 9 * SECOND,
+        kind: FaultKind::halves(n),
+    });
+    split.run_until(10 * SECOND);
+    let doubled: BTreeSet<usize> = split
+        .report()
+        .violations
+        .iter()
+        .filter_map(|v| match v {
+            Violation::TwoAnswer { at, ip, .. } if *at >= 4 * SECOND => Some(*ip),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "{:>6} {:>6} {:>8} {:>8} {:>6} {:>12.0} {:>14.0} {:>14.0} {:>16.0} {:>10} {:>12.2} {:>10} {:>10}",
+        n,
+        cluster.ips,
+        ms(m.failover(0.5)),
+        ms(m.failover(0.99)),
+        m.moved,
+        m.datagrams_per_node_second(),
+        m.bytes_per_node_second(),
+        max_dgrams,
+        max_bytes,
+        m.largest,
+        wall,
+        ms(m.converged_at),
+        format!("{}/{}", doubled.len(), cluster.ips),
+    );
+    println!(
+        "       set-up {setup:.1} s, start-up (first 3 simulated s) {startup:.1} s wall; wall per \
+         simulated s from the cut on: {fault_wall:.2} s; {} IPs failed over; hand-back \
+         outages p50/p99 {}/{} ms; {} invariant violations (split run not counted; at most {} kept)",
+        m.failovers.len(),
+        ms(m.handback(0.5)),
+        ms(m.handback(0.99)),
+        report.violation_count,
+        ferrolb_layer2::sim::Report::KEPT,
+    );
+    if let Some(v) = report.violations.first() {
+        println!("       first violation: {v:?}");
+    }
+}
+
+fn full_header(title: &str) {
+    println!("{title}");
+    println!(
+        "{:>6} {:>6} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>16} {:>10} {:>12} {:>10} {:>10}",
+        "N",
+        "IPs",
+        "fo p50",
+        "fo p99",
+        "moved",
+        "dgram/s/node",
+        "bytes/s/node",
+        "max dgram/s",
+        "max bytes/s",
+        "largest B",
+        "wall s/sim s",
+        "converged",
+        "2 owners"
+    );
+}
+
+/// The voters' design in full at every size.
+fn voters(sizes: &[usize], seconds: u64) {
+    full_header(
+        "voters (5, spread over 3 racks): the owner of the most IPs cut off at 4 s for 2 s, then \
+         the busiest sender (a voter) at 7 s for 1 s; at most 2,000 IPs; 30-character names; \
+         traffic from 2 s; '2 owners': IPs two nodes answered at once in a 5 s 50/50 split",
+    );
+    for &n in sizes {
+        let design = VotersDesign::default();
+        let avoid = {
+            let e = Engine::new(
+                design.clone(),
+                &Cluster {
+                    ips: 1,
+                    ..Cluster::new(n, 1)
+                },
+                Instant::now(),
+            );
+            e.design().voter_nodes(e.env())
+        };
+        full_run(design, n, seconds, &avoid);
+    }
+}
+
+/// MetalLB's design (SWIM through foca, no quorum) in full up to `SIM_BENCH_SWIM_MAX` nodes.
+fn swim(sizes: &[usize], seconds: u64) {
+    let max = env_num("SIM_BENCH_SWIM_MAX", 1_000) as usize;
+    full_header(
+        "SWIM as MetalLB uses it (foca, memberlist's LAN timers, owner chosen among the members \
+         each node sees alive): same faults",
+    );
+    for &n in sizes.iter().filter(|&&n| n <= max) {
+        full_run(swim::Swim, n, seconds.max(12), &[]);
+    }
+}
+
+/// Today's design: in full up to `SIM_BENCH_FULL_MAX` nodes, modelled beyond.
+fn legacy(sizes: &[usize], seconds: u64) {
     let full_max = env_num("SIM_BENCH_FULL_MAX", 100) as usize;
-    let seconds = env_num("SIM_BENCH_SECONDS", 10);
     println!(
         "today's design (legacy): the owner of the most IPs cut off at 4 s for 2 s; 4 IPs per \
          node; 30-character node names; traffic counted from 2 s on"
@@ -192,7 +369,7 @@ fn main() {
         "wall s/sim s",
         "model CPU s/s"
     );
-    for n in sizes {
+    for &n in sizes {
         let names: Vec<String> = {
             let cluster = Cluster {
                 ips: 1,

@@ -205,6 +205,9 @@ pub struct Env {
     pub ips: Vec<String>,
     /// `scores[ip][node]`: [`crate::owner::score`], computed once.
     scores: Vec<Vec<u64>>,
+    /// `ranked[ip]`: the [`RANKED`] nodes that win IP `ip` first, best first: the owner among
+    /// almost any set of members is one of them, found without scanning every node.
+    ranked: Vec<Vec<u32>>,
     /// The timers.
     pub timing: Timing,
     /// The rule deliberately broken, if any.
@@ -213,6 +216,9 @@ pub struct Env {
     pub heal_bound: Micros,
     base: Instant,
 }
+
+/// Nodes ranked per IP in [`Env`] (the owner among members is almost always one of them).
+const RANKED: usize = 8;
 
 /// Unix time, in milliseconds, of the start of every run: the heartbeats' timestamps.
 const EPOCH_MS: u64 = 1_800_000_000_000;
@@ -228,9 +234,23 @@ impl Env {
         let ips: Vec<String> = (0..cluster.ips)
             .map(|k| format!("198.18.{}.{}", k / 250, 1 + k % 250))
             .collect();
-        let scores = ips
+        let scores: Vec<Vec<u64>> = ips
             .iter()
             .map(|ip| names.iter().map(|n| crate::owner::score(n, ip)).collect())
+            .collect();
+        let ranked = scores
+            .iter()
+            .map(|row| {
+                let mut order: Vec<u32> = (0..names.len() as u32).collect();
+                // Higher score first, ties to the higher name, as `owner::choose` breaks them.
+                let key = |&i: &u32| std::cmp::Reverse((row[i as usize], i));
+                if order.len() > RANKED {
+                    order.select_nth_unstable_by_key(RANKED, key);
+                    order.truncate(RANKED);
+                }
+                order.sort_unstable_by_key(key);
+                order
+            })
             .collect();
         Env {
             index: names
@@ -244,6 +264,7 @@ impl Env {
             racks,
             ips,
             scores,
+            ranked,
             timing: cluster.timing,
             mutation: cluster.mutation,
             heal_bound: cluster.heal_bound,
@@ -275,6 +296,15 @@ impl Env {
                 .cmp(&scores[b])
                 .then_with(|| self.names[a].cmp(&self.names[b]))
         })
+    }
+
+    /// [`Env::owner`] among the nodes for which `member` is true: the first of the IP's best
+    /// ranked nodes that is a member, else a scan of every node.
+    pub fn owner_among(&self, ip: usize, member: impl Fn(usize) -> bool) -> Option<usize> {
+        if let Some(&best) = self.ranked[ip].iter().find(|&&i| member(i as usize)) {
+            return Some(best as usize);
+        }
+        self.owner(ip, (0..self.names.len()).filter(|&i| member(i)))
     }
 
     /// The nodes of rack `rack`.
@@ -1333,6 +1363,23 @@ mod tests {
                     env.owner(ip, members.iter().copied())
                         .map(|i| env.names[i].as_str()),
                     expected
+                );
+            }
+        }
+        // Thirty nodes: the eight ranked ones, and past them (every ranked one left out).
+        let wide = Env::new(&Cluster::new(30, 2), Instant::now());
+        for ip in 0..wide.ips.len() {
+            let ranked: Vec<usize> = wide.ranked[ip].iter().map(|&i| i as usize).collect();
+            for skip in [
+                vec![],
+                ranked[..3].to_vec(),
+                ranked.clone(),
+                (0..29).collect(),
+            ] {
+                let member = |i: usize| !skip.contains(&i);
+                assert_eq!(
+                    wide.owner_among(ip, member),
+                    wide.owner(ip, (0..30).filter(|&i| member(i)))
                 );
             }
         }

@@ -224,11 +224,8 @@ impl VotersNode {
         if !heard(&self.candidates, self.me) {
             return;
         }
-        let members: Vec<usize> = (0..env.names.len())
-            .filter(|&i| heard(&self.candidates, i))
-            .collect();
         for ip in 0..env.ips.len() {
-            if env.owner(ip, members.iter().copied()) == Some(self.me) {
+            if env.owner_among(ip, |i| heard(&self.candidates, i)) == Some(self.me) {
                 self.plan.push(u32::try_from(ip).unwrap_or(u32::MAX));
             }
         }

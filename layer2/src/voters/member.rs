@@ -48,6 +48,10 @@ pub enum MemberError {
     /// Refused by the replay rule.
     #[error("report refused: {0}")]
     Replay(#[from] HeartbeatError),
+    /// It leaves out a bitmap this member does not hold (a report that carried it was lost):
+    /// ignored and not acknowledged, so the voter sends the bitmap again.
+    #[error("report leaves out bitmap version {0}, which this member does not hold")]
+    MissingBitmap(u64),
 }
 
 /// Rules of the member that the simulator switches off to show that its invariants catch the
@@ -107,6 +111,8 @@ pub struct Member {
     /// Per voter (same order), its latest report and replay history.
     held: Vec<Option<Held>>,
     histories: Vec<Option<History>>,
+    /// Per voter, the last bitmap it sent: its boot, version and bits.
+    bitmaps: Vec<Option<(u64, u64, Vec<u8>)>>,
     /// This node's position among the voters, if it is one.
     my_voter: Option<usize>,
     /// Gate state.
@@ -142,6 +148,7 @@ impl Member {
             my_voter: voters.iter().position(|&v| v == me),
             held: vec![None; voters.len()],
             histories: vec![None; voters.len()],
+            bitmaps: vec![None; voters.len()],
             voters,
             roster,
             me,
@@ -228,7 +235,7 @@ impl Member {
     /// changed what a check reads (its bitmap, or what it says of this node).
     pub fn receive(
         &mut self,
-        report: Report,
+        mut report: Report,
         now: Instant,
         unix_ms: u64,
     ) -> Result<bool, MemberError> {
@@ -243,13 +250,35 @@ impl Member {
             Some(h) => h.admit(stamp, now)?,
             None => self.histories[slot] = Some(History::first(stamp, now, unix_ms)),
         }
+        self.fill_bitmap(slot, &mut report)?;
         Ok(self.hold(slot, report, now))
     }
 
     /// Takes in the report of this node's own voter (no network, so no replay rule).
-    pub fn receive_local(&mut self, report: Report, now: Instant) -> Result<bool, MemberError> {
+    pub fn receive_local(&mut self, mut report: Report, now: Instant) -> Result<bool, MemberError> {
         let slot = self.slot_of(&report)?;
+        self.fill_bitmap(slot, &mut report)?;
         Ok(self.hold(slot, report, now))
+    }
+
+    /// Puts the bitmap a `same` report leaves out back from the one kept, or keeps the one it
+    /// carries.
+    fn fill_bitmap(&mut self, slot: usize, report: &mut Report) -> Result<(), MemberError> {
+        let kept = &mut self.bitmaps[slot];
+        if report.same {
+            match kept {
+                Some((boot, version, bits))
+                    if *boot == report.boot && *version == report.version =>
+                {
+                    report.bitmap = bits.clone();
+                    Ok(())
+                }
+                _ => Err(MemberError::MissingBitmap(report.version)),
+            }
+        } else {
+            *kept = Some((report.boot, report.version, report.bitmap.clone()));
+            Ok(())
+        }
     }
 
     fn slot_of(&self, report: &Report) -> Result<usize, MemberError> {

@@ -16,6 +16,9 @@
 //!   ([`super::Timers::held_for`]). The second way brings an owner whose beats were missed
 //!   for just over a timeout (a voter unlisted it for a moment) its tenure back within a round
 //!   trip instead of 1.5 failure timeouts.
+//! * **An unchanged bitmap is left out** (`same`): the bitmap has a version that grows with
+//!   every change, and a member whose beat acknowledges a report carrying the current version
+//!   gets reports without it. At rest a report is about 100 bytes at any cluster size.
 //! * **Told.** Set for a recipient listed since report `s` when every member sent a report in
 //!   the last 1.5 failure timeouts has acknowledged a report numbered `s` or later, or when
 //!   1.5 failure timeouts have passed since `s` (every older report has expired wherever it
@@ -65,6 +68,8 @@ struct Entry {
     acked: u64,
     /// When this voter last sent it a report.
     sent_at: Option<Instant>,
+    /// The last report sent to it with the bitmap: its number and the bitmap's version.
+    bitmap_sent: Option<(u64, u64)>,
     /// Left to be replaced: listed until then unless a successor says ready first.
     held_until: Option<Instant>,
 }
@@ -82,6 +87,9 @@ pub struct Voter {
     entries: Vec<Entry>,
     /// The bitmap of listed nodes, kept up to date.
     listed: Vec<u8>,
+    /// Increases whenever `listed` changes: a member that holds this version's bitmap gets
+    /// reports without it.
+    version: u64,
     /// The lowest report number acknowledged by every member sent a report within
     /// [`Timers::held_for`], as of the last sweep (module docs, "Told").
     floor: u64,
@@ -101,6 +109,7 @@ impl Voter {
             started: now,
             timers,
             floor: 0,
+            version: 0,
         }
     }
 
@@ -153,6 +162,13 @@ impl Voter {
             .is_none_or(|at| now.saturating_duration_since(at) >= timeout);
         if silent || entry.last.boot != beat.boot {
             entry.heard_since = Some(now);
+        }
+        if entry.last.boot != beat.boot {
+            // A new process holds none of the reports sent to the one before: what it
+            // acknowledged and which bitmap it holds start over.
+            entry.acked = 0;
+            entry.sent_at = None;
+            entry.bitmap_sent = None;
         }
         if entry.last.boot != beat.boot && beat.ready {
             // The successor of a node held through its restart is ready: it takes over.
@@ -209,10 +225,12 @@ impl Voter {
                 // Reports from the next one on list it.
                 entry.listed_since = Some((self.seq + 1, now));
                 self.listed[byte] |= bit;
+                self.version += 1;
             }
             (false, true) => {
                 entry.listed_since = None;
                 self.listed[byte] &= !bit;
+                self.version += 1;
             }
             _ => {}
         }
@@ -240,8 +258,16 @@ impl Voter {
             || entry
                 .heard_since
                 .is_some_and(|since| now.saturating_duration_since(since) >= held_for);
+        // The bitmap goes only to a member that may not hold this version of it.
+        let same = entry
+            .bitmap_sent
+            .is_some_and(|(seq, version)| version == self.version && entry.acked >= seq);
         self.seq += 1;
-        self.entries[i].sent_at = Some(now);
+        let entry = &mut self.entries[i];
+        entry.sent_at = Some(now);
+        if !same {
+            entry.bitmap_sent = Some((self.seq, self.version));
+        }
         Some(Report {
             voter,
             to,
@@ -252,7 +278,13 @@ impl Voter {
             ack,
             mature,
             told,
-            bitmap: self.listed.clone(),
+            same,
+            version: self.version,
+            bitmap: if same {
+                Vec::new()
+            } else {
+                self.listed.clone()
+            },
         })
     }
 
@@ -440,6 +472,49 @@ mod tests {
         gone.leaving = true;
         v.receive(&gone, t0 + Duration::from_secs(8), UNIX).unwrap();
         assert!(!heard(v.listed(), 0));
+    }
+
+    #[test]
+    fn an_unchanged_bitmap_goes_once_per_member_process() {
+        let t0 = Instant::now();
+        let mut v = voter(t0);
+        let me = roster().node_ref(3).unwrap();
+        let ack = |seq| Ack {
+            voter: me,
+            seen: Seen { boot: 77, seq },
+        };
+        let at = |ms: u32| t0 + 600 * MS + ms * MS;
+        let first = v
+            .receive(&beat("a", 1, 1, true, vec![]), at(0), UNIX)
+            .unwrap()
+            .unwrap();
+        assert!(!first.same && heard(&first.bitmap, 0));
+        // Not acknowledged yet: the bitmap goes again.
+        let second = v
+            .receive(&beat("a", 1, 2, true, vec![]), at(100), UNIX)
+            .unwrap()
+            .unwrap();
+        assert!(!second.same);
+        // Acknowledged, unchanged: left out.
+        let third = v
+            .receive(&beat("a", 1, 3, true, vec![ack(second.seq)]), at(200), UNIX)
+            .unwrap()
+            .unwrap();
+        assert!(third.same && third.bitmap.is_empty() && third.version == second.version);
+        // A change (b listed) sends it again, with the next version.
+        v.receive(&beat("b", 2, 1, true, vec![]), at(250), UNIX)
+            .unwrap();
+        let fourth = v
+            .receive(&beat("a", 1, 4, true, vec![ack(third.seq)]), at(300), UNIX)
+            .unwrap()
+            .unwrap();
+        assert!(!fourth.same && fourth.version > third.version && heard(&fourth.bitmap, 1));
+        // A new process of a holds nothing, whatever the old one acknowledged.
+        let fifth = v
+            .receive(&beat("a", 9, 1, true, vec![ack(fourth.seq)]), at(400), UNIX)
+            .unwrap()
+            .unwrap();
+        assert!(!fifth.same);
     }
 
     #[test]
