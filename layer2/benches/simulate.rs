@@ -15,7 +15,7 @@
 //! bound: at N = 100 the full run's steady state costs about four times the model.
 //!
 //! **SWIM** (MetalLB's memberlist, through `foca`: `tests/support/swim.rs`) runs in full, with
-//! the same faults, up to `SIM_BENCH_SWIM_MAX` nodes (default 1,000).
+//! the same faults, up to `SIM_BENCH_SWIM_MAX` nodes (default 200: every node announcing itself to every other at start makes larger runs slow).
 //!
 //! Environment: `SIM_BENCH_NODES` (default `100,1000,5000`), `SIM_BENCH_FULL_MAX` (largest size
 //! of today's design run in full, default 100), `SIM_BENCH_SECONDS` (simulated seconds of a
@@ -31,7 +31,7 @@ use ferrolb_layer2::liveness::Membership;
 use ferrolb_layer2::quorum;
 use ferrolb_layer2::sim::{
     Cluster, Design, Engine, FRAME_PAYLOAD, Fault, FaultKind, Legacy, MAX_DATAGRAM, MS, Micros,
-    SECOND, Violation, VotersDesign, frames,
+    SECOND, VotersDesign, frames,
 };
 
 #[path = "../tests/support/swim.rs"]
@@ -198,9 +198,13 @@ fn main() {
 }
 
 /// Runs `design` in full at size `n`: start-up, a steady second, the owner of the most IPs (not
-/// a voter) cut off at 4 s for 2 s, the busiest sender cut off at 7 s for 1 s; then, on a fresh
-/// cluster, a 50/50 split from 4 s to 9 s, counting the IPs that two nodes answered at once.
-fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize]) {
+/// a voter) cut off at 4 s for `fault` seconds, the busiest sender cut off a second after the
+/// heal for 1 s; then, on a fresh cluster, a 50/50 split from 4 s for `fault` + 1 seconds,
+/// counting the IPs that two nodes answer `fault` seconds into it.
+fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize], fault: u64) {
+    // Fault lengths: `fault` seconds for the cut owner and the split, 1 s for the cut voter.
+    let heal = 4 + fault;
+    let seconds = seconds.max(heal + 5);
     let mut cluster = Cluster::new(n, 1);
     cluster.ips = (4 * n).clamp(16, 2_000);
     cluster.measure_from = 2 * SECOND;
@@ -221,18 +225,35 @@ fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize
                 .count()
         })
         .unwrap_or(0);
+    let owned: Vec<usize> = (0..cluster.ips)
+        .filter(|&ip| engine.answering(ip) == [owner as u32])
+        .collect();
     engine.add_fault(Fault {
         at: 4 * SECOND,
-        heal: 6 * SECOND,
+        heal: heal * SECOND,
         kind: FaultKind::Cut(vec![owner]),
     });
+    // Takeover: when every IP the cut node owned is answered by another node (whether or not
+    // the cut node still answers it too), in 10 ms steps.
+    let mut takeover = None;
+    let mut t = 4 * SECOND;
+    while t < heal * SECOND && takeover.is_none() {
+        t += 10 * MS;
+        engine.run_until(t);
+        if owned
+            .iter()
+            .all(|&ip| engine.answering(ip).iter().any(|&a| a as usize != owner))
+        {
+            takeover = Some(t - 4 * SECOND);
+        }
+    }
     let report = engine.report();
     let busiest = (0..n)
         .max_by_key(|&i| report.metrics.datagrams[i])
         .unwrap_or(0);
     engine.add_fault(Fault {
-        at: 7 * SECOND,
-        heal: 8 * SECOND,
+        at: (heal + 1) * SECOND,
+        heal: (heal + 2) * SECOND,
         kind: FaultKind::Cut(vec![busiest]),
     });
     let faulty = Instant::now();
@@ -247,23 +268,18 @@ fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize
     let mut split = Engine::new(design, &cluster, Instant::now());
     split.add_fault(Fault {
         at: 4 * SECOND,
-        heal: 9 * SECOND,
+        heal: (heal + 1) * SECOND,
         kind: FaultKind::halves(n),
     });
-    split.run_until(10 * SECOND);
-    let doubled: BTreeSet<usize> = split
-        .report()
-        .violations
-        .iter()
-        .filter_map(|v| match v {
-            Violation::TwoAnswer { at, ip, .. } if *at >= 4 * SECOND => Some(*ip),
-            _ => None,
-        })
-        .collect();
+    split.run_until(heal * SECOND);
+    let doubled = (0..cluster.ips)
+        .filter(|&ip| split.answering(ip).len() > 1)
+        .count();
     println!(
-        "{:>6} {:>6} {:>8} {:>8} {:>6} {:>12.0} {:>14.0} {:>14.0} {:>16.0} {:>10} {:>12.2} {:>10} {:>10}",
+        "{:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>12.0} {:>14.0} {:>14.0} {:>16.0} {:>10} {:>12.2} {:>10} {:>10}",
         n,
         cluster.ips,
+        ms(takeover),
         ms(m.failover(0.5)),
         ms(m.failover(0.99)),
         m.moved,
@@ -274,7 +290,7 @@ fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize
         m.largest,
         wall,
         ms(m.converged_at),
-        format!("{}/{}", doubled.len(), cluster.ips),
+        format!("{doubled}/{}", cluster.ips),
     );
     println!(
         "       set-up {setup:.1} s, start-up (first 3 simulated s) {startup:.1} s wall; wall per \
@@ -294,9 +310,10 @@ fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize
 fn full_header(title: &str) {
     println!("{title}");
     println!(
-        "{:>6} {:>6} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>16} {:>10} {:>12} {:>10} {:>10}",
+        "{:>6} {:>6} {:>8} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>16} {:>10} {:>12} {:>10} {:>10}",
         "N",
         "IPs",
+        "takeover",
         "fo p50",
         "fo p99",
         "moved",
@@ -316,7 +333,8 @@ fn voters(sizes: &[usize], seconds: u64) {
     full_header(
         "voters (5, spread over 3 racks): the owner of the most IPs cut off at 4 s for 2 s, then \
          the busiest sender (a voter) at 7 s for 1 s; at most 2,000 IPs; 30-character names; \
-         traffic from 2 s; '2 owners': IPs two nodes answered at once in a 5 s 50/50 split",
+         traffic from 2 s; 'takeover': until every IP of the cut node is answered by another; \
+         '2 owners': IPs answered by two nodes 4 s into a 50/50 split",
     );
     for &n in sizes {
         let design = VotersDesign::default();
@@ -331,19 +349,19 @@ fn voters(sizes: &[usize], seconds: u64) {
             );
             e.design().voter_nodes(e.env())
         };
-        full_run(design, n, seconds, &avoid);
+        full_run(design, n, seconds, &avoid, 2);
     }
 }
 
 /// MetalLB's design (SWIM through foca, no quorum) in full up to `SIM_BENCH_SWIM_MAX` nodes.
 fn swim(sizes: &[usize], seconds: u64) {
-    let max = env_num("SIM_BENCH_SWIM_MAX", 1_000) as usize;
+    let max = env_num("SIM_BENCH_SWIM_MAX", 200) as usize;
     full_header(
         "SWIM as MetalLB uses it (foca, memberlist's LAN timers, owner chosen among the members \
-         each node sees alive): same faults",
+         each node sees alive): the same faults, 20 s long (SWIM's suspicion takes seconds)",
     );
     for &n in sizes.iter().filter(|&&n| n <= max) {
-        full_run(swim::Swim, n, seconds.max(12), &[]);
+        full_run(swim::Swim, n, seconds, &[], 20);
     }
 }
 

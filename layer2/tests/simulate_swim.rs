@@ -1,4 +1,4 @@
-//! MetalLB's membership (SWIM, through `foca`) in the simulator, for decision record 0027's
+//! MetalLB's membership (SWIM, through `foca`) in the simulator, for decision record 0023's
 //! comparison: its view is eventually consistent, so a partition leaves both sides answering.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

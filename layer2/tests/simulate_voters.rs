@@ -1,6 +1,6 @@
 //! The voters' membership (issue #34, [`VotersDesign`]) under the simulator's invariants: random
 //! clusters of 5 to 50 speakers with one fault each, faults aimed at the voters, fault-free runs
-//! with the traffic each node sends, a rolling restart, and each of the rules that decision 0027
+//! with the traffic each node sends, a rolling restart, and each of the rules that decision 0023
 //! adds broken on purpose to show that the invariants catch the split it prevents.
 //!
 //! `SIM_CASES=200 cargo test -p ferrolb-layer2 --test simulate_voters` for a longer search.
@@ -249,7 +249,7 @@ fn the_side_with_most_voters_takes_everything() {
 /// A majority of the voters frozen at once: no node may act, so every IP goes unanswered, never
 /// two answer, and after the heal every IP is answered again. Flap damping holds every node
 /// that lost its quorum for its first hold-down (2 s), so the outage lasts the fault plus about
-/// 2 s, as in today's design after a split without a majority: a finding for decision 0027
+/// 2 s, as in today's design after a split without a majority: a finding for decision 0023
 /// (damping counts a loss of the voters as this node's own flap).
 #[test]
 fn a_majority_of_the_voters_frozen_stops_everyone_and_comes_back() {

@@ -1,4 +1,4 @@
-//! Layer 2 membership by voters (issue #34, decision record 0027): every node beats to a few
+//! Layer 2 membership by voters (issue #34, decision record 0023): every node beats to a few
 //! voters, the voters report whom they hear, and a node acts on a majority of the voters.
 //!
 //! Today's design ([`crate::liveness`], [`crate::quorum`]) has every speaker heartbeat every
@@ -30,7 +30,7 @@
 //! unless `w` stopped listing A since. `w` stops listing A only a failure timeout after the
 //! last beat of A it heard, and A's tenure ends before that for a majority of the voters: A
 //! has stopped answering by the time B can leave it out. The cases (a voter restarting, frozen,
-//! cut off; reports delayed; a member resigning) are in decision 0027; the simulator
+//! cut off; reports delayed; a member resigning) are in decision 0023; the simulator
 //! ([`crate::sim::VotersDesign`]) checks the claim at every event.
 //!
 //! **Cost.** A member sends `V` beats per interval (100 bytes or so each) and receives `V`

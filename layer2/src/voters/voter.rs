@@ -1,7 +1,7 @@
 //! A voter: takes in the members' beats and answers each with a report of whom it hears.
 //!
 //! What a voter lists, and when, is what the members' safety rests on (module docs of
-//! [`crate::voters`], decision record 0027):
+//! [`crate::voters`], decision record 0023):
 //!
 //! * **Listed** (the report's bitmap): a node whose beat arrived within the failure timeout and
 //!   said ready and not leaving, or a node that left to be replaced, for the restart hold or
