@@ -14,6 +14,8 @@
 //!   packet socket.
 //! - [`owner`] chooses the node that owns a Service IP by rendezvous hashing, the same on every
 //!   node.
+//! - [`gate`] decides, at each membership check, whether this node acts, claims and until when
+//!   it answers (settling, damping, starvation, claim delay, resignation), for both memberships.
 //! - [`damping`] holds a node that lost its quorum and got it back out of ownership for a while,
 //!   longer each time it flaps.
 //! - [`quorum`] decides whether this node may own IPs and who the candidates are;
@@ -30,6 +32,7 @@
 //!   faults and the one-owner invariants checked at every event.
 
 pub mod damping;
+pub mod gate;
 pub mod heartbeat;
 pub mod liveness;
 pub mod owner;

@@ -19,24 +19,17 @@
 //!   that said `ready: false` since the last check is a resignation (the gate's rule 8): the
 //!   node stops claiming and earns the claim again as at a rejoin.
 //!
-//! The gate (and the speaker's `Settling`) live in the speaker, not in this crate, so they are
-//! reproduced here line for line; moving them into `ferrolb-layer2` would let the speaker and the
-//! simulator share one copy.
+//! The gate's rules are the speaker's own ([`crate::gate`], which the speaker's `l2::gate` wraps
+//! the same way); only the mutation knobs are the simulator's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::{Answer, Design, Dest, Env, MS, Micros, Outbox, micros};
-use crate::damping::Damping;
 use crate::heartbeat::{Heard, Heartbeat};
 use crate::liveness::{Member, Membership};
 use crate::quorum::{self, Verdict};
-use crate::settling::Settling;
-use crate::tenure::{self, SentLog, Starvation, Tenure};
-
-/// Heartbeat intervals between saying `ready` and claiming IPs (the speaker's
-/// `gate::CLAIM_AFTER_BEATS`).
-const CLAIM_AFTER_BEATS: u32 = 3;
+use crate::tenure::{self, SentLog, Tenure};
 
 /// Pause between the three heartbeats a leaving speaker sends (`Gossip::leave`).
 const LEAVE_GAP: Micros = 20 * MS;
@@ -80,29 +73,23 @@ struct Outcome {
     answer_until: Option<Instant>,
 }
 
-/// The speaker's `gate::Gate`, rule for rule, with the mutation knobs.
+/// The speaker's `gate::Gate`: the shared rules ([`crate::gate`]) fed with the quorum rule's
+/// verdict and `seen_ready`, with the mutation knobs.
 #[derive(Clone, Debug)]
 struct Gate {
-    settling: Settling,
-    damping: Damping,
-    claim: Settling,
-    claiming: bool,
-    candidate: bool,
-    starvation: Starvation,
-    /// The latest `ready: false` heartbeat's sequence number the last check read.
-    unready_seq: u64,
+    core: crate::gate::Gate,
 }
 
 impl Gate {
-    fn new() -> Self {
+    fn new(env: &Env) -> Self {
+        let t = env.timing;
         Gate {
-            settling: Settling::default(),
-            damping: Damping::new(),
-            claim: Settling::default(),
-            claiming: false,
-            candidate: false,
-            starvation: Starvation::default(),
-            unready_seq: 0,
+            core: crate::gate::Gate::new(crate::gate::Timing {
+                heartbeat_interval: t.interval,
+                failure_timeout: t.timeout,
+                mandate: t.mandate(),
+                flap_damping: t.flap_damping,
+            }),
         }
     }
 
@@ -118,47 +105,24 @@ impl Gate {
         usable: &BTreeSet<String>,
         now: Instant,
     ) -> Outcome {
-        let t = env.timing;
-        let settled = self.settling.observe(!usable.is_empty(), now, t.timeout);
+        let settled = self.core.settle(!usable.is_empty(), now);
         let mut verdict = quorum::decide(me, &env.known, reports, settled, usable);
         if env.mutation.ignore_quorum() {
             force_acting(&mut verdict, me, settled, usable);
         }
-        let answer_until = if env.mutation.no_tenure() {
-            Some(now + t.mandate())
-        } else {
-            tenure
-                .cap(now + t.mandate(), t.interval / 2)
-                .filter(|until| *until > now)
-        };
-        let starved =
-            self.starvation
-                .observe(self.candidate, answer_until.is_some(), now, t.timeout);
-        if settled && t.flap_damping {
-            self.damping.observe(verdict.acts() && !starved, now);
-        }
-        let held_until = self.damping.held_until(now);
-        let acts = settled && verdict.acts() && held_until.is_none() && !starved;
-        let claim_wait = t.interval * CLAIM_AFTER_BEATS;
-        if last_unready_seq > self.unready_seq {
-            // The gate's rule 8: a `ready: false` heartbeat since the last check resigned.
-            self.unready_seq = last_unready_seq;
-            self.claiming = false;
-            self.claim.observe(false, now, claim_wait);
-        }
-        let delay_over = self.claim.observe(acts, now, claim_wait);
-        self.candidate = delay_over;
-        let claims = delay_over
-            && (self.claiming
-                || env.mutation.no_tenure()
-                || (answer_until.is_some()
-                    && quorum::seen_ready_since(me, &verdict, acks, self.unready_seq)));
-        self.claiming = claims;
+        let no_tenure = env.mutation.no_tenure();
+        let d = self.core.decide(
+            verdict.acts(),
+            if no_tenure { Tenure::Unbounded } else { tenure },
+            last_unready_seq,
+            |after| no_tenure || quorum::seen_ready_since(me, &verdict, acks, after),
+            now,
+        );
         // The speaker's `step::members`: this node among them only once it claims.
         let members = verdict
             .candidates
             .iter()
-            .filter(|(name, _)| claims || name.as_str() != me)
+            .filter(|(name, _)| d.claims || name.as_str() != me)
             .map(|(name, interfaces)| {
                 (
                     name.clone(),
@@ -170,18 +134,15 @@ impl Gate {
             })
             .collect();
         Outcome {
-            acts,
-            claims,
+            acts: d.acts,
+            claims: d.claims,
             members,
-            answer_until,
+            answer_until: d.answer_until,
         }
     }
 
     fn wake_at(&self, now: Instant) -> Option<Instant> {
-        [self.settling.wake_at(now), self.claim.wake_at(now)]
-            .into_iter()
-            .flatten()
-            .min()
+        self.core.wake_at(now)
     }
 }
 
@@ -425,7 +386,7 @@ impl Design for Legacy {
             local: Local::default(),
             interfaces: ["eth0".to_string()].into(),
             told: BTreeMap::new(),
-            gate: Gate::new(),
+            gate: Gate::new(env),
             // The heartbeat timer's first tick is at once (and skipped: still listening).
             next_beat: now,
             loop_wake: now + self.caches_sync,

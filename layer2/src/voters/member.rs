@@ -6,9 +6,8 @@
 //!
 //! 1. **Quorum**: fresh reports (received within the failure timeout) from a majority of the
 //!    voters acknowledge a beat of this process: they hear it, and it hears them.
-//! 2. **Settle**: a usable interface for one failure timeout first.
-//! 3. **Flap damping** and **starvation** as in today's design ([`crate::damping`],
-//!    [`crate::tenure::Starvation`]).
+//! 2. **Settle**, **flap damping**, **starvation**, the **claim delay** and **resignation**: the
+//!    shared gate ([`crate::gate`]), exactly as in today's design.
 //! 4. **Candidates**: the union of the fresh reports' bitmaps; this node among them only while
 //!    it claims.
 //! 5. **Tenure**: from the mature acknowledgements of the voters other than itself, the
@@ -24,17 +23,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::damping::Damping;
+use crate::gate::Gate;
 use crate::heartbeat::HeartbeatError;
 use crate::replay::{self, History, Stamp};
-use crate::settling::Settling;
-use crate::tenure::{SentLog, Starvation, Tenure};
+use crate::tenure::{SentLog, Tenure};
 use crate::wire::{Ack, Beat, Report, bitmap};
 
 use super::{Roster, Timers, majority, smallest_takeover};
-
-/// Heartbeat intervals between saying `ready` and claiming IPs (as today).
-pub const CLAIM_AFTER_BEATS: u32 = 3;
 
 /// Why a report was not taken in.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -115,18 +110,10 @@ pub struct Member {
     bitmaps: Vec<Option<(u64, u64, Vec<u8>)>>,
     /// This node's position among the voters, if it is one.
     my_voter: Option<usize>,
-    /// Gate state.
-    settling: Settling,
-    damping: Damping,
-    claim: Settling,
-    claiming: bool,
-    candidate: bool,
-    starvation: Starvation,
-    /// It has had a quorum since it settled: only then is losing it a flap.
-    had_quorum: bool,
-    /// The latest `ready: false` beat sent, and the one the last check read.
+    /// The shared rules (settling, damping, starvation, claim delay, resignation).
+    gate: Gate,
+    /// The latest `ready: false` beat sent.
     last_unready_seq: u64,
-    unready_seq: u64,
     /// What the beats say.
     ready: bool,
     confirmed: Option<Instant>,
@@ -157,15 +144,12 @@ impl Member {
             seq: 0,
             sent: SentLog::new(boot),
             timers,
-            settling: Settling::default(),
-            damping: Damping::new(),
-            claim: Settling::default(),
-            claiming: false,
-            candidate: false,
-            starvation: Starvation::default(),
-            had_quorum: false,
+            gate: Gate::new(crate::gate::Timing::new(
+                timers.interval,
+                timers.timeout,
+                timers.flap_damping,
+            )),
             last_unready_seq: 0,
-            unready_seq: 0,
             ready: false,
             confirmed: None,
             leaving: false,
@@ -186,7 +170,7 @@ impl Member {
 
     /// Whether it claims IPs (as of the last check).
     pub fn claims(&self) -> bool {
-        self.claiming
+        self.gate.claiming()
     }
 
     /// The next beat, sent at `now` (wall clock `unix_ms`) to every voter. It says ready only
@@ -369,49 +353,45 @@ impl Member {
     /// One check at `now`: `usable` whether the node has an interface that can announce.
     pub fn check(&mut self, now: Instant, usable: bool) -> Check {
         let t = self.timers;
-        let settled = self.settling.observe(usable, now, t.timeout);
+        self.gate.settle(usable, now);
         let quorum = !self.rules.quorum
             || self.majority_of(
                 self.fresh(now)
                     .filter(|(_, r)| self.hears_me(r))
                     .map(|(i, _)| i),
             );
-        let answer_until = if self.rules.tenure {
+        let tenure = if self.rules.tenure {
             self.tenure(now)
-                .cap(now + t.mandate(), t.interval / 2)
-                .filter(|until| *until > now)
         } else {
-            Some(now + t.mandate())
+            Tenure::Unbounded
         };
-        let starved =
-            self.starvation
-                .observe(self.candidate, answer_until.is_some(), now, t.timeout);
-        // A process that has not had a quorum yet has lost nothing: when a whole cluster
-        // starts, its voters listen for a timeout before the first report.
-        self.had_quorum |= settled && quorum;
-        if settled && t.flap_damping && self.had_quorum {
-            self.damping.observe(quorum && !starved, now);
-        }
-        let held = self.damping.held_until(now).is_some();
-        let acts = settled && quorum && !held && !starved;
-        let claim_wait = t.interval * CLAIM_AFTER_BEATS;
-        if self.last_unready_seq > self.unready_seq {
-            // Rule 7: a not-ready beat since the last check resigned.
-            self.unready_seq = self.last_unready_seq;
-            self.claiming = false;
-            self.claim.observe(false, now, claim_wait);
-        }
-        let delay_over = self.claim.observe(acts, now, claim_wait);
-        self.candidate = delay_over;
-        let told = !self.rules.told
-            || self.majority_of(
-                self.fresh(now)
-                    .filter(|(_, r)| self.hears_me(r) && r.told && r.ack.seq > self.unready_seq)
-                    .map(|(i, _)| i),
-            );
-        let claims = delay_over && (self.claiming || (answer_until.is_some() && told));
-        self.claiming = claims;
-        self.ready = acts;
+        let told_rule = self.rules.told;
+        let held = &self.held;
+        let boot = self.boot;
+        let voters = self.voters.len();
+        let d = self.gate.decide(
+            quorum,
+            tenure,
+            self.last_unready_seq,
+            |after| {
+                // Rule 6: told by a majority, in reports acknowledging a beat sent after the
+                // last resignation.
+                let mut count = 0;
+                let mut lowest = false;
+                for (i, h) in held.iter().enumerate() {
+                    let Some(h) = h else { continue };
+                    let r = &h.report;
+                    let fresh = now.saturating_duration_since(h.at) < t.timeout;
+                    if fresh && r.ack.boot == boot && r.ack.seq > after && r.told {
+                        count += 1;
+                        lowest |= i == 0;
+                    }
+                }
+                !told_rule || majority(count, lowest, voters)
+            },
+            now,
+        );
+        self.ready = d.acts;
         self.confirmed = Some(now);
         let mut candidates = bitmap(u16::try_from(self.roster.len()).unwrap_or(u16::MAX), []);
         for (_, r) in self.fresh(now) {
@@ -421,17 +401,17 @@ impl Member {
         }
         let (byte, bit) = (usize::from(self.me) / 8, 0x80u8 >> (self.me % 8));
         if let Some(c) = candidates.get_mut(byte) {
-            if claims {
+            if d.claims {
                 *c |= bit;
             } else {
                 *c &= !bit;
             }
         }
         Check {
-            acts,
-            claims,
+            acts: d.acts,
+            claims: d.claims,
             candidates,
-            answer_until: if claims { answer_until } else { None },
+            answer_until: if d.claims { d.answer_until } else { None },
         }
     }
 
@@ -446,10 +426,7 @@ impl Member {
             .map(|h| h.at + timeout)
             .filter(|at| *at > now)
             .min();
-        [self.settling.wake_at(now), self.claim.wake_at(now), stale]
-            .into_iter()
-            .flatten()
-            .min()
+        [self.gate.wake_at(now), stale].into_iter().flatten().min()
     }
 
     /// The process stops gracefully (`replaced`: a successor follows on this node): it stops
@@ -457,7 +434,7 @@ impl Member {
     pub fn leave(&mut self, replaced: bool) {
         self.leaving = true;
         self.restarting = replaced;
-        self.claiming = false;
+        self.gate.stop();
         self.ready = false;
     }
 
@@ -468,7 +445,7 @@ impl Member {
 
     /// How long the claim delay is.
     pub fn claim_delay(&self) -> Duration {
-        self.timers.interval * CLAIM_AFTER_BEATS
+        self.timers.interval * crate::gate::CLAIM_AFTER_BEATS
     }
 }
 

@@ -26,41 +26,17 @@
 //!    (`quorum::seen_ready_since`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ferrolb_layer2::damping::Damping;
 use ferrolb_layer2::heartbeat::Heard;
 use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::quorum::{self, Report, Verdict};
-use ferrolb_layer2::tenure::{Starvation, Tenure};
+use ferrolb_layer2::tenure::Tenure;
+
+pub use ferrolb_layer2::gate::{CLAIM_AFTER_BEATS, Timing, mandate_for};
 
 use crate::l2::readiness::Layer2State;
-use crate::l2::step::{self, Settling};
-
-/// Heartbeat intervals between saying `ready` and claiming IPs (rule 6).
-pub const CLAIM_AFTER_BEATS: u32 = 3;
-
-/// The speaker's timings, as its flags set them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timing {
-    /// Between two heartbeats.
-    pub heartbeat_interval: Duration,
-    /// Silence after which a peer counts as gone.
-    pub failure_timeout: Duration,
-    /// How long answering stays allowed after a check (less than the others' failure timeout
-    /// minus a heartbeat interval).
-    pub mandate: Duration,
-    /// Whether flap damping applies (rule 5).
-    pub flap_damping: bool,
-}
-
-/// How long answering stays allowed after a check ([`Timing::mandate`]): the failure timeout
-/// minus two heartbeat intervals, at least one interval.
-pub fn mandate_for(failure_timeout: Duration, heartbeat_interval: Duration) -> Duration {
-    failure_timeout
-        .saturating_sub(heartbeat_interval * 2)
-        .max(heartbeat_interval)
-}
+use crate::l2::step;
 
 /// What one membership check reads: the known speakers, the heartbeat table, this node's
 /// tenure and its usable interfaces.
@@ -111,42 +87,24 @@ impl Outcome {
     }
 }
 
-/// The gate's state between checks.
+/// The gate's state between checks: the shared rules ([`ferrolb_layer2::gate`]) fed with this
+/// membership's quorum verdict and claim condition.
 #[derive(Clone, Debug)]
 pub struct Gate {
-    timing: Timing,
-    settling: Settling,
-    damping: Damping,
-    claim: Settling,
-    claiming: bool,
-    /// The others count this node as a candidate (it has acted for the claim delay).
-    candidate: bool,
-    starvation: Starvation,
-    /// The latest `ready: false` heartbeat's sequence number the last check read (rule 8).
-    unready_seq: u64,
+    core: ferrolb_layer2::gate::Gate,
 }
 
 impl Gate {
     /// A gate for a speaker that has just started.
     pub fn new(timing: Timing) -> Self {
         Gate {
-            timing,
-            settling: Settling::default(),
-            damping: Damping::new(),
-            claim: Settling::default(),
-            claiming: false,
-            candidate: false,
-            starvation: Starvation::default(),
-            unready_seq: 0,
+            core: ferrolb_layer2::gate::Gate::new(timing),
         }
     }
 
     /// One membership check at `now`.
     pub fn check(&mut self, inputs: Inputs<'_>, now: Instant) -> Outcome {
-        let t = self.timing;
-        let settled = self
-            .settling
-            .observe(!inputs.usable.is_empty(), now, t.failure_timeout);
+        let settled = self.core.settle(!inputs.usable.is_empty(), now);
         let verdict = quorum::decide(
             inputs.me,
             inputs.known,
@@ -154,57 +112,29 @@ impl Gate {
             settled,
             inputs.usable,
         );
-        let answer_until = inputs
-            .tenure
-            .cap(now + t.mandate, t.heartbeat_interval / 2)
-            .filter(|until| *until > now);
-        let starved = self.starvation.observe(
-            self.candidate,
-            answer_until.is_some(),
+        let d = self.core.decide(
+            verdict.acts(),
+            inputs.tenure,
+            inputs.last_unready_seq,
+            |after| quorum::seen_ready_since(inputs.me, &verdict, inputs.acks, after),
             now,
-            t.failure_timeout,
         );
-        if settled && t.flap_damping {
-            self.damping.observe(verdict.acts() && !starved, now);
-        }
-        let held_until = self.damping.held_until(now);
-        let acts = settled && verdict.acts() && held_until.is_none() && !starved;
-        let claim_wait = t.heartbeat_interval * CLAIM_AFTER_BEATS;
-        if inputs.last_unready_seq > self.unready_seq {
-            // Rule 8: a `ready: false` heartbeat went out since the last check, a resignation
-            // the others acted on. Start over as a node that did not act until now.
-            self.unready_seq = inputs.last_unready_seq;
-            self.claiming = false;
-            self.claim.observe(false, now, claim_wait);
-        }
-        let delay_over = self.claim.observe(acts, now, claim_wait);
-        self.candidate = delay_over;
-        let claims = delay_over
-            && (self.claiming
-                || (answer_until.is_some()
-                    && quorum::seen_ready_since(
-                        inputs.me,
-                        &verdict,
-                        inputs.acks,
-                        self.unready_seq,
-                    )));
-        self.claiming = claims;
-        let members = step::members(&verdict, inputs.me, claims);
+        let members = step::members(&verdict, inputs.me, d.claims);
         let state = Layer2State {
             settled,
             acts: verdict.acts(),
-            held: held_until.is_some(),
-            starved,
-            claims,
+            held: d.held_until.is_some(),
+            starved: d.starved,
+            claims: d.claims,
         };
         Outcome {
             verdict,
-            acts,
-            claims,
+            acts: d.acts,
+            claims: d.claims,
             members,
-            answer_until,
-            held_until,
-            starved,
+            answer_until: d.answer_until,
+            held_until: d.held_until,
+            starved: d.starved,
             state,
         }
     }
@@ -212,16 +142,13 @@ impl Gate {
     /// When the loop must wake for the gate to move on (the settle time, the claim delay), if
     /// that is still ahead of `now`.
     pub fn wake_at(&self, now: Instant) -> Option<Instant> {
-        [self.settling.wake_at(now), self.claim.wake_at(now)]
-            .into_iter()
-            .flatten()
-            .min()
+        self.core.wake_at(now)
     }
 
     /// Whether this node has acted for the claim delay but waits for the others to hear it
     /// ready before claiming.
     pub fn waiting_to_claim(&self) -> bool {
-        self.candidate && !self.claiming
+        self.core.waiting_to_claim()
     }
 }
 
@@ -231,6 +158,8 @@ mod tests {
 
     use super::*;
     use crate::l2::readiness::readiness;
+    use ferrolb_layer2::damping::Damping;
+    use std::time::Duration;
 
     const ME: &str = "node1";
 
