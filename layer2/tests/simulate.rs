@@ -12,30 +12,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Instant;
-
 use ferrolb_layer2::sim::{
-    Answer, Cluster, Design, Engine, Env, Fault, FaultKind, Legacy, MS, Micros, Mutation, Outbox,
-    Report, SECOND, Violation, rolling_restart,
+    Answer, Cluster, Design, Env, Fault, FaultKind, Legacy, MS, Micros, Mutation, Outbox, Report,
+    SECOND, Violation, rolling_restart,
 };
 use proptest::prelude::*;
 
-fn cases(default: u32) -> u32 {
-    std::env::var("SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Runs `design` on `cluster` with `faults` until `end`.
-fn run<D: Design>(design: D, cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
-    let mut engine = Engine::new(design, cluster, Instant::now());
-    for f in faults {
-        engine.add_fault(f.clone());
-    }
-    engine.run_until(end);
-    engine.report()
-}
+#[path = "support/sim.rs"]
+mod support;
+use support::{cases, run, sizes, splits};
 
 /// Invariant 2's bound that today's design meets: a node silent at its peers for just over the
 /// failure timeout, but not long enough for anyone to take over, is acknowledged again only
@@ -51,19 +36,6 @@ fn legacy_bound(cluster: &Cluster) -> Micros {
 
 fn legacy(cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
     run(Legacy::default(), cluster, faults, end)
-}
-
-fn splits(report: &Report) -> Vec<&Violation> {
-    report
-        .violations
-        .iter()
-        .filter(|v| matches!(v, Violation::TwoAnswer { .. }))
-        .collect()
-}
-
-/// Cluster sizes: mostly small (fast), some up to 50.
-fn sizes() -> impl Strategy<Value = usize> {
-    prop_oneof![4 => 5usize..=9, 1 => 10usize..=50]
 }
 
 proptest! {

@@ -10,26 +10,14 @@
 use std::time::Instant;
 
 use ferrolb_layer2::sim::{
-    Cluster, Design, Engine, Fault, FaultKind, MS, Micros, Mutation, Report, SECOND, Violation,
-    VotersDesign, rolling_restart,
+    Cluster, Design, Engine, Fault, FaultKind, MS, Micros, Mutation, Report, SECOND, VotersDesign,
+    rolling_restart,
 };
 use proptest::prelude::*;
 
-fn cases(default: u32) -> u32 {
-    std::env::var("SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn run<D: Design>(design: D, cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
-    let mut engine = Engine::new(design, cluster, Instant::now());
-    for f in faults {
-        engine.add_fault(f.clone());
-    }
-    engine.run_until(end);
-    engine.report()
-}
+#[path = "support/sim.rs"]
+mod support;
+use support::{cases, run, sizes, splits};
 
 fn voters(cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
     run(VotersDesign::default(), cluster, faults, end)
@@ -39,14 +27,6 @@ fn voters(cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
 fn voter_nodes(n: usize) -> Vec<usize> {
     let engine = Engine::new(VotersDesign::default(), &Cluster::new(n, 1), Instant::now());
     engine.design().voter_nodes(engine.env())
-}
-
-fn splits(report: &Report) -> Vec<&Violation> {
-    report
-        .violations
-        .iter()
-        .filter(|v| matches!(v, Violation::TwoAnswer { .. }))
-        .collect()
 }
 
 /// Without a fault, every speaker claims within about a second of a cold start, no IP moves or
@@ -72,11 +52,6 @@ fn a_quiet_cluster_converges_and_nothing_moves() {
         assert!(rate <= 20.0 * v, "n={n}: {rate} datagrams/s per node");
         assert!(m.largest <= 1_472, "n={n}: {} bytes", m.largest);
     }
-}
-
-/// Cluster sizes: mostly small (fast), some up to 50.
-fn sizes() -> impl Strategy<Value = usize> {
-    prop_oneof![4 => 5usize..=9, 1 => 10usize..=50]
 }
 
 proptest! {
