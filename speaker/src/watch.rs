@@ -81,45 +81,15 @@ impl Wake {
     /// marks the configuration for re-validation when `config` says the change touches it,
     /// and wakes the loop.
     fn heard(&self, first_list: bool, config: bool) -> Continue {
-        self.count(first_list, config);
-        self.changed.notify_one();
-        true
-    }
-
-    /// [`Wake::heard`] without waking the loop: for what the loop's periodic check reads
-    /// anyway (the presence Leases: their renewals, N/10 a second cluster-wide, would each
-    /// wake a full step on every speaker, N²/10 steps a second, for a known set that rarely
-    /// changes; the check every heartbeat interval reads the set and replans when it does).
-    /// Its first list still wakes the loop: it may be the last watch to sync, and the first
-    /// step waits for all of them.
-    fn counted(&self, first_list: bool) -> Continue {
-        self.count(first_list, false);
-        if first_list {
-            self.changed.notify_one();
-        }
-        true
-    }
-
-    fn count(&self, first_list: bool, config: bool) {
         if first_list {
             self.synced.fetch_add(1, Ordering::Relaxed);
         }
         if config {
             self.config_dirty.store(true, Ordering::Relaxed);
         }
+        self.changed.notify_one();
+        true
     }
-}
-
-/// What a change of a watched kind does to the work loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OnChange {
-    /// Wakes a step.
-    Step,
-    /// Wakes a step that re-validates the configuration first (Node labels select
-    /// advertisements).
-    StepAndConfig,
-    /// Nothing: the periodic check reads it ([`Wake::counted`]).
-    Quiet,
 }
 
 /// Watches every `K` (of a namespace, or of the cluster) into a cache, trimming each object
@@ -129,7 +99,7 @@ fn watch<K>(
     selector: watcher::Config,
     kind: &'static str,
     wake: &Wake,
-    on_change: OnChange,
+    config: bool,
     trim: fn(&mut K),
 ) -> Store<K>
 where
@@ -147,11 +117,7 @@ where
         },
         move |change| {
             let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
-            match on_change {
-                OnChange::Step => wake.heard(first, false),
-                OnChange::StepAndConfig => wake.heard(first, true),
-                OnChange::Quiet => wake.counted(first),
-            }
+            wake.heard(first, config)
         },
     )
 }
@@ -182,7 +148,7 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             all(),
             "services",
             &wake,
-            OnChange::Step,
+            false,
             trim_service,
         ),
         slices: watch(
@@ -190,7 +156,7 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             all(),
             "endpointslices",
             &wake,
-            OnChange::Step,
+            false,
             trim_slice,
         ),
         // Node labels select advertisements: the configuration is re-read when they change.
@@ -199,7 +165,7 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             all(),
             "nodes",
             &wake,
-            OnChange::StepAndConfig,
+            true,
             trim_node,
         ),
         secrets: NamedSecrets {
@@ -207,14 +173,13 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             wake: wake.clone(),
             watches: Mutex::default(),
         },
-        // The speakers' presence Leases: the known set of the quorum rule. Their renewals wake
-        // nothing: the membership check every heartbeat interval reads them.
+        // The speakers' presence Leases: the known set of the quorum rule.
         presence: watch(
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(&selector(group)),
             "leases",
             &wake,
-            OnChange::Quiet,
+            false,
             |_| {},
         ),
         config,
@@ -313,36 +278,4 @@ fn keep_only_password(secret: &mut Secret) {
     }
     secret.string_data = None;
     secret.metadata.annotations = None;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use futures::FutureExt;
-
-    fn woke(wake: &Wake) -> bool {
-        // A `notify_one` with no waiter leaves a permit: the next `notified` completes at once.
-        wake.changed.notified().now_or_never().is_some()
-    }
-
-    #[test]
-    fn presence_renewals_count_the_sync_but_wake_no_step() {
-        let wake = Wake {
-            changed: Arc::new(Notify::new()),
-            synced: Arc::new(AtomicUsize::new(0)),
-            config_dirty: Arc::new(AtomicBool::new(false)),
-        };
-        // The first list wakes (it may be the last watch to sync) and counts.
-        wake.counted(true);
-        assert!(woke(&wake));
-        assert_eq!(wake.synced.load(Ordering::Relaxed), 1);
-        // A renewal wakes nothing and dirties no configuration.
-        wake.counted(false);
-        assert!(!woke(&wake));
-        assert!(!wake.config_dirty.load(Ordering::Relaxed));
-        // Other kinds wake a step.
-        wake.heard(false, true);
-        assert!(woke(&wake));
-        assert!(wake.config_dirty.load(Ordering::Relaxed));
-    }
 }
