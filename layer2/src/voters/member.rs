@@ -6,19 +6,17 @@
 //!
 //! 1. **Quorum**: fresh reports (received within the failure timeout) from a majority of the
 //!    voters acknowledge a beat of this process: they hear it, and it hears them.
-//! 2. **Settle**, **flap damping**, **starvation**, the **claim delay** and **resignation**: the
-//!    shared gate ([`crate::gate`]), exactly as in today's design.
-//! 4. **Candidates**: the union of the fresh reports' bitmaps; this node among them only while
+//! 2. **Settle**, **flap damping**, **starvation**, the **claim delay** and **resignation** (a
+//!    beat that said not ready ends the claim, which is earned again as at a rejoin): the shared
+//!    gate ([`crate::gate`]), exactly as in today's design.
+//! 3. **Candidates**: the union of the fresh reports' bitmaps; this node among them only while
 //!    it claims.
-//! 5. **Tenure**: from the mature acknowledgements of the voters other than itself, the
+//! 4. **Tenure**: from the mature acknowledgements of the voters other than itself, the
 //!    earliest instant a majority of them can have stopped listing it; answering ends half an
 //!    interval before.
-//! 6. **Claim**: acting for the claim delay (three intervals), a tenure, and `told` from a
+//! 5. **Claim**: acting for the claim delay (three intervals), a tenure, and `told` from a
 //!    majority of the voters in reports that acknowledge a beat sent after its last
 //!    resignation.
-//! 7. **Resignation**: a beat that said not ready (its loop had not confirmed within the
-//!    mandate) ends the claim, which is earned again as at a rejoin (decision 0015,
-//!    amendment of 2026-12-06).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,9 +53,9 @@ pub enum MemberError {
 pub struct Rules {
     /// Act only with a quorum of voters (rule 1).
     pub quorum: bool,
-    /// Answer only within the tenure (rule 5).
+    /// Answer only within the tenure (rule 4).
     pub tenure: bool,
-    /// Claim only once told by a majority (rule 6).
+    /// Claim only once told by a majority (rule 5).
     pub told: bool,
 }
 
@@ -374,7 +372,7 @@ impl Member {
             tenure,
             self.last_unready_seq,
             |after| {
-                // Rule 6: told by a majority, in reports acknowledging a beat sent after the
+                // Rule 5: told by a majority, in reports acknowledging a beat sent after the
                 // last resignation.
                 let mut count = 0;
                 let mut lowest = false;
