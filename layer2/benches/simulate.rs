@@ -17,9 +17,13 @@
 //! **SWIM** (MetalLB's memberlist, through `foca`: `tests/support/swim.rs`) runs in full, with
 //! the same faults, up to `SIM_BENCH_SWIM_MAX` nodes (default 200: every node announcing itself to every other at start makes larger runs slow).
 //!
+//! **A voter change** (`change` in `SIM_BENCH_DESIGNS`): every voter replaced through the joint
+//! phase in a healthy cluster, with the time until every node is on the last generation and
+//! the IPs it moved or left unanswered (none expected).
+//!
 //! Environment: `SIM_BENCH_NODES` (default `100,1000,5000`), `SIM_BENCH_FULL_MAX` (largest size
 //! of today's design run in full, default 100), `SIM_BENCH_SECONDS` (simulated seconds of a
-//! full run, default 10), `SIM_BENCH_DESIGNS` (`legacy,voters,swim` by default).
+//! full run, default 10), `SIM_BENCH_DESIGNS` (`legacy,voters,swim,change` by default).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -185,12 +189,15 @@ fn main() {
     let sizes = env_list("SIM_BENCH_NODES", "100,1000,5000");
     let seconds = env_num("SIM_BENCH_SECONDS", 10).max(9);
     let designs =
-        std::env::var("SIM_BENCH_DESIGNS").unwrap_or_else(|_| "legacy,voters,swim".into());
+        std::env::var("SIM_BENCH_DESIGNS").unwrap_or_else(|_| "legacy,voters,swim,change".into());
     if designs.contains("legacy") {
         legacy(&sizes, seconds);
     }
     if designs.contains("voters") {
         voters(&sizes, seconds);
+    }
+    if designs.contains("change") {
+        voter_change(&sizes);
     }
     if designs.contains("swim") {
         swim(&sizes, seconds);
@@ -350,6 +357,78 @@ fn voters(sizes: &[usize], seconds: u64) {
             e.design().voter_nodes(e.env())
         };
         full_run(design, n, seconds, &avoid, 2);
+    }
+}
+
+/// A change of every voter at every size (decision 0023, "The voter set"): the controller
+/// publishes the joint phase at 4 s, every node reads each configuration within 200 ms, the
+/// controller finishes once no voter serves the old generation and the drain has passed.
+fn voter_change(sizes: &[usize]) {
+    println!(
+        "voter change: all 5 voters replaced by 5 others at 4 s, each configuration read within \
+         200 ms; 'done': until every node is on the last generation; IPs moved and outages \
+         (failovers and hand-backs) over the run"
+    );
+    println!(
+        "{:>6} {:>6} {:>10} {:>6} {:>8} {:>12} {:>10}",
+        "N", "IPs", "done", "moved", "outages", "wall s/sim s", "violations"
+    );
+    for &n in sizes {
+        let mut cluster = Cluster::new(n, 1);
+        cluster.ips = (4 * n).clamp(16, 2_000);
+        let mut engine = Engine::new(VotersDesign::default(), &cluster, Instant::now());
+        let old = engine.design().voter_nodes(engine.env());
+        // Five others, one per rack in turn as `spread` would choose them.
+        let mut next = Vec::new();
+        let racks = engine.env().racks.clone();
+        for rack in 0.. {
+            if next.len() == 5 || rack > 10 {
+                break;
+            }
+            for r in 0..3 {
+                if next.len() < 5
+                    && let Some(i) =
+                        (0..n).find(|&i| racks[i] == r && !old.contains(&i) && !next.contains(&i))
+                {
+                    next.push(i);
+                }
+            }
+        }
+        engine.run_until(4 * SECOND);
+        engine.add_fault(Fault {
+            at: 4 * SECOND,
+            heal: 14 * SECOND,
+            kind: FaultKind::ChangeVoters {
+                next,
+                adopt_within: 200 * MS,
+            },
+        });
+        let started = Instant::now();
+        let mut done = None;
+        let mut t = 4 * SECOND;
+        while t < 14 * SECOND {
+            t += 10 * MS;
+            engine.run_until(t);
+            if done.is_none()
+                && engine.design().configs(engine.env()).len() == 3
+                && (0..n).all(|i| engine.node(i).is_none_or(|v| v.generation() == 3))
+            {
+                done = Some(t - 4 * SECOND);
+            }
+        }
+        let wall = started.elapsed().as_secs_f64() / 10.0;
+        let report = engine.report();
+        let m = &report.metrics;
+        println!(
+            "{:>6} {:>6} {:>10} {:>6} {:>8} {:>12.2} {:>10}",
+            n,
+            cluster.ips,
+            ms(done),
+            m.moved,
+            m.failovers.len() + m.handbacks.len(),
+            wall,
+            report.violation_count
+        );
     }
 }
 

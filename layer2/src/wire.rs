@@ -13,8 +13,8 @@
 //! | message | worst case (253-byte names, [`MAX_INTERFACES`], [`MAX_ACKS`]) |
 //! |---|---|
 //! | [`Beat`] | [`MAX_BEAT_LEN`] = 1,248 bytes, whatever the cluster size |
-//! | [`Report`] | 108 bytes + ⌈N/8⌉ up to N = [`INLINE_MAX_NODES`] (10,912): 733 at N = 5,000 |
-//! | [`Report`] leaving its bitmap out ([`Report::same`]) | 108 bytes, whatever the cluster size |
+//! | [`Report`] | 116 bytes + ⌈N/8⌉ up to N = [`INLINE_MAX_NODES`] (10,848): 741 at N = 5,000 |
+//! | [`Report`] leaving its bitmap out ([`Report::same`]) | 116 bytes, whatever the cluster size |
 //! | [`Part`] | at most 1,472 bytes, only past [`INLINE_MAX_NODES`] |
 //!
 //! A bitmap rarely changes, and a voter answers every beat (at 5,000 nodes, 50,000 reports a
@@ -112,13 +112,13 @@ pub const MAX_BEAT_LEN: usize = BEAT_FIXED
     + MAX_ACKS * ACK_LEN
     + TAG_LEN;
 /// Bytes of a report besides its bitmap: magic, kind, voter, recipient, boot, sequence number,
-/// clock, set, acknowledgement, flags, bitmap version, tag. Also the whole length of a report
-/// that leaves its bitmap out ([`Report::same`]), whatever the cluster size.
+/// clock, set, acknowledgement, flags, bitmap version, generation, tag. Also the whole length of
+/// a report that leaves its bitmap out ([`Report::same`]), whatever the cluster size.
 const REPORT_OVERHEAD: usize =
-    4 + 1 + 2 * NODE_REF_LEN + 8 + 8 + 8 + SET_ID_LEN + SEEN_LEN + 1 + 8 + TAG_LEN;
+    4 + 1 + 2 * NODE_REF_LEN + 8 + 8 + 8 + SET_ID_LEN + SEEN_LEN + 1 + 8 + 8 + TAG_LEN;
 /// Longest bitmap a report carries itself.
 pub const INLINE_BITMAP_BYTES: usize = MAX_DATAGRAM - REPORT_OVERHEAD;
-/// Largest presence set whose bitmap a report carries itself (10,912 nodes); a larger set's
+/// Largest presence set whose bitmap a report carries itself (10,848 nodes); a larger set's
 /// bitmap goes in [`Part`]s.
 pub const INLINE_MAX_NODES: usize = INLINE_BITMAP_BYTES * 8;
 /// Bytes of a part besides its slice: magic, kind, voter, boot, sequence number, set, offset,
@@ -409,8 +409,13 @@ pub struct Report {
     pub same: bool,
     /// The voter's listing version (per boot) the bitmap is of: it increases whenever the
     /// voter's bitmap changes. A member keeps the last bitmap it received from each voter with
-    /// its version. Eight bytes after the flags octet, before the bitmap.
+    /// its version. Eight bytes after the flags octet.
     pub version: u64,
+    /// The voter configuration the voter serves (decision 0023, "The voter set"): a member
+    /// counts a report only toward the rules of that generation, so members on two
+    /// configurations never count one report toward both. A voter serves one generation per
+    /// process. Eight bytes after the version, before the bitmap.
+    pub generation: u64,
     /// Bit `i`: the voter hears node `i` of the set (a beat arrived within the failure timeout,
     /// or the node is held through its restart hold) and its last beat said ready and not
     /// leaving. [`SetId::bitmap_bytes`] long with the bits past the last node clear; empty when
@@ -738,6 +743,7 @@ fn write_report(out: &mut Vec<u8>, r: &Report) -> Result<(), Shape> {
             | if r.same { FLAG_SAME } else { 0 },
     );
     out.extend_from_slice(&r.version.to_be_bytes());
+    out.extend_from_slice(&r.generation.to_be_bytes());
     if r.same && !r.bitmap.is_empty() {
         return Err(Shape::SameWithBitmap);
     }
@@ -858,6 +864,7 @@ fn parse_report(r: &mut Reader<'_>) -> Result<Report, Shape> {
     }
     let same = flags & FLAG_SAME != 0;
     let version = r.u64()?;
+    let generation = r.u64()?;
     // The bitmap is the rest of the body: nothing when the report leaves it out, else exactly
     // the set's, or nothing when parts carry it.
     let bitmap = r.take(r.0.len())?.to_vec();
@@ -882,6 +889,7 @@ fn parse_report(r: &mut Reader<'_>) -> Result<Report, Shape> {
         told: flags & FLAG_TOLD != 0,
         same,
         version,
+        generation,
         bitmap,
     })
 }
@@ -1042,6 +1050,7 @@ pub(crate) mod fixtures {
             told: false,
             same: false,
             version: 3,
+            generation: 2,
             bitmap: bitmap(set.len, (0..names.len()).step_by(2)),
         }
     }
@@ -1141,7 +1150,7 @@ mod tests {
         // The figures the module's documentation gives.
         assert_eq!(
             (beat_len, report_len, same_len, INLINE_MAX_NODES, PART_BYTES),
-            (1248, 733, 108, 10_912, 1403)
+            (1248, 741, 116, 10_848, 1403)
         );
         for len in [beat_len, report_len, same_len] {
             assert!(len <= MAX_DATAGRAM, "{len} bytes");
@@ -1227,12 +1236,16 @@ mod tests {
                 bytes[REPORT_FLAGS_AT], octet,
                 "mature {mature}, told {told}"
             );
-            // The version follows the flags, then the bitmap.
+            // The version follows the flags, then the generation, then the bitmap.
             assert_eq!(
                 bytes[REPORT_FLAGS_AT + 1..REPORT_FLAGS_AT + 9],
                 3u64.to_be_bytes()
             );
-            assert_eq!(bytes[REPORT_FLAGS_AT + 9..bytes.len() - TAG_LEN], r.bitmap);
+            assert_eq!(
+                bytes[REPORT_FLAGS_AT + 9..REPORT_FLAGS_AT + 17],
+                2u64.to_be_bytes()
+            );
+            assert_eq!(bytes[REPORT_FLAGS_AT + 17..bytes.len() - TAG_LEN], r.bitmap);
             assert_eq!(bytes.len(), REPORT_OVERHEAD + r.bitmap.len());
             assert_eq!(
                 Message::decode(&bytes, &ring()),
@@ -1284,11 +1297,12 @@ mod tests {
         for r in [small, big] {
             let bytes = Message::from(r.clone()).encode(&ring()).unwrap();
             assert_eq!(bytes.len(), REPORT_OVERHEAD);
-            // Flags: mature and same; then the version and the tag, nothing between.
+            // Flags: mature and same; then the version, the generation and the tag, nothing
+            // between.
             assert_eq!(bytes[REPORT_FLAGS_AT], 0x05);
             assert_eq!(
                 bytes[REPORT_FLAGS_AT + 1..bytes.len() - TAG_LEN],
-                [1, 2, 3, 4, 5, 6, 7, 8]
+                [1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 2]
             );
             assert_eq!(
                 Message::decode(&bytes, &ring()),
@@ -1842,14 +1856,14 @@ mod tests {
         (
             arb_names(),
             any::<(u16, u16, u64, u64, u64, u64, u64)>(),
-            any::<(bool, bool, bool, u64)>(),
+            any::<(bool, bool, bool, u64, u64)>(),
             prop::collection::vec(any::<u16>(), 0..40),
         )
             .prop_map(
                 |(
                     names,
                     (v, t, boot, seq, unix_ms, aboot, aseq),
-                    (mature, told, same, version),
+                    (mature, told, same, version, generation),
                     heard_nodes,
                 )| {
                     let set = set_of(&names);
@@ -1868,6 +1882,7 @@ mod tests {
                         told,
                         same,
                         version,
+                        generation,
                         // A same report leaves its bitmap out.
                         bitmap: if same {
                             Vec::new()

@@ -260,6 +260,7 @@ fn wire_seeds() -> Corpus {
         told: true,
         same: false,
         version: 0x0102_0304_0506_0708,
+        generation: 3,
         bitmap: wire::bitmap(5000, (0..5000).filter(|i| i % 7 != 0)),
     };
     messages.push(("beat_longest".into(), longest.into()));

@@ -17,7 +17,8 @@
 //! # beat: b"FLB\x04", kind 1, flags, boot, seq, clock, set, name, interfaces, acks
 //! # report: b"FLB\x04", kind 2, voter ref, recipient ref, boot, seq, clock, set, ack,
 //! #   flags (one octet: 0x01 mature, 0x02 told, 0x04 same), bitmap version (8 bytes),
-//! #   bitmap (none when same, or when the set is past 10,912 nodes)
+//! #   voter configuration generation (8 bytes),
+//! #   bitmap (none when same, or when the set is past 10,848 nodes)
 //! # part: b"FLB\x04", kind 3, voter ref, boot, seq, set, offset, length, slice
 //! ```
 //!
@@ -47,27 +48,27 @@ const BEAT_LEAVING: &str = "\
     02adbbba9a";
 /// n0's report to n1 over {n0, n1, n2}: boot 0x11, sequence 0x100, clock 0x190_0000_0032 ms,
 /// acknowledging n1's beat (0x0102030405060708, 9), mature and not told (flags 0x01), bitmap
-/// version 7, hearing n0 and n1 (bitmap 0xc0). 109 bytes.
+/// version 7, voter configuration 2, hearing n0 and n1 (bitmap 0xc0). 117 bytes.
 const REPORT: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     110000000000000100000001900000003277ec47d1e8566ca98cd4d7ac6f3b72\
-    1e000301020304050607080000000000000009010000000000000007c0d9579b\
-    ac3ed5565e4c491ace77740cfc";
+    1e00030102030405060708000000000000000901000000000000000700000000\
+    00000002c035663f13ec7713d932920b57584acc65";
 /// n0's next report, over a set of 12,000 nodes (digest 0xab…, a set too large for the bitmap
 /// to travel inline), mature and told (flags 0x03, kept in the head report when the bitmap goes
-/// in parts), bitmap version 8: no bitmap. 108 bytes.
+/// in parts), bitmap version 8, configuration 2: no bitmap. 116 bytes.
 const REPORT_SPLIT: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     1100000000000001010000019000000032ababababababababababababababab\
-    ab2ee001020304050607080000000000000009030000000000000008adb9de37\
-    600c7e7976a5873ef9109bf1";
+    ab2ee00102030405060708000000000000000903000000000000000800000000\
+    00000002f6068dc88f5d087a24433b3b54d9d233";
 /// n0's next report to n1 over {n0, n1, n2} (sequence 0x101), leaving its bitmap out: n1
-/// acknowledged holding version 7 (flags 0x07: mature, told, same). 108 bytes at any set size.
+/// acknowledged holding version 7 (flags 0x07: mature, told, same). 116 bytes at any set size.
 const REPORT_SAME: &str = "\
     464c42040200001f6d68e718d110b300010a5a19ab9d11a21a00000000000000\
     110000000000000101000001900000003277ec47d1e8566ca98cd4d7ac6f3b72\
-    1e00030102030405060708000000000000000907000000000000000790658bd3\
-    f1eabcec525bd8fd30fef40a";
+    1e00030102030405060708000000000000000907000000000000000700000000\
+    00000002b1a8eb534a06b31f8a124fdd26af7d70";
 /// The second and last part of that report's bitmap (all 0x5a): offset 1,403, 97 bytes. 166 bytes.
 const PART: &str = "\
     464c42040300001f6d68e718d110b300000000000000110000000000000101ab\
@@ -159,6 +160,7 @@ fn report() -> Report {
         told: false,
         same: false,
         version: 7,
+        generation: 2,
         bitmap: bitmap(3, [0, 1]),
     }
 }

@@ -131,6 +131,9 @@ pub enum Mutation {
     /// Voters only: a member claims without being told by a majority of the voters that every
     /// member holds a report listing it ready.
     NoTold,
+    /// Voters only: a change of the voters goes straight to the new set, without the joint
+    /// phase in which members need a majority of both sets.
+    SkipJoint,
 }
 
 impl Mutation {
@@ -216,6 +219,10 @@ pub struct Env {
     pub heal_bound: Micros,
     base: Instant,
 }
+
+/// How often a node reads the voter configuration again (a watch's resync, its presence Lease
+/// renewal): what confirms a voter's configuration while the API server answers.
+pub const RESYNC: Micros = SECOND;
 
 /// Nodes ranked per IP in [`Env`] (the owner among members is almost always one of them).
 const RANKED: usize = 8;
@@ -421,6 +428,38 @@ pub trait Design {
     /// The longest a process takes, from its start in a healthy cluster, to answer for what it
     /// owns: invariant 2 after a restart counts from the end of it.
     fn startup(&self, env: &Env) -> Micros;
+
+    /// The controller publishes a change of the voters to `next` (node indexes)
+    /// ([`FaultKind::ChangeVoters`]). Returns the generation every voter must move to before
+    /// the change can finish ([`Design::finish_change`]), or `None` when it is complete (or the
+    /// design has no voters).
+    fn change_voters(&self, _env: &Env, _next: &[usize]) -> Option<u64> {
+        None
+    }
+
+    /// Whether the process on a node serves no generation older than `generation` at `now`
+    /// (the controller's condition for finishing a change).
+    fn moved_on(&self, _env: &Env, _node: &Self::Node, _generation: u64, _now: Micros) -> bool {
+        true
+    }
+
+    /// How long after every voter moved on the controller waits before it finishes a change.
+    fn drain(&self, _env: &Env) -> Micros {
+        0
+    }
+
+    /// The controller finishes the change whose joint phase is `generation`.
+    fn finish_change(&self, _env: &Env, _generation: u64) {}
+
+    /// The process on a node reads the latest voter configuration at `now`.
+    fn adopt(
+        &self,
+        _env: &Env,
+        _node: &mut Self::Node,
+        _now: Micros,
+        _out: &mut Outbox<Self::Message>,
+    ) {
+    }
 }
 
 /// What can go wrong.
@@ -458,6 +497,20 @@ pub enum FaultKind {
         node: usize,
         /// How it stops.
         graceful: Option<bool>,
+    },
+    /// These nodes cannot reach the API server: they read no new voter configuration and
+    /// cannot confirm the one they have (a voter among them stops reporting after
+    /// [`crate::voters::Timers::confirm_within`]); they read it again after the heal.
+    ApiCut(Vec<usize>),
+    /// Not a fault: the controller changes the voters to `next` (node indexes) through the
+    /// joint phase ([`crate::voters::VoterConfig`]); every node reads each new configuration at
+    /// a random time within `adopt_within` of its publication (as a watch delivers it), the
+    /// controller finishes once every voter has moved on and [`Design::drain`] has passed.
+    ChangeVoters {
+        /// The voters after the change.
+        next: Vec<usize>,
+        /// Each node reads a configuration this long after its publication, at most.
+        adopt_within: Micros,
     },
 }
 
@@ -674,13 +727,33 @@ impl Report {
 }
 
 enum Ev<M> {
-    Deliver { to: usize, msg: Rc<M> },
-    Transmit { from: usize, send: Send<M> },
-    Wake { node: usize, generation: u64 },
-    Expire { node: usize, generation: u64 },
+    Deliver {
+        to: usize,
+        msg: Rc<M>,
+    },
+    Transmit {
+        from: usize,
+        send: Send<M>,
+    },
+    Wake {
+        node: usize,
+        generation: u64,
+    },
+    Expire {
+        node: usize,
+        generation: u64,
+    },
     FaultStart(usize),
     FaultEnd(usize),
     Deadline(usize),
+    /// A node reads the latest voter configuration.
+    Adopt(usize),
+    /// A node reads its configuration again, as it does every [`RESYNC`].
+    Resync(usize),
+    /// The controller checks whether every voter moved on to this generation.
+    Advance(u64),
+    /// The controller finishes the change whose joint phase is this generation.
+    Finish(u64),
 }
 
 struct Entry<M> {
@@ -734,6 +807,10 @@ struct Slot<N, M> {
     /// Its speaker claims ([`Design::claims`]).
     claims: bool,
     boots: u64,
+    /// A configuration was published while it was frozen: it reads it when it resumes.
+    adopt_pending: bool,
+    /// Faults in force that cut it from the API server.
+    api_cut: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -775,6 +852,8 @@ pub struct Engine<D: Design> {
     first_fault: Option<Micros>,
     measure_from: Micros,
     latency: (Micros, Micros),
+    /// The window of the voter change under way ([`FaultKind::ChangeVoters`]).
+    adopt_within: Micros,
     metrics: Metrics,
     violations: Vec<Violation>,
     violation_count: u64,
@@ -802,6 +881,7 @@ impl<D: Design> Engine<D> {
             first_fault: None,
             measure_from: cluster.measure_from,
             latency: cluster.latency,
+            adopt_within: 0,
             metrics: Metrics {
                 nodes: n,
                 datagrams: vec![0; n],
@@ -828,7 +908,13 @@ impl<D: Design> Engine<D> {
                 answering: Vec::new(),
                 claims: false,
                 boots: 0,
+                adopt_pending: false,
+                api_cut: 0,
             });
+            // Spread over the period without drawing from the run's random stream, so runs
+            // without a voter change replay as before.
+            let resync = (i as Micros * 7_919 * MS) % RESYNC;
+            engine.push(resync, Ev::Resync(i));
             let node = engine.design.start(&engine.env, i, boot, at);
             engine.slots[i].node = Some(node);
             engine.schedule_wake(i);
@@ -937,6 +1023,58 @@ impl<D: Design> Engine<D> {
             Ev::FaultStart(k) => self.fault_start(k),
             Ev::FaultEnd(k) => self.fault_end(k),
             Ev::Deadline(k) => self.deadline(k),
+            Ev::Adopt(i) => self.adopt(i),
+            Ev::Resync(i) => {
+                self.adopt(i);
+                self.push(self.now + RESYNC, Ev::Resync(i));
+            }
+            Ev::Advance(generation) => self.advance(generation),
+            Ev::Finish(generation) => {
+                self.design.finish_change(&self.env, generation);
+                self.publish();
+            }
+        }
+    }
+
+    /// Every node reads the configuration just published within the change's window.
+    fn publish(&mut self) {
+        let within = self.adopt_within;
+        for i in 0..self.slots.len() {
+            let at = self.now + self.rng.below(within + 1);
+            self.push(at, Ev::Adopt(i));
+        }
+    }
+
+    fn adopt(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if slot.api_cut > 0 {
+            return;
+        }
+        if slot.frozen {
+            slot.adopt_pending = true;
+            return;
+        }
+        let mut out = Outbox::default();
+        if let Some(n) = self.slots[i].node.as_mut() {
+            self.design.adopt(&self.env, n, self.now, &mut out);
+            self.after_event(i, out);
+        }
+    }
+
+    /// The controller's rule: finish the change only once no voter serves the generation
+    /// before `generation`, and the drain has passed.
+    fn advance(&mut self, generation: u64) {
+        let now = self.now;
+        let all = self.slots.iter().all(|s| {
+            s.node
+                .as_ref()
+                .is_none_or(|n| self.design.moved_on(&self.env, n, generation, now))
+        });
+        if all {
+            let at = now + self.design.drain(&self.env);
+            self.push(at, Ev::Finish(generation));
+        } else {
+            self.push(now + 10 * MS, Ev::Advance(generation));
         }
     }
 
@@ -1270,9 +1408,22 @@ impl<D: Design> Engine<D> {
                 slot.node = None;
                 slot.frozen = false;
                 slot.queued.clear();
+                slot.adopt_pending = false;
                 slot.wake_generation += 1;
                 slot.wake_at = Micros::MAX;
                 self.refresh(i);
+            }
+            FaultKind::ApiCut(nodes) => {
+                for i in nodes.into_iter().filter(|&i| i < n) {
+                    self.slots[i].api_cut += 1;
+                }
+            }
+            FaultKind::ChangeVoters { next, adopt_within } => {
+                self.adopt_within = adopt_within;
+                if let Some(generation) = self.design.change_voters(&self.env, &next) {
+                    self.push(now + 10 * MS, Ev::Advance(generation));
+                }
+                self.publish();
             }
             FaultKind::Freeze(_) | FaultKind::Restart { .. } => {}
         }
@@ -1291,9 +1442,17 @@ impl<D: Design> Engine<D> {
                 for msg in queued {
                     self.deliver(i, msg);
                 }
+                if std::mem::take(&mut self.slots[i].adopt_pending) {
+                    self.adopt(i);
+                }
                 self.slots[i].wake_at = Micros::MAX;
                 self.schedule_wake(i);
                 self.refresh(i);
+            }
+            FaultKind::ApiCut(ref nodes) => {
+                for &i in nodes.iter().filter(|&&i| i < n) {
+                    self.slots[i].api_cut = self.slots[i].api_cut.saturating_sub(1);
+                }
             }
             FaultKind::Restart { node: i, .. } if i < n => {
                 let slot = &mut self.slots[i];

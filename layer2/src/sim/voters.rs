@@ -9,12 +9,12 @@
 //! something, the voter's sweep every quarter interval. Every beat and report is encoded and
 //! signed for real: the sizes counted are the wire format's ([`crate::wire`]).
 
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 use std::sync::Arc;
 
 use super::{Answer, Design, Dest, Env, MS, Micros, Mutation, Outbox, micros};
 use crate::heartbeat::KeyRing;
-use crate::voters::{Member, Roster, Rules, Timers, Voter, spread};
+use crate::voters::{Member, Roster, Rules, Seat, Timers, VoterConfig, spread};
 use crate::wire::{Beat, Message, Report, heard};
 
 /// Pause between the three beats a leaving speaker sends.
@@ -50,8 +50,23 @@ pub struct VotersDesign {
 #[derive(Clone, Debug)]
 struct Shared {
     roster: Arc<Roster>,
-    voters: Vec<u16>,
+    /// The configurations the controller published, oldest first (never empty).
+    configs: RefCell<Vec<VoterConfig>>,
     keys: KeyRing,
+}
+
+impl Shared {
+    fn latest(&self) -> VoterConfig {
+        self.configs
+            .borrow()
+            .last()
+            .cloned()
+            .unwrap_or_else(unreachable_config)
+    }
+
+    fn publish(&self, config: VoterConfig) {
+        self.configs.borrow_mut().push(config);
+    }
 }
 
 impl Default for VotersDesign {
@@ -79,13 +94,29 @@ impl VotersDesign {
         self.shared.get_or_init(|| build_shared(env, self.voters))
     }
 
-    /// The voters chosen for `env` (node indexes).
+    /// The voters of the latest configuration (node indexes; during a change, of both sets).
     pub fn voter_nodes(&self, env: &Env) -> Vec<usize> {
         self.shared(env)
-            .voters
+            .latest()
+            .voters()
             .iter()
             .map(|&v| usize::from(v))
             .collect()
+    }
+
+    /// Every configuration published so far, oldest first.
+    pub fn configs(&self, env: &Env) -> Vec<VoterConfig> {
+        self.shared(env).configs.borrow().clone()
+    }
+
+    fn timers(env: &Env) -> Timers {
+        Timers {
+            interval: env.timing.interval,
+            timeout: env.timing.timeout,
+            restart_hold: env.timing.restart_hold,
+            flap_damping: env.timing.flap_damping,
+            ..Timers::default()
+        }
     }
 }
 
@@ -99,16 +130,22 @@ fn build_shared(env: &Env, count: usize) -> Shared {
         .zip(&env.racks)
         .map(|(n, r)| (n.clone(), format!("rack{r:03}")))
         .collect();
-    let voters = spread(&domains, count)
+    let voters: Vec<u16> = spread(&domains, count)
         .iter()
         .filter_map(|n| roster.index(n))
         .collect();
+    let config = VoterConfig::new(1, voters, []).unwrap_or_else(|_| unreachable_config());
     let keys = KeyRing::new([KEY.to_vec()]).unwrap_or_else(|_| unreachable_ring());
     Shared {
         roster: Arc::new(roster),
-        voters,
+        configs: RefCell::new(vec![config]),
         keys,
     }
+}
+
+#[allow(clippy::panic)]
+fn unreachable_config() -> VoterConfig {
+    panic!("the simulator's voter configurations are valid")
 }
 
 #[allow(clippy::panic)]
@@ -125,9 +162,9 @@ fn unreachable_ring() -> KeyRing {
 #[derive(Debug)]
 pub struct VotersNode {
     me: usize,
+    boot: u64,
     member: Member,
-    voter: Option<Voter>,
-    voters: Vec<u16>,
+    voter: Option<Seat>,
     keys: KeyRing,
     interfaces: Vec<String>,
     next_beat: Micros,
@@ -139,6 +176,7 @@ pub struct VotersNode {
     until: Micros,
     left: bool,
     immature_acks: bool,
+    roster: Arc<Roster>,
     /// Checks run, and reports that changed what a check reads.
     checks: u64,
     changes: u64,
@@ -153,6 +191,26 @@ impl VotersNode {
     /// Whether this node runs a voter.
     pub fn is_voter(&self) -> bool {
         self.voter.is_some()
+    }
+
+    /// The voter configuration its member adopted last.
+    pub fn generation(&self) -> u64 {
+        self.member.config().generation
+    }
+
+    /// Its member.
+    pub fn member(&self) -> &Member {
+        &self.member
+    }
+
+    /// The generation its member acted on at its last check, if it had a quorum.
+    pub fn acted_on(&self) -> Option<u64> {
+        self.member.acted_on()
+    }
+
+    /// The generation its voter process serves, if it is a voter.
+    pub fn serves(&self) -> Option<u64> {
+        self.voter.as_ref().map(|s| s.serving().generation())
     }
 
     /// Checks its loop ran, and how many reports changed what a check reads.
@@ -170,7 +228,7 @@ impl VotersNode {
         let at = env.instant(now);
         let beat = self.member.beat(at, env.unix_ms(now), &self.interfaces);
         let bytes = self.sign(Message::Beat(beat.clone()));
-        for &v in &self.voters {
+        for &v in self.member.voters() {
             let v = usize::from(v);
             if v == self.me {
                 continue;
@@ -198,10 +256,48 @@ impl VotersNode {
         }
     }
 
+    /// A voter process's boot for `generation`: random per process in effect.
+    fn voter_boot(&self, generation: u64) -> u64 {
+        self.boot ^ 0x5eed ^ generation.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// Reads `config`: the member adopts it, and the seat follows it (starts, moves or ends).
+    fn follow(&mut self, env: &Env, config: VoterConfig, now: Micros) {
+        let at = env.instant(now);
+        let me = u16::try_from(self.me).unwrap_or(u16::MAX);
+        let generation = config.generation;
+        let voter = config.voters().contains(&me);
+        if !self.member.adopt(config) {
+            return;
+        }
+        let boot = self.voter_boot(generation);
+        match (voter, self.voter.as_mut()) {
+            (true, Some(seat)) => seat.move_to(generation, at),
+            (true, None) => {
+                let roster = self.member_roster();
+                let timers = self.member.timers();
+                self.voter = Some(Seat::new(roster, me, boot, generation, timers, at));
+            }
+            (false, Some(seat)) => seat.retire(at),
+            (false, None) => {}
+        }
+        self.loop_wake = self.loop_wake.min(now + MS);
+    }
+
+    fn member_roster(&self) -> Arc<Roster> {
+        self.roster.clone()
+    }
+
     fn step(&mut self, env: &Env, now: Micros) {
         self.checks += 1;
         let at = env.instant(now);
         let check = self.member.check(at, true);
+        if let Some(seat) = self.voter.as_mut()
+            && let Some(g) = seat.pending()
+            && self.member.ready_for(g, at)
+        {
+            seat.ready();
+        }
         if check.candidates != self.candidates {
             self.candidates = check.candidates;
             self.replan(env);
@@ -242,29 +338,24 @@ impl Design for VotersDesign {
 
     fn start(&self, env: &Env, me: usize, boot: u64, now: Micros) -> VotersNode {
         let shared = self.shared(env);
-        let timers = Timers {
-            interval: env.timing.interval,
-            timeout: env.timing.timeout,
-            restart_hold: env.timing.restart_hold,
-            flap_damping: env.timing.flap_damping,
-        };
+        let timers = Self::timers(env);
         let index = u16::try_from(me).unwrap_or(u16::MAX);
         let at = env.instant(now);
-        let mut member = Member::new(shared.roster.clone(), index, boot, &shared.voters, timers);
+        // A process starts on the latest configuration (it reads it before it beats).
+        let config = shared.latest();
+        let generation = config.generation;
+        let voter = config.voters().contains(&index);
+        let mut member = Member::new(shared.roster.clone(), index, boot, config, timers);
         member.rules = Rules {
             quorum: !env.mutation.ignore_quorum(),
             tenure: !env.mutation.no_tenure(),
             told: !env.mutation.no_tenure() && env.mutation != Mutation::NoTold,
         };
-        let voter = shared
-            .voters
-            .contains(&index)
-            .then(|| Voter::new(shared.roster.clone(), index, boot ^ 0x5eed, timers, at));
-        VotersNode {
+        let mut node = VotersNode {
             me,
+            boot,
             member,
-            voter,
-            voters: shared.voters.clone(),
+            voter: None,
             keys: shared.keys.clone(),
             interfaces: vec!["eth0".to_string()],
             next_beat: now,
@@ -276,9 +367,22 @@ impl Design for VotersDesign {
             until: 0,
             left: false,
             immature_acks: env.mutation == Mutation::ImmatureAcks,
+            roster: shared.roster.clone(),
             checks: 0,
             changes: 0,
+        };
+        if voter {
+            let boot = node.voter_boot(generation);
+            node.voter = Some(Seat::new(
+                shared.roster.clone(),
+                index,
+                boot,
+                generation,
+                timers,
+                at,
+            ));
         }
+        node
     }
 
     fn wake(&self, env: &Env, node: &mut VotersNode, now: Micros, out: &mut Outbox<VoterMessage>) {
@@ -288,6 +392,9 @@ impl Design for VotersDesign {
         if now >= node.next_sweep {
             if let Some(v) = node.voter.as_mut() {
                 v.sweep(env.instant(now));
+                if v.retired(env.instant(now)) {
+                    node.voter = None;
+                }
             }
             node.next_sweep = (node.next_sweep + self.sweep_every).max(now + 1);
         }
@@ -390,5 +497,65 @@ impl Design for VotersDesign {
         // listens a timeout first.
         let t = env.timing;
         micros(t.timeout * 5 / 2 + t.interval * 3)
+    }
+
+    fn change_voters(&self, env: &Env, next: &[usize]) -> Option<u64> {
+        let shared = self.shared(env);
+        let next = next.iter().filter_map(|&i| u16::try_from(i).ok());
+        let latest = shared.latest();
+        if env.mutation == Mutation::SkipJoint {
+            let direct = VoterConfig::new(latest.generation + 1, next, [])
+                .unwrap_or_else(|_| unreachable_config());
+            shared.publish(direct);
+            return None;
+        }
+        let joint = latest
+            .change_to(next)
+            .unwrap_or_else(|_| unreachable_config());
+        let generation = joint.generation;
+        shared.publish(joint);
+        Some(generation)
+    }
+
+    fn moved_on(&self, env: &Env, node: &VotersNode, generation: u64, now: Micros) -> bool {
+        node.left
+            || node
+                .voter
+                .as_ref()
+                .is_none_or(|seat| seat.moved_on(generation, env.instant(now)))
+    }
+
+    fn drain(&self, env: &Env) -> Micros {
+        micros(Self::timers(env).drain())
+    }
+
+    fn finish_change(&self, env: &Env, generation: u64) {
+        let shared = self.shared(env);
+        let finish = shared
+            .configs
+            .borrow()
+            .iter()
+            .find(|c| c.generation == generation)
+            .and_then(VoterConfig::finish);
+        if let Some(finish) = finish {
+            shared.publish(finish);
+        }
+    }
+
+    fn adopt(
+        &self,
+        env: &Env,
+        node: &mut VotersNode,
+        now: Micros,
+        _out: &mut Outbox<VoterMessage>,
+    ) {
+        if node.left {
+            return;
+        }
+        let latest = self.shared(env).latest();
+        node.follow(env, latest, now);
+        if let Some(seat) = node.voter.as_mut() {
+            seat.confirm(env.instant(now));
+        }
     }
 }

@@ -17,6 +17,12 @@
 //! 5. **Claim**: acting for the claim delay (three intervals), a tenure, and `told` from a
 //!    majority of the voters in reports that acknowledge a beat sent after its last
 //!    resignation.
+//! 6. **Configurations** ([`VoterConfig`]): a report counts only toward the rules of its
+//!    generation, and "a majority of the voters" means one of each of the generation's sets.
+//!    A member counts the configuration it adopted last and the one just before it, and acts on
+//!    one of the two in which it has a quorum (the newest whose tenure has not lapsed, else the
+//!    newest), with that one's tenure, `told` and candidates: so it keeps acting while the
+//!    voters move to the new generation one by one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +33,7 @@ use crate::replay::{self, History, Stamp};
 use crate::tenure::{SentLog, Tenure};
 use crate::wire::{Ack, Beat, Report, bitmap};
 
-use super::{Roster, Timers, majority, smallest_takeover};
+use super::{Roster, Timers, VoterConfig, majority, smallest_takeover};
 
 /// Why a report was not taken in.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -45,6 +51,10 @@ pub enum MemberError {
     /// ignored and not acknowledged, so the voter sends the bitmap again.
     #[error("report leaves out bitmap version {0}, which this member does not hold")]
     MissingBitmap(u64),
+    /// Of a voter configuration this member does not count (older than the one before its
+    /// own, or newer than its own: it has not read that one yet).
+    #[error("report of voter configuration {0}, which this member does not count")]
+    OtherGeneration(u64),
 }
 
 /// Rules of the member that the simulator switches off to show that its invariants catch the
@@ -99,15 +109,19 @@ pub struct Member {
     seq: u64,
     sent: SentLog,
     timers: Timers,
-    /// Roster indexes of the voters, ascending.
+    /// The configurations whose reports count, oldest first: the one adopted last and, when it
+    /// is the generation just before, the one before it (rule 6).
+    configs: Vec<VoterConfig>,
+    /// Roster indexes of every voter of `configs`, ascending: the slots below.
     voters: Vec<u16>,
     /// Per voter (same order), its latest report and replay history.
     held: Vec<Option<Held>>,
+    /// Per voter, its latest report of a generation before the latest one's: it counts toward
+    /// that generation's rules until it goes stale, while the voters move one by one.
+    older: Vec<Option<Held>>,
     histories: Vec<Option<History>>,
     /// Per voter, the last bitmap it sent: its boot, version and bits.
     bitmaps: Vec<Option<(u64, u64, Vec<u8>)>>,
-    /// This node's position among the voters, if it is one.
-    my_voter: Option<usize>,
     /// The shared rules (settling, damping, starvation, claim delay, resignation).
     gate: Gate,
     /// The latest `ready: false` beat sent.
@@ -117,24 +131,31 @@ pub struct Member {
     confirmed: Option<Instant>,
     leaving: bool,
     restarting: bool,
+    /// The generation the last check acted on.
+    acted_on: Option<u64>,
     /// The rules in force.
     pub rules: Rules,
 }
 
 impl Member {
-    /// A member process started at `now` on the node at `me` of `roster`, with a random `boot`,
-    /// beating to `voters` (roster indexes).
-    pub fn new(roster: Arc<Roster>, me: u16, boot: u64, voters: &[u16], timers: Timers) -> Self {
-        let mut voters = voters.to_vec();
-        voters.sort_unstable();
-        voters.dedup();
+    /// A member process started on the node at `me` of `roster`, with a random `boot`, on the
+    /// voter configuration `config`.
+    pub fn new(
+        roster: Arc<Roster>,
+        me: u16,
+        boot: u64,
+        config: VoterConfig,
+        timers: Timers,
+    ) -> Self {
         let name = roster.name(me).unwrap_or_default().to_string();
+        let voters = config.voters();
         Member {
-            my_voter: voters.iter().position(|&v| v == me),
             held: vec![None; voters.len()],
+            older: vec![None; voters.len()],
             histories: vec![None; voters.len()],
             bitmaps: vec![None; voters.len()],
             voters,
+            configs: vec![config],
             roster,
             me,
             name,
@@ -152,13 +173,99 @@ impl Member {
             confirmed: None,
             leaving: false,
             restarting: false,
+            acted_on: None,
             rules: Rules::default(),
         }
     }
 
-    /// The voters (roster indexes).
+    /// Every voter it beats to (roster indexes, ascending): those of the configurations whose
+    /// reports count.
     pub fn voters(&self) -> &[u16] {
         &self.voters
+    }
+
+    /// The configuration adopted last.
+    pub fn config(&self) -> &VoterConfig {
+        // `configs` is never empty: `new` puts one, `adopt` replaces with at least one.
+        &self.configs[self.configs.len() - 1]
+    }
+
+    /// The latest report held from each voter, with when it arrived (what `explain` shows).
+    pub fn held(&self) -> impl Iterator<Item = (u16, &Report, Instant)> {
+        self.voters
+            .iter()
+            .zip(&self.held)
+            .filter_map(|(&v, h)| h.as_ref().map(|h| (v, &h.report, h.at)))
+    }
+
+    /// The generation the last check found a quorum in, if any.
+    pub fn acted_on(&self) -> Option<u64> {
+        self.acted_on
+    }
+
+    /// Whether the voters of generation `generation` (adopted) that were no voters of the
+    /// configuration before it report to this member at it, so that with the voters that stay
+    /// they make a majority of each of its sets: the condition for this node's own voter to
+    /// move to that generation ([`super::Seat::ready`]). The voters that stay are counted as
+    /// if they had moved: they move about together.
+    pub fn ready_for(&self, generation: u64, now: Instant) -> bool {
+        let Some(at) = self.configs.iter().position(|c| c.generation == generation) else {
+            return false;
+        };
+        let config = &self.configs[at];
+        let before: Vec<u16> = match at.checked_sub(1) {
+            Some(i) => self.configs[i].voters(),
+            None => Vec::new(),
+        };
+        let view = self.view();
+        config.sets().all(|set| {
+            let mut count = 0;
+            let mut lowest = false;
+            for (i, v) in set.iter().enumerate() {
+                let reports = view
+                    .fresh(*v, generation, now)
+                    .is_some_and(|r| r.mature && view.hears_me(r));
+                if before.contains(v) || reports {
+                    count += 1;
+                    lowest |= i == 0;
+                }
+            }
+            majority(count, lowest, set.len())
+        })
+    }
+
+    /// Adopts `config`, published by the controller, if it is newer than the one held. Reports
+    /// of the generation just before keep counting until they expire (rule 6), so a member
+    /// keeps acting while the voters move over. Returns whether it was adopted.
+    pub fn adopt(&mut self, config: VoterConfig) -> bool {
+        let adopted = self.config().generation;
+        if config.generation <= adopted {
+            return false;
+        }
+        let previous = self.configs.pop();
+        self.configs.clear();
+        if config.generation == adopted + 1 {
+            self.configs.extend(previous);
+        }
+        self.configs.push(config);
+        let mut voters: Vec<u16> = self.configs.iter().flat_map(VoterConfig::voters).collect();
+        voters.sort_unstable();
+        voters.dedup();
+        let mut held = vec![None; voters.len()];
+        let mut older = vec![None; voters.len()];
+        let mut histories = vec![None; voters.len()];
+        let mut bitmaps = vec![None; voters.len()];
+        for (old, v) in self.voters.iter().enumerate() {
+            if let Ok(new) = voters.binary_search(v) {
+                held[new] = self.held[old].take();
+                older[new] = self.older[old].take();
+                histories[new] = self.histories[old].take();
+                bitmaps[new] = self.bitmaps[old].take();
+            }
+        }
+        (self.voters, self.held, self.older) = (voters, held, older);
+        (self.histories, self.bitmaps) = (histories, bitmaps);
+        true
     }
 
     /// The node's roster index.
@@ -270,133 +377,99 @@ impl Member {
         if report.to.index != self.me || !self.roster.knows(&report.to) {
             return Err(MemberError::NotOurs);
         }
-        let slot = self
-            .voters
-            .binary_search(&report.voter.index)
-            .map_err(|_| MemberError::NotOurs)?;
         if !self.roster.knows(&report.voter) {
             return Err(MemberError::NotOurs);
         }
-        Ok(slot)
+        let config = self
+            .configs
+            .iter()
+            .find(|c| c.generation == report.generation)
+            .ok_or(MemberError::OtherGeneration(report.generation))?;
+        if config.sets().all(|set| !set.contains(&report.voter.index)) {
+            return Err(MemberError::NotOurs);
+        }
+        self.voters
+            .binary_search(&report.voter.index)
+            .map_err(|_| MemberError::NotOurs)
     }
 
     fn hold(&mut self, slot: usize, report: Report, now: Instant) -> bool {
         let changed = self.held[slot].as_ref().is_none_or(|h| {
             now.saturating_duration_since(h.at) >= self.timers.timeout
+                || h.report.generation != report.generation
                 || h.report.bitmap != report.bitmap
                 || (h.report.ack.boot == self.boot) != (report.ack.boot == self.boot)
                 || h.report.told != report.told
                 || h.report.mature != report.mature
         });
-        self.held[slot] = Some(Held { report, at: now });
+        let generation = report.generation;
+        let new = Held { report, at: now };
+        match self.held[slot].as_ref().map(|h| h.report.generation) {
+            Some(g) if generation < g => self.older[slot] = Some(new),
+            Some(g) if generation > g => self.older[slot] = self.held[slot].replace(new),
+            _ => self.held[slot] = Some(new),
+        }
         changed
     }
 
-    /// The fresh reports at `now`, with their voter's position.
-    fn fresh(&self, now: Instant) -> impl Iterator<Item = (usize, &Report)> {
-        let timeout = self.timers.timeout;
-        self.held.iter().enumerate().filter_map(move |(i, h)| {
-            let h = h.as_ref()?;
-            (now.saturating_duration_since(h.at) < timeout).then_some((i, &h.report))
-        })
-    }
-
-    /// Whether `report` acknowledges a beat of this process.
-    fn hears_me(&self, report: &Report) -> bool {
-        report.ack.boot == self.boot && report.ack.seq > 0
-    }
-
-    /// Whether the voters at positions `set` are a majority.
-    fn majority_of(&self, set: impl Iterator<Item = usize>) -> bool {
-        let mut count = 0;
-        let mut lowest = false;
-        for i in set {
-            count += 1;
-            lowest |= i == 0;
-        }
-        majority(count, lowest, self.voters.len())
-    }
-
-    /// The tenure at `now` from the mature acknowledgements of the voters other than this node.
+    /// The tenure at `now` on the configuration adopted last ([`Member::check`] uses the one it
+    /// acts on).
     pub fn tenure(&self, now: Instant) -> Tenure {
-        let v = self.voters.len();
-        let needed = smallest_takeover(v, self.my_voter);
-        let others = v - usize::from(self.my_voter.is_some());
-        if needed > others || v == 0 {
-            return if v == 0 {
-                Tenure::Lapsed
-            } else {
-                Tenure::Unbounded
-            };
-        }
-        let mut bounds: Vec<Option<Instant>> = (0..v)
-            .filter(|&i| Some(i) != self.my_voter)
-            .map(|i| {
-                let h = self.held[i].as_ref()?;
-                let fresh = now.saturating_duration_since(h.at) < self.timers.timeout;
-                let r = &h.report;
-                if !fresh || !r.mature || !self.hears_me(r) {
-                    return None;
-                }
-                Some(self.sent.sent_at(r.ack.seq)? + self.timers.timeout)
-            })
-            .collect();
-        bounds.sort();
-        match bounds.get(needed - 1).copied().flatten() {
-            Some(at) => Tenure::Until(at),
-            None => Tenure::Lapsed,
+        self.view().tenure(self.config(), now)
+    }
+
+    fn view(&self) -> View<'_> {
+        View {
+            voters: &self.voters,
+            held: &self.held,
+            older: &self.older,
+            sent: &self.sent,
+            boot: self.boot,
+            me: self.me,
+            timeout: self.timers.timeout,
         }
     }
 
     /// One check at `now`: `usable` whether the node has an interface that can announce.
     pub fn check(&mut self, now: Instant, usable: bool) -> Check {
-        let t = self.timers;
         self.gate.settle(usable, now);
-        let quorum = !self.rules.quorum
-            || self.majority_of(
-                self.fresh(now)
-                    .filter(|(_, r)| self.hears_me(r))
-                    .map(|(i, _)| i),
-            );
-        let tenure = if self.rules.tenure {
-            self.tenure(now)
-        } else {
+        let view = View {
+            voters: &self.voters,
+            held: &self.held,
+            older: &self.older,
+            sent: &self.sent,
+            boot: self.boot,
+            me: self.me,
+            timeout: self.timers.timeout,
+        };
+        // Rule 6: of the configurations with a quorum, the newest with a tenure, else the
+        // newest; with none, the one adopted last.
+        let adopted = &self.configs[self.configs.len() - 1];
+        let with_quorum = self
+            .configs
+            .iter()
+            .filter(|c| view.quorum(c, now))
+            .map(|c| (c, view.tenure(c, now)))
+            .max_by_key(|(c, t)| (*t != Tenure::Lapsed, c.generation));
+        let config = with_quorum.map_or(adopted, |(c, _)| c);
+        let quorum = !self.rules.quorum || with_quorum.is_some();
+        let tenure = if !self.rules.tenure {
             Tenure::Unbounded
+        } else {
+            with_quorum.map_or_else(|| view.tenure(config, now), |(_, t)| t)
         };
         let told_rule = self.rules.told;
-        let held = &self.held;
-        let boot = self.boot;
-        let voters = self.voters.len();
         let d = self.gate.decide(
             quorum,
             tenure,
             self.last_unready_seq,
-            |after| {
-                // Rule 5: told by a majority, in reports acknowledging a beat sent after the
-                // last resignation.
-                let mut count = 0;
-                let mut lowest = false;
-                for (i, h) in held.iter().enumerate() {
-                    let Some(h) = h else { continue };
-                    let r = &h.report;
-                    let fresh = now.saturating_duration_since(h.at) < t.timeout;
-                    if fresh && r.ack.boot == boot && r.ack.seq > after && r.told {
-                        count += 1;
-                        lowest |= i == 0;
-                    }
-                }
-                !told_rule || majority(count, lowest, voters)
-            },
+            |after| !told_rule || view.told(config, after, now),
             now,
         );
+        self.acted_on = with_quorum.map(|(c, _)| c.generation);
         self.ready = d.acts;
         self.confirmed = Some(now);
-        let mut candidates = bitmap(u16::try_from(self.roster.len()).unwrap_or(u16::MAX), []);
-        for (_, r) in self.fresh(now) {
-            for (c, b) in candidates.iter_mut().zip(&r.bitmap) {
-                *c |= b;
-            }
-        }
+        let mut candidates = view.candidates(config, self.roster.len(), now);
         let (byte, bit) = (usize::from(self.me) / 8, 0x80u8 >> (self.me % 8));
         if let Some(c) = candidates.get_mut(byte) {
             if d.claims {
@@ -420,6 +493,7 @@ impl Member {
         let stale = self
             .held
             .iter()
+            .chain(&self.older)
             .flatten()
             .map(|h| h.at + timeout)
             .filter(|at| *at > now)
@@ -447,6 +521,127 @@ impl Member {
     }
 }
 
+/// What a check reads: the held reports, by configuration.
+struct View<'a> {
+    voters: &'a [u16],
+    held: &'a [Option<Held>],
+    older: &'a [Option<Held>],
+    sent: &'a SentLog,
+    boot: u64,
+    me: u16,
+    timeout: Duration,
+}
+
+impl View<'_> {
+    /// Voter `v`'s report, if it is fresh at `now` and of `generation`.
+    fn fresh(&self, v: u16, generation: u64, now: Instant) -> Option<&Report> {
+        let slot = self.voters.binary_search(&v).ok()?;
+        [self.held.get(slot)?, self.older.get(slot)?]
+            .into_iter()
+            .flatten()
+            .find(|h| {
+                h.report.generation == generation
+                    && now.saturating_duration_since(h.at) < self.timeout
+            })
+            .map(|h| &h.report)
+    }
+
+    /// Whether `report` acknowledges a beat of this process.
+    fn hears_me(&self, report: &Report) -> bool {
+        report.ack.boot == self.boot && report.ack.seq > 0
+    }
+
+    /// Whether, in every set of `config`, the voters whose fresh report passes `counts` are a
+    /// majority.
+    fn every_set(
+        &self,
+        config: &VoterConfig,
+        now: Instant,
+        counts: impl Fn(&Report) -> bool,
+    ) -> bool {
+        config.sets().all(|set| {
+            let mut count = 0;
+            let mut lowest = false;
+            for (i, &v) in set.iter().enumerate() {
+                if self.fresh(v, config.generation, now).is_some_and(&counts) {
+                    count += 1;
+                    lowest |= i == 0;
+                }
+            }
+            majority(count, lowest, set.len())
+        })
+    }
+
+    /// Rule 1 on `config`.
+    fn quorum(&self, config: &VoterConfig, now: Instant) -> bool {
+        self.every_set(config, now, |r| self.hears_me(r))
+    }
+
+    /// Rule 5 on `config`: told, in reports acknowledging a beat sent after `after`.
+    fn told(&self, config: &VoterConfig, after: u64, now: Instant) -> bool {
+        self.every_set(config, now, |r| {
+            r.told && r.ack.boot == self.boot && r.ack.seq > after
+        })
+    }
+
+    /// Rule 3 on `config`: the union of its fresh reports' bitmaps.
+    fn candidates(&self, config: &VoterConfig, nodes: usize, now: Instant) -> Vec<u8> {
+        let mut candidates = bitmap(u16::try_from(nodes).unwrap_or(u16::MAX), []);
+        for v in config.voters() {
+            if let Some(r) = self.fresh(v, config.generation, now) {
+                for (c, b) in candidates.iter_mut().zip(&r.bitmap) {
+                    *c |= b;
+                }
+            }
+        }
+        candidates
+    }
+
+    /// Rule 4 on `config`: the earliest of its sets' tenures (a takeover needs a majority of
+    /// one set at most: of `current` by a member on the generation before, of `next` by one on
+    /// the generation after).
+    fn tenure(&self, config: &VoterConfig, now: Instant) -> Tenure {
+        config
+            .sets()
+            .map(|set| self.tenure_of(set, config.generation, now))
+            .fold(Tenure::Unbounded, |a, b| match (a, b) {
+                (Tenure::Lapsed, _) | (_, Tenure::Lapsed) => Tenure::Lapsed,
+                (Tenure::Unbounded, t) | (t, Tenure::Unbounded) => t,
+                (Tenure::Until(x), Tenure::Until(y)) => Tenure::Until(x.min(y)),
+            })
+    }
+
+    /// The tenure from the mature acknowledgements of the voters of `set` other than this node.
+    fn tenure_of(&self, set: &[u16], generation: u64, now: Instant) -> Tenure {
+        let v = set.len();
+        let mine = set.iter().position(|&x| x == self.me);
+        let needed = smallest_takeover(v, mine);
+        let others = v - usize::from(mine.is_some());
+        if v == 0 {
+            return Tenure::Lapsed;
+        }
+        if needed > others {
+            return Tenure::Unbounded;
+        }
+        let mut bounds: Vec<Option<Instant>> = set
+            .iter()
+            .filter(|&&x| x != self.me)
+            .map(|&x| {
+                let r = self.fresh(x, generation, now)?;
+                if !r.mature || !self.hears_me(r) {
+                    return None;
+                }
+                Some(self.sent.sent_at(r.ack.seq)? + self.timeout)
+            })
+            .collect();
+        bounds.sort();
+        match bounds.get(needed - 1).copied().flatten() {
+            Some(at) => Tenure::Until(at),
+            None => Tenure::Lapsed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -458,6 +653,10 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
     const UNIX: u64 = 1_800_000_000_000;
 
+    fn config(voters: &[u16]) -> VoterConfig {
+        VoterConfig::new(1, voters.iter().copied(), []).unwrap()
+    }
+
     /// Three nodes, each a voter: beats go round every 100 ms without loss. Node 0 claims
     /// after listening, settling, maturity and told; every node ends claiming.
     #[test]
@@ -466,10 +665,18 @@ mod tests {
         let t0 = Instant::now();
         let timers = Timers::default();
         let mut voters: Vec<Voter> = (0..3)
-            .map(|i| Voter::new(roster.clone(), i, 100 + u64::from(i), timers, t0))
+            .map(|i| Voter::new(roster.clone(), i, 100 + u64::from(i), 1, timers, t0))
             .collect();
         let mut members: Vec<Member> = (0..3)
-            .map(|i| Member::new(roster.clone(), i, 10 + u64::from(i), &[0, 1, 2], timers))
+            .map(|i| {
+                Member::new(
+                    roster.clone(),
+                    i,
+                    10 + u64::from(i),
+                    config(&[0, 1, 2]),
+                    timers,
+                )
+            })
             .collect();
         let eth0 = ["eth0".to_string()];
         let mut claimed_at = None;
@@ -510,9 +717,9 @@ mod tests {
         let roster = Arc::new(Roster::new(["a", "b", "c"]).unwrap());
         let t0 = Instant::now();
         let timers = Timers::default();
-        let mut voter = Voter::new(roster.clone(), 1, 5, timers, t0);
-        let mut a = Member::new(roster.clone(), 0, 10, &[1], timers);
-        let mut c = Member::new(roster.clone(), 2, 12, &[1], timers);
+        let mut voter = Voter::new(roster.clone(), 1, 5, 1, timers, t0);
+        let mut a = Member::new(roster.clone(), 0, 10, config(&[1]), timers);
+        let mut c = Member::new(roster.clone(), 2, 12, config(&[1]), timers);
         let later = t0 + 600 * MS;
         let beat = a.beat(later, UNIX, &[]);
         voter.receive(&beat, t0, UNIX).unwrap();

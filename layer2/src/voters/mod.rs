@@ -38,6 +38,7 @@
 //! per interval. The bitmap is kept up to date as beats arrive, so a report costs a copy of it.
 
 pub mod member;
+pub mod seat;
 pub mod voter;
 
 use std::collections::HashMap;
@@ -46,6 +47,7 @@ use std::time::Duration;
 use crate::wire::{NodeRef, SetId, WireError};
 
 pub use member::{Check, Member, Rules};
+pub use seat::Seat;
 pub use voter::Voter;
 
 /// The timers every speaker of a cluster shares (one Helm value each).
@@ -59,6 +61,9 @@ pub struct Timers {
     pub restart_hold: Duration,
     /// Flap damping (`--flap-damping`).
     pub flap_damping: bool,
+    /// A voter that could not confirm its configuration for this long sends no reports
+    /// ([`Voter::serving`]); the controller's drain before it retires a generation counts it.
+    pub confirm_within: Duration,
 }
 
 impl Default for Timers {
@@ -68,6 +73,7 @@ impl Default for Timers {
             timeout: Duration::from_millis(500),
             restart_hold: Duration::from_secs(10),
             flap_damping: true,
+            confirm_within: Duration::from_secs(5),
         }
     }
 }
@@ -86,6 +92,13 @@ impl Timers {
     /// 0015). After this, nobody holds a report sent before.
     pub fn held_for(&self) -> Duration {
         self.timeout * 3 / 2
+    }
+
+    /// How long the controller waits, once every voter of a configuration's generation `g` has
+    /// moved on to `g + 1` (or stopped serving), before it publishes `g + 2`: every report of
+    /// generation `g` has expired by then, and so has any answering a member based on one.
+    pub fn drain(&self) -> Duration {
+        self.held_for() + self.mandate()
     }
 }
 
@@ -145,6 +158,115 @@ impl Roster {
     /// Whether `node` names the node at its index in this set.
     pub fn knows(&self, node: &NodeRef) -> bool {
         self.name(node.index).is_some_and(|n| node.names(n))
+    }
+}
+
+/// The most voters in one set of a [`VoterConfig`]: a member beats to the voters of two
+/// consecutive configurations at most (during a change, `current` and `next` of one and the
+/// set of the other), and a beat acknowledges at most [`crate::wire::MAX_ACKS`] voters.
+pub const MAX_VOTERS: usize = 7;
+
+/// Why a voter configuration was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `current` names no voter.
+    #[error("voter configuration {0}: current names no voter")]
+    NoVoters(u64),
+    /// A set names more than [`MAX_VOTERS`] voters.
+    #[error("voter configuration {generation}: {set} names {count} voters, at most {MAX_VOTERS}")]
+    TooMany {
+        /// The configuration's generation.
+        generation: u64,
+        /// `current` or `next`.
+        set: &'static str,
+        /// How many it names.
+        count: usize,
+    },
+}
+
+/// One generation of the voter configuration, as the controller publishes it (decision 0023,
+/// "The voter set"): the voters, and during a change the voters that replace them.
+///
+/// A member acts on a generation's reports only with a majority of `current` and, when `next`
+/// is set, a majority of `next` too (the joint phase). So a member on `g` (set `C`) and one on
+/// `g + 1` (`C` and `N`) both need a majority of `C`, and one on `g + 1` and one on `g + 2`
+/// (`N`) both a majority of `N`: any two acting members share a voter, which reports for one
+/// generation per process. `g` and `g + 2` share none, which is why the controller publishes
+/// `g + 2` only once no voter serves `g` any more and [`Timers::drain`] has passed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VoterConfig {
+    /// Increases by one with every change.
+    pub generation: u64,
+    /// The voters (roster indexes, ascending).
+    pub current: Vec<u16>,
+    /// During a change, the voters that replace them (ascending); empty otherwise.
+    pub next: Vec<u16>,
+}
+
+impl VoterConfig {
+    /// Generation `generation` with `current` and, during a change, `next` (sorted here).
+    pub fn new(
+        generation: u64,
+        current: impl IntoIterator<Item = u16>,
+        next: impl IntoIterator<Item = u16>,
+    ) -> Result<Self, ConfigError> {
+        let sorted = |set: &'static str, voters: Vec<u16>| {
+            let mut voters = voters;
+            voters.sort_unstable();
+            voters.dedup();
+            if voters.len() > MAX_VOTERS {
+                return Err(ConfigError::TooMany {
+                    generation,
+                    set,
+                    count: voters.len(),
+                });
+            }
+            Ok(voters)
+        };
+        let current = sorted("current", current.into_iter().collect())?;
+        let next = sorted("next", next.into_iter().collect())?;
+        if current.is_empty() {
+            return Err(ConfigError::NoVoters(generation));
+        }
+        Ok(VoterConfig {
+            generation,
+            current,
+            next,
+        })
+    }
+
+    /// The sets a member needs a majority of: `current`, and `next` when set.
+    pub fn sets(&self) -> impl Iterator<Item = &[u16]> {
+        std::iter::once(self.current.as_slice())
+            .chain((!self.next.is_empty()).then_some(self.next.as_slice()))
+    }
+
+    /// Every voter of the configuration, ascending.
+    pub fn voters(&self) -> Vec<u16> {
+        let mut all: Vec<u16> = self.sets().flatten().copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// Whether it is the joint phase of a change.
+    pub fn joint(&self) -> bool {
+        !self.next.is_empty()
+    }
+
+    /// The configuration that ends the change: `next` alone, one generation on. `None` when
+    /// this is not a joint phase.
+    pub fn finish(&self) -> Option<VoterConfig> {
+        self.joint().then(|| VoterConfig {
+            generation: self.generation + 1,
+            current: self.next.clone(),
+            next: Vec::new(),
+        })
+    }
+
+    /// The joint phase that starts a change to `next`, one generation on.
+    pub fn change_to(&self, next: impl IntoIterator<Item = u16>) -> Result<Self, ConfigError> {
+        VoterConfig::new(self.generation + 1, self.current.clone(), next)
     }
 }
 

@@ -93,11 +93,23 @@ pub struct Voter {
     /// The lowest report number acknowledged by every member sent a report within
     /// [`Timers::held_for`], as of the last sweep (module docs, "Told").
     floor: u64,
+    /// The voter configuration this process serves ([`Report::generation`]).
+    generation: u64,
+    /// When the configuration was last confirmed current ([`Voter::confirm`]).
+    confirmed: Instant,
 }
 
 impl Voter {
-    /// A voter process started at `now` on the node at `me` in `roster`, with a random `boot`.
-    pub fn new(roster: Arc<Roster>, me: u16, boot: u64, timers: Timers, now: Instant) -> Self {
+    /// A voter process started at `now` on the node at `me` in `roster`, with a random `boot`,
+    /// serving voter configuration `generation` (confirmed current at `now`).
+    pub fn new(
+        roster: Arc<Roster>,
+        me: u16,
+        boot: u64,
+        generation: u64,
+        timers: Timers,
+        now: Instant,
+    ) -> Self {
         let len = roster.len();
         Voter {
             listed: bitmap(u16::try_from(len).unwrap_or(u16::MAX), []),
@@ -110,7 +122,54 @@ impl Voter {
             timers,
             floor: 0,
             version: 0,
+            generation,
+            confirmed: now,
         }
+    }
+
+    /// From its next report on, it serves `generation` ([`super::Seat`] decides when). Its
+    /// table goes on as it is: the reports before and after list the same nodes, so every rule
+    /// that rests on what this voter listed when holds across the change.
+    pub fn set_generation(&mut self, generation: u64) {
+        self.generation = generation;
+    }
+
+    /// The voter configuration it serves.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The presence set.
+    pub fn roster(&self) -> &Arc<Roster> {
+        &self.roster
+    }
+
+    /// Its node's index in the presence set.
+    pub fn me(&self) -> u16 {
+        self.me
+    }
+
+    /// Its timers.
+    pub fn timers(&self) -> Timers {
+        self.timers
+    }
+
+    /// Whether its configuration went unconfirmed for [`Timers::confirm_within`] at `now`.
+    pub fn fenced(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.confirmed) >= self.timers.confirm_within
+    }
+
+    /// The configuration it serves was read as still current at `now` (from the API server).
+    pub fn confirm(&mut self, now: Instant) {
+        self.confirmed = self.confirmed.max(now);
+    }
+
+    /// Whether it may report at `now`: past its listening time, and its configuration confirmed
+    /// within [`Timers::confirm_within`]. A voter that cannot confirm its configuration (cut off
+    /// from the API server, or frozen and just resumed) sends nothing, so the controller may
+    /// count it as having left its generation once that time and a report's life have passed.
+    pub fn serving(&self, now: Instant) -> bool {
+        !self.listening(now) && !self.fenced(now)
     }
 
     /// The voter's boot.
@@ -198,7 +257,7 @@ impl Voter {
             }
         }
         self.relist(i, now);
-        if self.listening(now) {
+        if !self.serving(now) {
             return Ok(None);
         }
         Ok(self.report(index, now, unix_ms))
@@ -280,6 +339,7 @@ impl Voter {
             told,
             same,
             version: self.version,
+            generation: self.generation,
             bitmap: if same {
                 Vec::new()
             } else {
@@ -352,7 +412,7 @@ mod tests {
     }
 
     fn voter(t0: Instant) -> Voter {
-        Voter::new(roster(), 3, 77, Timers::default(), t0)
+        Voter::new(roster(), 3, 77, 1, Timers::default(), t0)
     }
 
     #[test]
