@@ -443,6 +443,17 @@ pub trait Design {
         true
     }
 
+    /// The presence set of the process on a node is every node but `absent` from `now` on
+    /// (designs whose membership does not depend on it ignore this).
+    fn set_roster(
+        &self,
+        _env: &Env,
+        _node: &mut Self::Node,
+        _absent: &BTreeSet<usize>,
+        _now: Micros,
+    ) {
+    }
+
     /// How long after every voter moved on the controller waits before it finishes a change.
     fn drain(&self, _env: &Env) -> Micros {
         0
@@ -502,6 +513,18 @@ pub enum FaultKind {
     /// cannot confirm the one they have (a voter among them stops reporting after
     /// [`crate::voters::Timers::confirm_within`]); they read it again after the heal.
     ApiCut(Vec<usize>),
+    /// The node's process crashes and its Node goes: every other node drops it from its
+    /// presence set at a random time between `after` and `after + within` from the start (its
+    /// presence Lease expires: never before it stopped); at the heal it comes back, every node
+    /// adds it within `within`, and its process starts.
+    Leave {
+        /// The node.
+        node: usize,
+        /// How long after the crash the others may drop it, at the earliest.
+        after: Micros,
+        /// The spread of the others' updates.
+        within: Micros,
+    },
     /// Not a fault: the controller changes the voters to `next` (node indexes) through the
     /// joint phase ([`crate::voters::VoterConfig`]); every node reads each new configuration at
     /// a random time within `adopt_within` of its publication (as a watch delivers it), the
@@ -750,6 +773,9 @@ enum Ev<M> {
     Adopt(usize),
     /// A node reads its configuration again, as it does every [`RESYNC`].
     Resync(usize),
+    /// A node sees the presence set change: every node but these (the number orders them: a
+    /// watch delivers changes in order).
+    Roster(usize, u64, Rc<BTreeSet<usize>>),
     /// The controller checks whether every voter moved on to this generation.
     Advance(u64),
     /// The controller finishes the change whose joint phase is this generation.
@@ -811,6 +837,10 @@ struct Slot<N, M> {
     adopt_pending: bool,
     /// Faults in force that cut it from the API server.
     api_cut: u32,
+    /// A presence set seen while it was frozen: applied when it resumes.
+    roster_pending: Option<Rc<BTreeSet<usize>>>,
+    /// The number of the last presence set it saw.
+    roster_seen: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -854,6 +884,10 @@ pub struct Engine<D: Design> {
     latency: (Micros, Micros),
     /// The window of the voter change under way ([`FaultKind::ChangeVoters`]).
     adopt_within: Micros,
+    /// The nodes out of the presence set now ([`FaultKind::Leave`]).
+    absent: BTreeSet<usize>,
+    /// Presence sets published so far.
+    roster_number: u64,
     metrics: Metrics,
     violations: Vec<Violation>,
     violation_count: u64,
@@ -882,6 +916,8 @@ impl<D: Design> Engine<D> {
             measure_from: cluster.measure_from,
             latency: cluster.latency,
             adopt_within: 0,
+            absent: BTreeSet::new(),
+            roster_number: 0,
             metrics: Metrics {
                 nodes: n,
                 datagrams: vec![0; n],
@@ -910,6 +946,8 @@ impl<D: Design> Engine<D> {
                 boots: 0,
                 adopt_pending: false,
                 api_cut: 0,
+                roster_pending: None,
+                roster_seen: 0,
             });
             // Spread over the period without drawing from the run's random stream, so runs
             // without a voter change replay as before.
@@ -1024,6 +1062,12 @@ impl<D: Design> Engine<D> {
             Ev::FaultEnd(k) => self.fault_end(k),
             Ev::Deadline(k) => self.deadline(k),
             Ev::Adopt(i) => self.adopt(i),
+            Ev::Roster(i, number, absent) => {
+                if number > self.slots[i].roster_seen {
+                    self.slots[i].roster_seen = number;
+                    self.roster(i, absent);
+                }
+            }
             Ev::Resync(i) => {
                 self.adopt(i);
                 self.push(self.now + RESYNC, Ev::Resync(i));
@@ -1058,6 +1102,31 @@ impl<D: Design> Engine<D> {
         if let Some(n) = self.slots[i].node.as_mut() {
             self.design.adopt(&self.env, n, self.now, &mut out);
             self.after_event(i, out);
+        }
+    }
+
+    /// Node `i` sees the presence set without `absent`.
+    fn roster(&mut self, i: usize, absent: Rc<BTreeSet<usize>>) {
+        let slot = &mut self.slots[i];
+        if slot.frozen {
+            slot.roster_pending = Some(absent);
+            return;
+        }
+        if let Some(n) = self.slots[i].node.as_mut() {
+            self.design.set_roster(&self.env, n, &absent, self.now);
+            self.after_event(i, Outbox::default());
+        }
+    }
+
+    /// Every node but `skip` sees the presence set as it is now, at a random time between
+    /// `after` and `after + within` from now.
+    fn spread_roster(&mut self, skip: usize, after: Micros, within: Micros) {
+        let absent = Rc::new(self.absent.clone());
+        self.roster_number += 1;
+        let number = self.roster_number;
+        for i in (0..self.slots.len()).filter(|&i| i != skip) {
+            let at = self.now + after + self.rng.below(within + 1);
+            self.push(at, Ev::Roster(i, number, absent.clone()));
         }
     }
 
@@ -1418,6 +1487,22 @@ impl<D: Design> Engine<D> {
                     self.slots[i].api_cut += 1;
                 }
             }
+            FaultKind::Leave {
+                node: i,
+                after,
+                within,
+            } if i < n => {
+                let slot = &mut self.slots[i];
+                slot.node = None;
+                slot.frozen = false;
+                slot.queued.clear();
+                slot.roster_pending = None;
+                slot.wake_generation += 1;
+                slot.wake_at = Micros::MAX;
+                self.refresh(i);
+                self.absent.insert(i);
+                self.spread_roster(i, after, within);
+            }
             FaultKind::ChangeVoters { next, adopt_within } => {
                 self.adopt_within = adopt_within;
                 if let Some(generation) = self.design.change_voters(&self.env, &next) {
@@ -1425,7 +1510,7 @@ impl<D: Design> Engine<D> {
                 }
                 self.publish();
             }
-            FaultKind::Freeze(_) | FaultKind::Restart { .. } => {}
+            FaultKind::Freeze(_) | FaultKind::Restart { .. } | FaultKind::Leave { .. } => {}
         }
     }
 
@@ -1445,21 +1530,53 @@ impl<D: Design> Engine<D> {
                 if std::mem::take(&mut self.slots[i].adopt_pending) {
                     self.adopt(i);
                 }
+                if let Some(absent) = self.slots[i].roster_pending.take() {
+                    self.roster(i, absent);
+                }
                 self.slots[i].wake_at = Micros::MAX;
                 self.schedule_wake(i);
                 self.refresh(i);
+            }
+            FaultKind::Leave {
+                node: i, within, ..
+            } if i < n => {
+                self.absent.remove(&i);
+                self.spread_roster(i, 0, within);
+                self.slots[i].roster_seen = self.roster_number;
+                let boot = self.rng.next_u64();
+                self.slots[i].boots += 1;
+                let node = self.design.start(&self.env, i, boot, now);
+                self.slots[i].node = Some(node);
+                let absent = self.absent.clone();
+                if let Some(n) = self.slots[i].node.as_mut() {
+                    self.design.set_roster(&self.env, n, &absent, now);
+                }
+                self.slots[i].wake_at = Micros::MAX;
+                self.schedule_wake(i);
+                self.refresh(i);
+                bound += self.design.startup(&self.env) + within;
             }
             FaultKind::ApiCut(ref nodes) => {
                 for &i in nodes.iter().filter(|&&i| i < n) {
                     self.slots[i].api_cut = self.slots[i].api_cut.saturating_sub(1);
                 }
             }
-            FaultKind::Restart { node: i, .. } if i < n => {
+            // A node out of the presence set has no process to restart: it starts when it
+            // comes back.
+            FaultKind::Restart { node: i, .. } if i < n && !self.absent.contains(&i) => {
                 let slot = &mut self.slots[i];
                 slot.boots += 1;
                 let boot = self.rng.next_u64();
                 let node = self.design.start(&self.env, i, boot, now);
                 self.slots[i].node = Some(node);
+                self.slots[i].roster_seen = self.roster_number;
+                if !self.absent.is_empty() {
+                    // It reads the presence set as it is now.
+                    let absent = self.absent.clone();
+                    if let Some(n) = self.slots[i].node.as_mut() {
+                        self.design.set_roster(&self.env, n, &absent, now);
+                    }
+                }
                 self.slots[i].wake_at = Micros::MAX;
                 self.schedule_wake(i);
                 self.refresh(i);

@@ -10,6 +10,7 @@
 //! signed for real: the sizes counted are the wire format's ([`crate::wire`]).
 
 use std::cell::{OnceCell, RefCell};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::{Answer, Design, Dest, Env, MS, Micros, Mutation, Outbox, micros};
@@ -100,7 +101,7 @@ impl VotersDesign {
             .latest()
             .voters()
             .iter()
-            .map(|&v| usize::from(v))
+            .filter_map(|v| env.index.get(v).copied())
             .collect()
     }
 
@@ -130,10 +131,7 @@ fn build_shared(env: &Env, count: usize) -> Shared {
         .zip(&env.racks)
         .map(|(n, r)| (n.clone(), format!("rack{r:03}")))
         .collect();
-    let voters: Vec<u16> = spread(&domains, count)
-        .iter()
-        .filter_map(|n| roster.index(n))
-        .collect();
+    let voters = spread(&domains, count);
     let config = VoterConfig::new(1, voters, []).unwrap_or_else(|_| unreachable_config());
     let keys = KeyRing::new([KEY.to_vec()]).unwrap_or_else(|_| unreachable_ring());
     Shared {
@@ -177,6 +175,8 @@ pub struct VotersNode {
     left: bool,
     immature_acks: bool,
     roster: Arc<Roster>,
+    /// A presence set seen and not fully taken on yet.
+    wanted: Option<Arc<Roster>>,
     /// Checks run, and reports that changed what a check reads.
     checks: u64,
     changes: u64,
@@ -196,6 +196,11 @@ impl VotersNode {
     /// The voter configuration its member adopted last.
     pub fn generation(&self) -> u64 {
         self.member.config().generation
+    }
+
+    /// Its voter seat, if it is a voter.
+    pub fn seat(&self) -> Option<&Seat> {
+        self.voter.as_ref()
     }
 
     /// Its member.
@@ -228,8 +233,10 @@ impl VotersNode {
         let at = env.instant(now);
         let beat = self.member.beat(at, env.unix_ms(now), &self.interfaces);
         let bytes = self.sign(Message::Beat(beat.clone()));
-        for &v in self.member.voters() {
-            let v = usize::from(v);
+        for v in self.member.voters() {
+            let Some(&v) = env.index.get(v) else {
+                continue;
+            };
             if v == self.me {
                 continue;
             }
@@ -264,9 +271,9 @@ impl VotersNode {
     /// Reads `config`: the member adopts it, and the seat follows it (starts, moves or ends).
     fn follow(&mut self, env: &Env, config: VoterConfig, now: Micros) {
         let at = env.instant(now);
-        let me = u16::try_from(self.me).unwrap_or(u16::MAX);
+        let me = self.member.me();
         let generation = config.generation;
-        let voter = config.voters().contains(&me);
+        let voter = config.has(&env.names[self.me]);
         if !self.member.adopt(config) {
             return;
         }
@@ -288,8 +295,32 @@ impl VotersNode {
         self.roster.clone()
     }
 
+    /// Moves the member and the voter toward the presence set last seen, as far as their rules
+    /// let them (a node that goes stays while it may still answer).
+    fn follow_roster(&mut self, env: &Env, now: Micros) {
+        let Some(wanted) = self.wanted.clone() else {
+            return;
+        };
+        let at = env.instant(now);
+        let member = self.member.set_roster(&wanted, at);
+        let seat = self
+            .voter
+            .as_mut()
+            .is_none_or(|seat| seat.set_roster(&wanted, at));
+        if member && seat {
+            self.wanted = None;
+        }
+        if self.member.roster().id() != self.roster.id() {
+            self.roster = self.member.roster().clone();
+            // The candidates are read over the new set from the next check on.
+            self.candidates.clear();
+            self.loop_wake = self.loop_wake.min(now + MS);
+        }
+    }
+
     fn step(&mut self, env: &Env, now: Micros) {
         self.checks += 1;
+        self.follow_roster(env, now);
         let at = env.instant(now);
         let check = self.member.check(at, true);
         if let Some(seat) = self.voter.as_mut()
@@ -315,13 +346,25 @@ impl VotersNode {
         self.loop_wake = periodic.min(timer);
     }
 
+    /// Whether node `i` (an index of [`Env::names`]) is among the candidates, which are a
+    /// bitmap over this process's presence set.
+    fn candidate(&self, env: &Env, i: usize) -> bool {
+        let full = self.roster.len() == env.names.len();
+        let at = if full {
+            u16::try_from(i).ok()
+        } else {
+            self.roster.index(&env.names[i])
+        };
+        at.is_some_and(|at| heard(&self.candidates, usize::from(at)))
+    }
+
     fn replan(&mut self, env: &Env) {
         self.plan.clear();
-        if !heard(&self.candidates, self.me) {
+        if !self.candidate(env, self.me) {
             return;
         }
         for ip in 0..env.ips.len() {
-            if env.owner_among(ip, |i| heard(&self.candidates, i)) == Some(self.me) {
+            if env.owner_among(ip, |i| self.candidate(env, i)) == Some(self.me) {
                 self.plan.push(u32::try_from(ip).unwrap_or(u32::MAX));
             }
         }
@@ -344,7 +387,7 @@ impl Design for VotersDesign {
         // A process starts on the latest configuration (it reads it before it beats).
         let config = shared.latest();
         let generation = config.generation;
-        let voter = config.voters().contains(&index);
+        let voter = config.has(&env.names[me]);
         let mut member = Member::new(shared.roster.clone(), index, boot, config, timers);
         member.rules = Rules {
             quorum: !env.mutation.ignore_quorum(),
@@ -368,6 +411,7 @@ impl Design for VotersDesign {
             left: false,
             immature_acks: env.mutation == Mutation::ImmatureAcks,
             roster: shared.roster.clone(),
+            wanted: None,
             checks: 0,
             changes: 0,
         };
@@ -436,7 +480,11 @@ impl Design for VotersDesign {
                 if immature_acks {
                     report.mature = true;
                 }
-                let to = usize::from(report.to.index);
+                // To the beat's sender: the report's index of it is over the voter's presence
+                // set, which may leave a node out that the simulator's numbering counts.
+                let Some(&to) = env.index.get(&beat.node) else {
+                    return;
+                };
                 let bytes = node.sign(Message::Report(report.clone()));
                 out.send(Dest::One(to), VoterMessage::Report(report), bytes, 0);
             }
@@ -501,7 +549,10 @@ impl Design for VotersDesign {
 
     fn change_voters(&self, env: &Env, next: &[usize]) -> Option<u64> {
         let shared = self.shared(env);
-        let next = next.iter().filter_map(|&i| u16::try_from(i).ok());
+        let next: Vec<&str> = next
+            .iter()
+            .filter_map(|&i| env.names.get(i).map(String::as_str))
+            .collect();
         let latest = shared.latest();
         if env.mutation == Mutation::SkipJoint {
             let direct = VoterConfig::new(latest.generation + 1, next, [])
@@ -540,6 +591,19 @@ impl Design for VotersDesign {
         if let Some(finish) = finish {
             shared.publish(finish);
         }
+    }
+
+    fn set_roster(&self, env: &Env, node: &mut VotersNode, absent: &BTreeSet<usize>, now: Micros) {
+        let names = env
+            .names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !absent.contains(i))
+            .map(|(_, n)| n.as_str());
+        // The simulator's names are valid: this cannot fail.
+        let roster = Arc::new(Roster::new(names).unwrap_or_else(|_| unreachable_roster()));
+        node.wanted = Some(roster);
+        node.follow_roster(env, now);
     }
 
     fn adopt(

@@ -31,7 +31,7 @@ use crate::gate::Gate;
 use crate::heartbeat::HeartbeatError;
 use crate::replay::{self, History, Stamp};
 use crate::tenure::{SentLog, Tenure};
-use crate::wire::{Ack, Beat, Report, bitmap};
+use crate::wire::{Ack, Beat, NodeRef, Report, bitmap, heard, name_check};
 
 use super::{Roster, Timers, VoterConfig, majority, smallest_takeover};
 
@@ -41,9 +41,6 @@ pub enum MemberError {
     /// Not from one of our voters, or for another node.
     #[error("report not from a voter of ours to us")]
     NotOurs,
-    /// Over another presence set: its bitmap would be read against the wrong names.
-    #[error("report over another presence set")]
-    OtherSet,
     /// Refused by the replay rule.
     #[error("report refused: {0}")]
     Replay(#[from] HeartbeatError),
@@ -79,11 +76,24 @@ impl Default for Rules {
     }
 }
 
+/// The last bitmap a voter sent: its process, version and presence set.
+#[derive(Clone, Debug)]
+struct Kept {
+    boot: u64,
+    version: u64,
+    set: crate::wire::SetId,
+    bits: Vec<u8>,
+}
+
 /// A voter's latest report, as held.
 #[derive(Clone, Debug)]
 struct Held {
     report: Report,
     at: Instant,
+    /// Over another presence set than this member's (one of the two has not seen a Node come
+    /// or go yet): its bitmap cannot be read here, so it is taken to list every node (doubt
+    /// goes the way of fewer takeovers); its acknowledgement still counts.
+    foreign: bool,
 }
 
 /// What one check decided.
@@ -112,8 +122,10 @@ pub struct Member {
     /// The configurations whose reports count, oldest first: the one adopted last and, when it
     /// is the generation just before, the one before it (rule 6).
     configs: Vec<VoterConfig>,
-    /// Roster indexes of every voter of `configs`, ascending: the slots below.
-    voters: Vec<u16>,
+    /// Every voter of `configs` by name, ascending: the slots below.
+    voters: Vec<String>,
+    /// Their name checks, as reports name them.
+    checks: Vec<[u8; crate::wire::NAME_CHECK_LEN]>,
     /// Per voter (same order), its latest report and replay history.
     held: Vec<Option<Held>>,
     /// Per voter, its latest report of a generation before the latest one's: it counts toward
@@ -121,7 +133,10 @@ pub struct Member {
     older: Vec<Option<Held>>,
     histories: Vec<Option<History>>,
     /// Per voter, the last bitmap it sent: its boot, version and bits.
-    bitmaps: Vec<Option<(u64, u64, Vec<u8>)>>,
+    bitmaps: Vec<Option<Kept>>,
+    /// Per voter, the latest report whose bitmap this member holds: what its beats
+    /// acknowledge, so that a voter leaves the bitmap out only for a member that has it.
+    readable: Vec<Option<crate::wire::Seen>>,
     /// The shared rules (settling, damping, starvation, claim delay, resignation).
     gate: Gate,
     /// The latest `ready: false` beat sent.
@@ -150,10 +165,12 @@ impl Member {
         let name = roster.name(me).unwrap_or_default().to_string();
         let voters = config.voters();
         Member {
+            checks: voters.iter().map(|v| name_check(v)).collect(),
             held: vec![None; voters.len()],
             older: vec![None; voters.len()],
             histories: vec![None; voters.len()],
             bitmaps: vec![None; voters.len()],
+            readable: vec![None; voters.len()],
             voters,
             configs: vec![config],
             roster,
@@ -178,10 +195,82 @@ impl Member {
         }
     }
 
-    /// Every voter it beats to (roster indexes, ascending): those of the configurations whose
-    /// reports count.
-    pub fn voters(&self) -> &[u16] {
+    /// Every voter it beats to (names, ascending): those of the configurations whose reports
+    /// count.
+    pub fn voters(&self) -> &[String] {
         &self.voters
+    }
+
+    /// The presence set it reads bitmaps over.
+    pub fn roster(&self) -> &Arc<Roster> {
+        &self.roster
+    }
+
+    /// The presence set changed (a Node came or went) to `wanted`: held bitmaps are read over
+    /// the new set from now on, by name. A node that goes stays in this member's set while a
+    /// fresh report lists it, or a fresh report over a set that is neither the old nor the
+    /// new one might: dropping it would take its IPs while it may still answer for them. Call
+    /// it again (each check) until it returns true: the set is then `wanted`. Returns false,
+    /// and changes nothing, when this node is not in `wanted`.
+    pub fn set_roster(&mut self, wanted: &Arc<Roster>, now: Instant) -> bool {
+        if wanted.index(&self.name).is_none() {
+            return false;
+        }
+        if wanted.id() == self.roster.id() {
+            return true;
+        }
+        let timeout = self.timers.timeout;
+        let fresh: Vec<&Held> = self
+            .held
+            .iter()
+            .chain(&self.older)
+            .flatten()
+            .filter(|h| now.saturating_duration_since(h.at) < timeout)
+            .collect();
+        let (current, old) = (self.roster.id(), &self.roster);
+        let unknown = fresh
+            .iter()
+            .any(|h| h.report.set != current && h.report.set != wanted.id());
+        let keeping = old.keeping(wanted, |name| {
+            unknown
+                || old.index(name).is_some_and(|i| {
+                    fresh
+                        .iter()
+                        .any(|h| !h.foreign && heard(&h.report.bitmap, usize::from(i)))
+                })
+        });
+        let done = keeping.is_none();
+        let roster = keeping.map_or_else(|| wanted.clone(), Arc::new);
+        self.rebase(roster);
+        done
+    }
+
+    /// Reads every held bitmap over `roster` from now on.
+    fn rebase(&mut self, roster: Arc<Roster>) {
+        if roster.id() == self.roster.id() {
+            return;
+        }
+        let Some(me) = roster.index(&self.name) else {
+            return;
+        };
+        let old = std::mem::replace(&mut self.roster, roster);
+        self.me = me;
+        let len = u16::try_from(self.roster.len()).unwrap_or(u16::MAX);
+        let id = self.roster.id();
+        for h in self.held.iter_mut().chain(self.older.iter_mut()).flatten() {
+            if h.foreign {
+                // Over the new set, and readable: it is this member's now.
+                h.foreign = h.report.set != id || h.report.bitmap.is_empty();
+                continue;
+            }
+            let bits = (0..old.len())
+                .filter(|&i| heard(&h.report.bitmap, i))
+                .filter_map(|i| old.name(u16::try_from(i).ok()?))
+                .filter_map(|n| self.roster.index(n))
+                .map(usize::from);
+            h.report.bitmap = bitmap(len, bits);
+            h.report.set = id;
+        }
     }
 
     /// The configuration adopted last.
@@ -191,11 +280,11 @@ impl Member {
     }
 
     /// The latest report held from each voter, with when it arrived (what `explain` shows).
-    pub fn held(&self) -> impl Iterator<Item = (u16, &Report, Instant)> {
+    pub fn held(&self) -> impl Iterator<Item = (&str, &Report, Instant)> {
         self.voters
             .iter()
             .zip(&self.held)
-            .filter_map(|(&v, h)| h.as_ref().map(|h| (v, &h.report, h.at)))
+            .filter_map(|(v, h)| h.as_ref().map(|h| (v.as_str(), &h.report, h.at)))
     }
 
     /// The generation the last check found a quorum in, if any.
@@ -213,7 +302,7 @@ impl Member {
             return false;
         };
         let config = &self.configs[at];
-        let before: Vec<u16> = match at.checked_sub(1) {
+        let before: Vec<String> = match at.checked_sub(1) {
             Some(i) => self.configs[i].voters(),
             None => Vec::new(),
         };
@@ -223,8 +312,8 @@ impl Member {
             let mut lowest = false;
             for (i, v) in set.iter().enumerate() {
                 let reports = view
-                    .fresh(*v, generation, now)
-                    .is_some_and(|r| r.mature && view.hears_me(r));
+                    .fresh(v, generation, now)
+                    .is_some_and(|h| h.report.mature && view.hears_me(&h.report));
                 if before.contains(v) || reports {
                     count += 1;
                     lowest |= i == 0;
@@ -248,23 +337,26 @@ impl Member {
             self.configs.extend(previous);
         }
         self.configs.push(config);
-        let mut voters: Vec<u16> = self.configs.iter().flat_map(VoterConfig::voters).collect();
+        let mut voters: Vec<String> = self.configs.iter().flat_map(VoterConfig::voters).collect();
         voters.sort_unstable();
         voters.dedup();
         let mut held = vec![None; voters.len()];
         let mut older = vec![None; voters.len()];
         let mut histories = vec![None; voters.len()];
         let mut bitmaps = vec![None; voters.len()];
+        let mut readable = vec![None; voters.len()];
         for (old, v) in self.voters.iter().enumerate() {
             if let Ok(new) = voters.binary_search(v) {
                 held[new] = self.held[old].take();
                 older[new] = self.older[old].take();
                 histories[new] = self.histories[old].take();
                 bitmaps[new] = self.bitmaps[old].take();
+                readable[new] = self.readable[old].take();
             }
         }
+        self.checks = voters.iter().map(|v| name_check(v)).collect();
         (self.voters, self.held, self.older) = (voters, held, older);
-        (self.histories, self.bitmaps) = (histories, bitmaps);
+        (self.histories, self.bitmaps, self.readable) = (histories, bitmaps, readable);
         true
     }
 
@@ -294,15 +386,12 @@ impl Member {
         let acks = self
             .voters
             .iter()
-            .zip(&self.held)
-            .filter_map(|(&v, held)| {
-                let held = held.as_ref()?;
+            .zip(&self.readable)
+            .filter_map(|(v, seen)| {
                 Some(Ack {
-                    voter: self.roster.node_ref(v)?,
-                    seen: crate::wire::Seen {
-                        boot: held.report.boot,
-                        seq: held.report.seq,
-                    },
+                    // A voter whose Node is gone is silent: nothing to acknowledge.
+                    voter: NodeRef::new(self.roster.index(v)?, v),
+                    seen: (*seen)?,
                 })
             })
             .collect();
@@ -339,71 +428,96 @@ impl Member {
             Some(h) => h.admit(stamp, now)?,
             None => self.histories[slot] = Some(History::first(stamp, now, unix_ms)),
         }
-        self.fill_bitmap(slot, &mut report)?;
-        Ok(self.hold(slot, report, now))
+        let foreign = report.set != self.roster.id();
+        self.fill_bitmap(slot, &mut report, foreign)?;
+        Ok(self.hold(slot, report, now, foreign))
     }
 
     /// Takes in the report of this node's own voter (no network, so no replay rule).
     pub fn receive_local(&mut self, mut report: Report, now: Instant) -> Result<bool, MemberError> {
         let slot = self.slot_of(&report)?;
-        self.fill_bitmap(slot, &mut report)?;
-        Ok(self.hold(slot, report, now))
+        let foreign = report.set != self.roster.id();
+        self.fill_bitmap(slot, &mut report, foreign)?;
+        Ok(self.hold(slot, report, now, foreign))
     }
 
     /// Puts the bitmap a `same` report leaves out back from the one kept, or keeps the one it
-    /// carries.
-    fn fill_bitmap(&mut self, slot: usize, report: &mut Report) -> Result<(), MemberError> {
+    /// carries (over whichever presence set: it may become this member's). A report over
+    /// another set is taken without it (its bitmap is not read); one over this member's set
+    /// without it is refused, and left unacknowledged so the voter sends the bitmap again.
+    fn fill_bitmap(
+        &mut self,
+        slot: usize,
+        report: &mut Report,
+        foreign: bool,
+    ) -> Result<(), MemberError> {
         let kept = &mut self.bitmaps[slot];
-        if report.same {
-            match kept {
-                Some((boot, version, bits))
-                    if *boot == report.boot && *version == report.version =>
-                {
-                    report.bitmap = bits.clone();
-                    Ok(())
-                }
-                _ => Err(MemberError::MissingBitmap(report.version)),
+        let seen = crate::wire::Seen {
+            boot: report.boot,
+            seq: report.seq,
+        };
+        if !report.same {
+            *kept = Some(Kept {
+                boot: report.boot,
+                version: report.version,
+                set: report.set,
+                bits: report.bitmap.clone(),
+            });
+            self.readable[slot] = Some(seen);
+            return Ok(());
+        }
+        match kept {
+            Some(k)
+                if k.boot == report.boot && k.version == report.version && k.set == report.set =>
+            {
+                report.bitmap = k.bits.clone();
+                self.readable[slot] = Some(seen);
+                Ok(())
             }
-        } else {
-            *kept = Some((report.boot, report.version, report.bitmap.clone()));
-            Ok(())
+            _ if foreign => Ok(()),
+            _ => Err(MemberError::MissingBitmap(report.version)),
         }
     }
 
+    /// The voter slot of `report`, checking that it is for this node, from one of its voters,
+    /// of a generation it counts. The indexes in the report may be over another presence set
+    /// (a Node came or went and one side has not seen it yet): names decide.
     fn slot_of(&self, report: &Report) -> Result<usize, MemberError> {
-        if report.set != self.roster.id() {
-            return Err(MemberError::OtherSet);
-        }
-        if report.to.index != self.me || !self.roster.knows(&report.to) {
+        if !report.to.names(&self.name) {
             return Err(MemberError::NotOurs);
         }
-        if !self.roster.knows(&report.voter) {
-            return Err(MemberError::NotOurs);
-        }
+        let slot = self
+            .checks
+            .iter()
+            .position(|c| *c == report.voter.check)
+            .ok_or(MemberError::NotOurs)?;
         let config = self
             .configs
             .iter()
             .find(|c| c.generation == report.generation)
             .ok_or(MemberError::OtherGeneration(report.generation))?;
-        if config.sets().all(|set| !set.contains(&report.voter.index)) {
+        if !config.has(&self.voters[slot]) {
             return Err(MemberError::NotOurs);
         }
-        self.voters
-            .binary_search(&report.voter.index)
-            .map_err(|_| MemberError::NotOurs)
+        Ok(slot)
     }
 
-    fn hold(&mut self, slot: usize, report: Report, now: Instant) -> bool {
+    fn hold(&mut self, slot: usize, report: Report, now: Instant, foreign: bool) -> bool {
         let changed = self.held[slot].as_ref().is_none_or(|h| {
             now.saturating_duration_since(h.at) >= self.timers.timeout
                 || h.report.generation != report.generation
+                || h.foreign != foreign
                 || h.report.bitmap != report.bitmap
                 || (h.report.ack.boot == self.boot) != (report.ack.boot == self.boot)
                 || h.report.told != report.told
                 || h.report.mature != report.mature
         });
         let generation = report.generation;
-        let new = Held { report, at: now };
+        let new = Held {
+            report,
+            at: now,
+            foreign,
+        };
         match self.held[slot].as_ref().map(|h| h.report.generation) {
             Some(g) if generation < g => self.older[slot] = Some(new),
             Some(g) if generation > g => self.older[slot] = self.held[slot].replace(new),
@@ -425,7 +539,7 @@ impl Member {
             older: &self.older,
             sent: &self.sent,
             boot: self.boot,
-            me: self.me,
+            me: &self.name,
             timeout: self.timers.timeout,
         }
     }
@@ -439,7 +553,7 @@ impl Member {
             older: &self.older,
             sent: &self.sent,
             boot: self.boot,
-            me: self.me,
+            me: &self.name,
             timeout: self.timers.timeout,
         };
         // Rule 6: of the configurations with a quorum, the newest with a tenure, else the
@@ -523,19 +637,19 @@ impl Member {
 
 /// What a check reads: the held reports, by configuration.
 struct View<'a> {
-    voters: &'a [u16],
+    voters: &'a [String],
     held: &'a [Option<Held>],
     older: &'a [Option<Held>],
     sent: &'a SentLog,
     boot: u64,
-    me: u16,
+    me: &'a str,
     timeout: Duration,
 }
 
 impl View<'_> {
     /// Voter `v`'s report, if it is fresh at `now` and of `generation`.
-    fn fresh(&self, v: u16, generation: u64, now: Instant) -> Option<&Report> {
-        let slot = self.voters.binary_search(&v).ok()?;
+    fn fresh(&self, v: &str, generation: u64, now: Instant) -> Option<&Held> {
+        let slot = self.voters.binary_search_by(|x| x.as_str().cmp(v)).ok()?;
         [self.held.get(slot)?, self.older.get(slot)?]
             .into_iter()
             .flatten()
@@ -543,7 +657,6 @@ impl View<'_> {
                 h.report.generation == generation
                     && now.saturating_duration_since(h.at) < self.timeout
             })
-            .map(|h| &h.report)
     }
 
     /// Whether `report` acknowledges a beat of this process.
@@ -562,8 +675,11 @@ impl View<'_> {
         config.sets().all(|set| {
             let mut count = 0;
             let mut lowest = false;
-            for (i, &v) in set.iter().enumerate() {
-                if self.fresh(v, config.generation, now).is_some_and(&counts) {
+            for (i, v) in set.iter().enumerate() {
+                if self
+                    .fresh(v, config.generation, now)
+                    .is_some_and(|h| counts(&h.report))
+                {
                     count += 1;
                     lowest |= i == 0;
                 }
@@ -586,10 +702,14 @@ impl View<'_> {
 
     /// Rule 3 on `config`: the union of its fresh reports' bitmaps.
     fn candidates(&self, config: &VoterConfig, nodes: usize, now: Instant) -> Vec<u8> {
-        let mut candidates = bitmap(u16::try_from(nodes).unwrap_or(u16::MAX), []);
+        let len = u16::try_from(nodes).unwrap_or(u16::MAX);
+        let mut candidates = bitmap(len, []);
         for v in config.voters() {
-            if let Some(r) = self.fresh(v, config.generation, now) {
-                for (c, b) in candidates.iter_mut().zip(&r.bitmap) {
+            if let Some(h) = self.fresh(&v, config.generation, now) {
+                if h.foreign {
+                    return bitmap(len, 0..nodes);
+                }
+                for (c, b) in candidates.iter_mut().zip(&h.report.bitmap) {
                     *c |= b;
                 }
             }
@@ -612,9 +732,9 @@ impl View<'_> {
     }
 
     /// The tenure from the mature acknowledgements of the voters of `set` other than this node.
-    fn tenure_of(&self, set: &[u16], generation: u64, now: Instant) -> Tenure {
+    fn tenure_of(&self, set: &[String], generation: u64, now: Instant) -> Tenure {
         let v = set.len();
-        let mine = set.iter().position(|&x| x == self.me);
+        let mine = set.iter().position(|x| x == self.me);
         let needed = smallest_takeover(v, mine);
         let others = v - usize::from(mine.is_some());
         if v == 0 {
@@ -625,9 +745,9 @@ impl View<'_> {
         }
         let mut bounds: Vec<Option<Instant>> = set
             .iter()
-            .filter(|&&x| x != self.me)
-            .map(|&x| {
-                let r = self.fresh(x, generation, now)?;
+            .filter(|x| *x != self.me)
+            .map(|x| {
+                let r = &self.fresh(x, generation, now)?.report;
                 if !r.mature || !self.hears_me(r) {
                     return None;
                 }
@@ -654,7 +774,8 @@ mod tests {
     const UNIX: u64 = 1_800_000_000_000;
 
     fn config(voters: &[u16]) -> VoterConfig {
-        VoterConfig::new(1, voters.iter().copied(), []).unwrap()
+        let names = ["a", "b", "c"];
+        VoterConfig::new(1, voters.iter().map(|&v| names[usize::from(v)]), []).unwrap()
     }
 
     /// Three nodes, each a voter: beats go round every 100 ms without loss. Node 0 claims
@@ -713,7 +834,7 @@ mod tests {
     }
 
     #[test]
-    fn reports_for_others_or_over_other_sets_are_refused() {
+    fn reports_for_others_are_refused_and_other_sets_read_with_doubt() {
         let roster = Arc::new(Roster::new(["a", "b", "c"]).unwrap());
         let t0 = Instant::now();
         let timers = Timers::default();
@@ -736,13 +857,83 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(c.receive(r.clone(), later, UNIX), Err(MemberError::NotOurs));
+        // Over another presence set (the voter saw a Node come first): taken, its bitmap read
+        // as listing every node.
         let mut other = r.clone();
         other.set.len += 1;
-        assert_eq!(a.receive(other, later, UNIX), Err(MemberError::OtherSet));
-        assert_eq!(a.receive(r.clone(), later, UNIX), Ok(true));
+        other.seq += 1;
+        assert_eq!(a.receive(other, later, UNIX), Ok(true));
+        let check = a.check(later, true);
+        // Every node but this one, which is among its own candidates only while it claims.
+        assert!(
+            (1..3).all(|i| heard(&check.candidates, i)),
+            "doubt lists all"
+        );
         assert!(matches!(
             a.receive(r, later, UNIX),
             Err(MemberError::Replay(_))
         ));
+    }
+
+    /// A Node comes: held bitmaps are carried over to the new set by name.
+    #[test]
+    fn a_new_presence_set_keeps_what_the_reports_said() {
+        let roster = Arc::new(Roster::new(["a", "b", "c"]).unwrap());
+        let t0 = Instant::now();
+        let timers = Timers::default();
+        let mut voter = Voter::new(roster.clone(), 1, 5, 1, timers, t0);
+        let mut a = Member::new(roster.clone(), 0, 10, config(&[1]), timers);
+        let mut last = None;
+        for k in 0..10u32 {
+            let now = t0 + 100 * MS * k;
+            let mut beat = a.beat(now, UNIX, &[]);
+            beat.ready = true;
+            if let Some(r) = voter.receive(&beat, now, UNIX).unwrap() {
+                a.receive(r.clone(), now, UNIX).unwrap();
+                last = Some(r);
+            }
+        }
+        let last = last.unwrap();
+        let (_, held, _) = a.held().next().unwrap();
+        assert!(heard(&held.bitmap, 0) && !heard(&held.bitmap, 2));
+        let bigger = Arc::new(Roster::new(["a", "aa", "b", "c"]).unwrap());
+        let t1 = t0 + 1_000 * MS;
+        assert!(a.set_roster(&bigger, t1));
+        assert_eq!(a.me(), 0);
+        let (_, held, _) = a.held().next().unwrap();
+        assert_eq!(held.set, bigger.id());
+        assert!(heard(&held.bitmap, 0) && !heard(&held.bitmap, 1) && !heard(&held.bitmap, 3));
+        assert!(!a.set_roster(&Arc::new(Roster::new(["b", "c"]).unwrap()), t1));
+        // The voter carries its table over too, with a new bitmap version.
+        let version = last.version;
+        assert!(voter.set_roster(&bigger, t1));
+        let now = t0 + 1_000 * MS;
+        let mut beat = a.beat(now, UNIX, &[]);
+        beat.ready = true;
+        let r = voter.receive(&beat, now, UNIX).unwrap().unwrap();
+        assert!(r.version > version && !r.same && heard(&r.bitmap, 0));
+        assert_eq!(r.to, NodeRef::new(0, "a"));
+        assert_eq!(r.voter, NodeRef::new(2, "b"));
+        // A Node goes whose node a fresh report lists: it stays until no fresh report does
+        // (the voter unlists it a failure timeout after its last beat).
+        let mut c = Member::new(bigger.clone(), 3, 12, config(&[1]), timers);
+        let mut beat = c.beat(now, UNIX, &[]);
+        beat.ready = true;
+        voter.receive(&beat, now, UNIX).unwrap();
+        let mut beat = a.beat(now + 10 * MS, UNIX, &[]);
+        beat.ready = true;
+        let r = voter.receive(&beat, now + 10 * MS, UNIX).unwrap().unwrap();
+        a.receive(r, now + 10 * MS, UNIX).unwrap();
+        let without_c = Arc::new(Roster::new(["a", "aa", "b"]).unwrap());
+        let c_in = |m: &Member| m.roster().index("c").is_some();
+        assert!(!a.set_roster(&without_c, now + 20 * MS));
+        assert!(c_in(&a), "c is listed: it stays");
+        assert!(a.set_roster(&without_c, now + 600 * MS), "stale: c goes");
+        assert!(!c_in(&a));
+        assert!(
+            !voter.set_roster(&without_c, now + 20 * MS),
+            "the voter heard c just now"
+        );
+        assert!(voter.set_roster(&without_c, now + 600 * MS));
     }
 }

@@ -155,6 +155,28 @@ impl Roster {
         self.name(index).map(|n| NodeRef::new(index, n))
     }
 
+    /// Every name, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
+    /// `wanted`, with the names of this set that `keep` says must stay: the set to move to when
+    /// a Node goes whose node may still be listed (a node leaves a presence set only once it
+    /// can have stopped answering). `None` when nothing is kept (move to `wanted` as it is).
+    pub fn keeping(&self, wanted: &Roster, keep: impl Fn(&str) -> bool) -> Option<Roster> {
+        let kept: Vec<&str> = self
+            .names()
+            .filter(|n| wanted.index(n).is_none() && keep(n))
+            .collect();
+        if kept.is_empty() {
+            return None;
+        }
+        let mut names: Vec<&str> = wanted.names().chain(kept).collect();
+        names.sort_unstable();
+        // A subset of two valid sets' names: it cannot fail.
+        Roster::new(names).ok()
+    }
+
     /// Whether `node` names the node at its index in this set.
     pub fn knows(&self, node: &NodeRef) -> bool {
         self.name(node.index).is_some_and(|n| node.names(n))
@@ -193,24 +215,29 @@ pub enum ConfigError {
 /// (`N`) both a majority of `N`: any two acting members share a voter, which reports for one
 /// generation per process. `g` and `g + 2` share none, which is why the controller publishes
 /// `g + 2` only once no voter serves `g` any more and [`Timers::drain`] has passed.
+///
+/// Voters are named, not indexed: the presence set ([`Roster`]) changes as Nodes come and go,
+/// and a voter whose Node is gone still counts (silent) until the controller changes the
+/// configuration. Counting over fewer voters would change what a majority is on some nodes
+/// before others.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VoterConfig {
     /// Increases by one with every change.
     pub generation: u64,
-    /// The voters (roster indexes, ascending).
-    pub current: Vec<u16>,
+    /// The voters' node names, ascending.
+    pub current: Vec<String>,
     /// During a change, the voters that replace them (ascending); empty otherwise.
-    pub next: Vec<u16>,
+    pub next: Vec<String>,
 }
 
 impl VoterConfig {
     /// Generation `generation` with `current` and, during a change, `next` (sorted here).
-    pub fn new(
+    pub fn new<S: Into<String>>(
         generation: u64,
-        current: impl IntoIterator<Item = u16>,
-        next: impl IntoIterator<Item = u16>,
+        current: impl IntoIterator<Item = S>,
+        next: impl IntoIterator<Item = S>,
     ) -> Result<Self, ConfigError> {
-        let sorted = |set: &'static str, voters: Vec<u16>| {
+        let sorted = |set: &'static str, voters: Vec<String>| {
             let mut voters = voters;
             voters.sort_unstable();
             voters.dedup();
@@ -223,8 +250,8 @@ impl VoterConfig {
             }
             Ok(voters)
         };
-        let current = sorted("current", current.into_iter().collect())?;
-        let next = sorted("next", next.into_iter().collect())?;
+        let current = sorted("current", current.into_iter().map(Into::into).collect())?;
+        let next = sorted("next", next.into_iter().map(Into::into).collect())?;
         if current.is_empty() {
             return Err(ConfigError::NoVoters(generation));
         }
@@ -236,14 +263,14 @@ impl VoterConfig {
     }
 
     /// The sets a member needs a majority of: `current`, and `next` when set.
-    pub fn sets(&self) -> impl Iterator<Item = &[u16]> {
+    pub fn sets(&self) -> impl Iterator<Item = &[String]> {
         std::iter::once(self.current.as_slice())
             .chain((!self.next.is_empty()).then_some(self.next.as_slice()))
     }
 
     /// Every voter of the configuration, ascending.
-    pub fn voters(&self) -> Vec<u16> {
-        let mut all: Vec<u16> = self.sets().flatten().copied().collect();
+    pub fn voters(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.sets().flatten().cloned().collect();
         all.sort_unstable();
         all.dedup();
         all
@@ -265,8 +292,17 @@ impl VoterConfig {
     }
 
     /// The joint phase that starts a change to `next`, one generation on.
-    pub fn change_to(&self, next: impl IntoIterator<Item = u16>) -> Result<Self, ConfigError> {
+    pub fn change_to<S: Into<String>>(
+        &self,
+        next: impl IntoIterator<Item = S>,
+    ) -> Result<Self, ConfigError> {
+        let next: Vec<String> = next.into_iter().map(Into::into).collect();
         VoterConfig::new(self.generation + 1, self.current.clone(), next)
+    }
+
+    /// Whether `name` is one of its voters.
+    pub fn has(&self, name: &str) -> bool {
+        self.sets().flatten().any(|v| v == name)
     }
 }
 

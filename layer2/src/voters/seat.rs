@@ -97,6 +97,11 @@ impl Seat {
         self.retire_at.is_some_and(|at| now >= at)
     }
 
+    /// The presence set changed ([`Voter::set_roster`]).
+    pub fn set_roster(&mut self, wanted: &Arc<Roster>, now: Instant) -> bool {
+        self.voter.set_roster(wanted, now)
+    }
+
     /// The configuration it serves was read as still current at `now`.
     pub fn confirm(&mut self, now: Instant) {
         self.voter.confirm(now);

@@ -23,7 +23,10 @@
 //!   the last 1.5 failure timeouts has acknowledged a report numbered `s` or later, or when
 //!   1.5 failure timeouts have passed since `s` (every older report has expired wherever it
 //!   is); and never in the voter's first 1.5 failure timeouts, when a report of its previous
-//!   process may still be held.
+//!   process may still be held. Nor while a member sent a report in the last 1.5 failure
+//!   timeouts beats over another presence set than the voter's (a Node came or went and not
+//!   everyone has seen it): that member cannot read the recipient's bit, or has no bit for it,
+//!   so it would take the recipient's IPs whatever the reports say.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,6 +75,8 @@ struct Entry {
     bitmap_sent: Option<(u64, u64)>,
     /// Left to be replaced: listed until then unless a successor says ready first.
     held_until: Option<Instant>,
+    /// Whether its last beat was over this voter's presence set.
+    same_set: bool,
 }
 
 /// One voter process.
@@ -93,10 +98,15 @@ pub struct Voter {
     /// The lowest report number acknowledged by every member sent a report within
     /// [`Timers::held_for`], as of the last sweep (module docs, "Told").
     floor: u64,
+    /// Whether every member sent a report within [`Timers::held_for`] beats over this voter's
+    /// presence set, as of the last sweep: one that does not cannot read a node's bit.
+    agree: bool,
     /// The voter configuration this process serves ([`Report::generation`]).
     generation: u64,
     /// When the configuration was last confirmed current ([`Voter::confirm`]).
     confirmed: Instant,
+    /// The name check of this voter's node, as acknowledgements name it.
+    check: [u8; crate::wire::NAME_CHECK_LEN],
 }
 
 impl Voter {
@@ -112,6 +122,7 @@ impl Voter {
     ) -> Self {
         let len = roster.len();
         Voter {
+            check: crate::wire::name_check(roster.name(me).unwrap_or_default()),
             listed: bitmap(u16::try_from(len).unwrap_or(u16::MAX), []),
             entries: vec![Entry::default(); len],
             roster,
@@ -121,6 +132,7 @@ impl Voter {
             started: now,
             timers,
             floor: 0,
+            agree: true,
             version: 0,
             generation,
             confirmed: now,
@@ -152,6 +164,62 @@ impl Voter {
     /// Its timers.
     pub fn timers(&self) -> Timers {
         self.timers
+    }
+
+    /// The presence set changed (a Node came or went) to `wanted`: the table is carried over by
+    /// name (a new node starts unheard), and the bitmap gets a new version, so every member
+    /// gets it again over the new set. A node that goes stays while it is listed (heard within
+    /// the failure timeout, or held): leaving it out at once would let the members take its
+    /// IPs before it can have stopped answering. Call it again (each sweep) until it returns
+    /// true: the set is then `wanted`. Returns false, and changes nothing, when this voter's
+    /// node is not in `wanted`.
+    pub fn set_roster(&mut self, wanted: &Arc<Roster>, now: Instant) -> bool {
+        let Some(name) = self.roster.name(self.me).map(str::to_string) else {
+            return false;
+        };
+        if wanted.index(&name).is_none() {
+            return false;
+        }
+        if wanted.id() == self.roster.id() {
+            return true;
+        }
+        let keeping = self.roster.keeping(wanted, |n| {
+            self.roster
+                .index(n)
+                .is_some_and(|i| self.listable(usize::from(i), now))
+        });
+        let done = keeping.is_none();
+        let roster = keeping.map_or_else(|| wanted.clone(), Arc::new);
+        if roster.id() != self.roster.id() {
+            self.rebase(roster, &name);
+        }
+        done
+    }
+
+    /// Carries the table over to `roster` (which holds `name`, this voter's node).
+    fn rebase(&mut self, roster: Arc<Roster>, name: &str) {
+        let Some(me) = roster.index(name) else {
+            return;
+        };
+        let mut entries = vec![Entry::default(); roster.len()];
+        for (i, entry) in self.entries.drain(..).enumerate() {
+            let name = u16::try_from(i).ok().and_then(|i| self.roster.name(i));
+            if let Some(j) = name.and_then(|n| roster.index(n)) {
+                entries[usize::from(j)] = Entry {
+                    bitmap_sent: None,
+                    ..entry
+                };
+            }
+        }
+        let len = u16::try_from(roster.len()).unwrap_or(u16::MAX);
+        self.listed = bitmap(
+            len,
+            (0..entries.len()).filter(|&i| entries[i].listed_since.is_some()),
+        );
+        self.entries = entries;
+        self.roster = roster;
+        self.me = me;
+        self.version += 1;
     }
 
     /// Whether its configuration went unconfirmed for [`Timers::confirm_within`] at `now`.
@@ -239,6 +307,7 @@ impl Voter {
         };
         entry.ready = beat.ready;
         entry.leaving = beat.leaving;
+        entry.same_set = beat.set == self.roster.id();
         entry.heard_at = Some(now);
         if beat.leaving && beat.restarting {
             // A leaving speaker says so three times: the hold counts from the first.
@@ -249,10 +318,8 @@ impl Voter {
             entry.held_until = None;
         }
         for ack in &beat.acks {
-            if ack.seen.boot == self.boot
-                && ack.voter.index == self.me
-                && self.roster.knows(&ack.voter)
-            {
+            // By name: the member's presence set may index this voter elsewhere for a moment.
+            if ack.seen.boot == self.boot && ack.voter.check == self.check {
                 entry.acked = entry.acked.max(ack.seen.seq);
             }
         }
@@ -309,6 +376,8 @@ impl Voter {
         }
         let voter_mature = now.saturating_duration_since(self.started) >= held_for;
         let told = voter_mature
+            && self.agree
+            && entry.same_set
             && entry.listed_since.is_some_and(|(s, at)| {
                 self.floor >= s || now.saturating_duration_since(at) >= held_for
             });
@@ -356,6 +425,7 @@ impl Voter {
         let timeout = self.timers.timeout;
         let held_for = self.timers.held_for();
         let mut floor = self.seq;
+        let mut agree = true;
         for i in 0..self.entries.len() {
             let e = &mut self.entries[i];
             if e.heard_at
@@ -370,12 +440,14 @@ impl Voter {
                 .is_some_and(|at| now.saturating_duration_since(at) < held_for)
             {
                 floor = floor.min(e.acked);
+                agree &= e.same_set;
             }
             if e.listed_since.is_some() {
                 self.relist(i, now);
             }
         }
         self.floor = floor;
+        self.agree = agree;
     }
 }
 
