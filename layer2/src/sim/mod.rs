@@ -134,6 +134,9 @@ pub enum Mutation {
     /// Voters only: a change of the voters goes straight to the new set, without the joint
     /// phase in which members need a majority of both sets.
     SkipJoint,
+    /// Voters only: a member drops a node that leaves the presence set at once, while a report
+    /// may still list it.
+    DropAtOnce,
 }
 
 impl Mutation {
@@ -1542,18 +1545,7 @@ impl<D: Design> Engine<D> {
             } if i < n => {
                 self.absent.remove(&i);
                 self.spread_roster(i, 0, within);
-                self.slots[i].roster_seen = self.roster_number;
-                let boot = self.rng.next_u64();
-                self.slots[i].boots += 1;
-                let node = self.design.start(&self.env, i, boot, now);
-                self.slots[i].node = Some(node);
-                let absent = self.absent.clone();
-                if let Some(n) = self.slots[i].node.as_mut() {
-                    self.design.set_roster(&self.env, n, &absent, now);
-                }
-                self.slots[i].wake_at = Micros::MAX;
-                self.schedule_wake(i);
-                self.refresh(i);
+                self.start_process(i);
                 bound += self.design.startup(&self.env) + within;
             }
             FaultKind::ApiCut(ref nodes) => {
@@ -1564,27 +1556,31 @@ impl<D: Design> Engine<D> {
             // A node out of the presence set has no process to restart: it starts when it
             // comes back.
             FaultKind::Restart { node: i, .. } if i < n && !self.absent.contains(&i) => {
-                let slot = &mut self.slots[i];
-                slot.boots += 1;
-                let boot = self.rng.next_u64();
-                let node = self.design.start(&self.env, i, boot, now);
-                self.slots[i].node = Some(node);
-                self.slots[i].roster_seen = self.roster_number;
-                if !self.absent.is_empty() {
-                    // It reads the presence set as it is now.
-                    let absent = self.absent.clone();
-                    if let Some(n) = self.slots[i].node.as_mut() {
-                        self.design.set_roster(&self.env, n, &absent, now);
-                    }
-                }
-                self.slots[i].wake_at = Micros::MAX;
-                self.schedule_wake(i);
-                self.refresh(i);
+                self.start_process(i);
                 bound += self.design.startup(&self.env);
             }
             _ => {}
         }
         self.push(now + bound, Ev::Deadline(k));
+    }
+
+    /// A new process starts on node `i` now, reading the presence set as it is.
+    fn start_process(&mut self, i: usize) {
+        let now = self.now;
+        self.slots[i].boots += 1;
+        let boot = self.rng.next_u64();
+        let node = self.design.start(&self.env, i, boot, now);
+        self.slots[i].node = Some(node);
+        self.slots[i].roster_seen = self.roster_number;
+        if !self.absent.is_empty() {
+            let absent = self.absent.clone();
+            if let Some(n) = self.slots[i].node.as_mut() {
+                self.design.set_roster(&self.env, n, &absent, now);
+            }
+        }
+        self.slots[i].wake_at = Micros::MAX;
+        self.schedule_wake(i);
+        self.refresh(i);
     }
 
     /// Invariant 2 for fault `k`: every IP answered at its deadline, unless another fault

@@ -393,6 +393,7 @@ impl Design for VotersDesign {
             quorum: !env.mutation.ignore_quorum(),
             tenure: !env.mutation.no_tenure(),
             told: !env.mutation.no_tenure() && env.mutation != Mutation::NoTold,
+            keep_going: env.mutation != Mutation::DropAtOnce,
         };
         let mut node = VotersNode {
             me,

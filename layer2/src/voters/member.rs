@@ -64,6 +64,9 @@ pub struct Rules {
     pub tenure: bool,
     /// Claim only once told by a majority (rule 5).
     pub told: bool,
+    /// Keep a node that leaves the presence set while a report may still list it
+    /// ([`Member::set_roster`]).
+    pub keep_going: bool,
 }
 
 impl Default for Rules {
@@ -72,6 +75,7 @@ impl Default for Rules {
             quorum: true,
             tenure: true,
             told: true,
+            keep_going: true,
         }
     }
 }
@@ -231,13 +235,14 @@ impl Member {
         let unknown = fresh
             .iter()
             .any(|h| h.report.set != current && h.report.set != wanted.id());
+        let keep_going = self.rules.keep_going;
         let keeping = old.keeping(wanted, |name| {
-            unknown
-                || old.index(name).is_some_and(|i| {
-                    fresh
-                        .iter()
-                        .any(|h| !h.foreign && heard(&h.report.bitmap, usize::from(i)))
-                })
+            let listed = old.index(name).is_some_and(|i| {
+                fresh
+                    .iter()
+                    .any(|h| !h.foreign && heard(&h.report.bitmap, usize::from(i)))
+            });
+            keep_going && (unknown || listed)
         });
         let done = keeping.is_none();
         let roster = keeping.map_or_else(|| wanted.clone(), Arc::new);
