@@ -21,6 +21,8 @@
 //! phase in a healthy cluster, with the time until every node is on the last generation and
 //! the IPs it moved or left unanswered (none expected).
 //!
+//! Run by `cargo test` (without `--bench`), it is a smoke run at 50 nodes.
+//!
 //! Environment: `SIM_BENCH_NODES` (default `100,1000,5000`), `SIM_BENCH_FULL_MAX` (largest size
 //! of today's design run in full, default 100), `SIM_BENCH_SECONDS` (simulated seconds of a
 //! full run, default 10), `SIM_BENCH_DESIGNS` (`legacy,voters,swim,change` by default).
@@ -186,7 +188,13 @@ fn measure(names: &[String]) -> Model {
 }
 
 fn main() {
-    let sizes = env_list("SIM_BENCH_NODES", "100,1000,5000");
+    // `cargo test --all-targets` (CI) runs this too, unoptimised and without `--bench`: a smoke
+    // run at 50 nodes there; the figures come from `cargo bench`.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let sizes = env_list(
+        "SIM_BENCH_NODES",
+        if smoke { "50" } else { "100,1000,5000" },
+    );
     let seconds = env_num("SIM_BENCH_SECONDS", 10).max(9);
     let designs =
         std::env::var("SIM_BENCH_DESIGNS").unwrap_or_else(|_| "legacy,voters,swim,change".into());
