@@ -97,6 +97,17 @@ impl HoldDown {
         None
     }
 
+    /// Takes `status` as the starting point of a BFD session first seen now (a new follower, or
+    /// a link just swapped to another session): its Ups from before we followed it do not
+    /// count, so a session that was Up once and is Down now does not stop a BGP session that
+    /// never ran beside it. Only an Up seen from here on arms the hold-down.
+    pub fn baseline(&mut self, status: Option<Status>) {
+        (self.ups, self.was_up) = match status {
+            Some(s) => (s.ups, s.state == State::Up),
+            None => (0, false),
+        };
+    }
+
     /// The time at `now`: Start when the wait for BFD is over.
     pub fn on_timer(&mut self, now: Instant) -> Option<Verdict> {
         if self.release_at.is_some_and(|at| at <= now) {
@@ -142,11 +153,13 @@ pub struct Follower {
 impl Follower {
     /// Follows `link`.
     pub fn new(mut link: Link) -> Follower {
-        let current = link.borrow_and_update().clone();
+        let mut current = link.borrow_and_update().clone();
+        let mut hold = HoldDown::default();
+        hold.baseline(current.as_mut().map(|rx| *rx.borrow_and_update()));
         Follower {
             link,
             current,
-            hold: HoldDown::default(),
+            hold,
             link_closed: false,
         }
     }
@@ -186,12 +199,13 @@ impl Follower {
                         continue;
                     }
                     self.current = self.link.borrow_and_update().clone();
-                    // Another session (or none): what the old one did no longer counts, and a
-                    // session held for the old one is released.
-                    let now = Instant::now();
-                    let released = self.hold.update(None, now);
+                    // Another session (or none): what the old one did no longer counts, a
+                    // session held for the old one is released, and the new one's past is
+                    // its baseline.
+                    let released = self.hold.update(None, Instant::now());
                     let status = self.current.as_mut().map(|rx| *rx.borrow_and_update());
-                    if let Some(v) = released.or(self.hold.update(status, now)) {
+                    self.hold.baseline(status);
+                    if let Some(v) = released {
                         return v;
                     }
                     continue;
@@ -341,6 +355,46 @@ mod tests {
         );
         assert_eq!(g.update_now(None), Some(Verdict::Start));
         assert_eq!(g.update_now(None), None);
+    }
+
+    /// A BFD session that was Up before the follower first saw it, and is Down now, does not
+    /// stop the new BGP session: it never came up during that session's life. The lab's BGP
+    /// suite caught the old rule, which read the lifetime count `ups` as a fresh Up and held a
+    /// restarted BGP session for 5 s.
+    #[tokio::test]
+    async fn a_session_down_since_before_the_follower_does_not_hold_bgp() {
+        let (session_tx, session_rx) = watch::channel(after(3, State::Down).unwrap());
+        let (link_tx, link_rx) = watch::channel(Some(session_rx));
+        let mut f = Follower::new(link_rx);
+        // It goes on trying (Init) without coming up.
+        session_tx.send_replace(after(3, State::Init).unwrap());
+        let idle = tokio::time::timeout(Duration::from_millis(50), f.next()).await;
+        assert!(idle.is_err(), "a new follower stopped BGP: {idle:?}");
+        // The same on a swap to another such session.
+        let (other_tx, other_rx) = watch::channel(after(7, State::Down).unwrap());
+        link_tx.send_replace(Some(other_rx));
+        let idle = tokio::time::timeout(Duration::from_millis(50), f.next()).await;
+        assert!(idle.is_err(), "a swapped link stopped BGP: {idle:?}");
+        // An Up and a Down seen from here on still stop it.
+        other_tx.send_replace(after(8, State::Up).unwrap());
+        other_tx.send_replace(after(8, State::Down).unwrap());
+        let v = tokio::time::timeout(Duration::from_secs(5), f.next())
+            .await
+            .unwrap();
+        assert_eq!(v, Verdict::Stop);
+        drop(session_tx);
+    }
+
+    /// A session Up when first seen and Down later is a failure.
+    #[test]
+    fn a_baseline_that_is_up_counts_as_up() {
+        let mut g = HoldDown::default();
+        g.baseline(after(4, State::Up));
+        assert_eq!(g.update_now(after(4, State::Down)), Some(Verdict::Stop));
+        let mut g = HoldDown::default();
+        g.baseline(after(4, State::Down));
+        assert_eq!(g.update_now(after(4, State::Down)), None);
+        assert_eq!(g.update_now(after(4, State::Init)), None);
     }
 
     /// The follower sees status changes and a swapped session, and reports the hold-down's verdicts.
