@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ use ferrolb_bgp::packet::{
 };
 use ferrolb_config::model::Peer;
 use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, PeerSettings};
+use ferrolb_testkit::frr::{self, Frr};
 use ferrolb_testkit::netns::{self, Netns};
 use ferrolb_testkit::{model, trial};
 
@@ -241,59 +242,36 @@ const FRR_TOOLS: &[&str] = &["/usr/lib/frr/bgpd", "/usr/lib/frr/zebra", "/usr/bi
 const BIRD_TOOLS: &[&str] = &["/usr/sbin/bird", "/usr/sbin/birdc"];
 const GOBGP_TOOLS: &[&str] = &["/usr/bin/gobgpd", "/usr/bin/gobgp"];
 
-/// Writes zebra.conf and bgpd.conf (`router bgp 64500` with `neighbours` inside) and starts
-/// zebra and bgpd in the router namespace, with their sockets in the lab's directory.
+/// Starts zebra and bgpd in the router namespace, bgpd with `router bgp 64500` and
+/// `neighbours` inside.
 fn start_frr(lab: &mut Lab, neighbours: &str) -> Router {
-    let d = lab.dir().display().to_string();
-    std::fs::write(
-        lab.dir().join("zebra.conf"),
-        "frr defaults traditional\nhostname r\n!\n",
-    )
-    .unwrap();
-    std::fs::write(
-        lab.dir().join("bgpd.conf"),
-        format!(
-            "frr defaults traditional\nhostname r\nlog file {d}/bgpd-events.log\n\
-             debug bgp neighbor-events\n!\nrouter bgp 64500\n bgp router-id {ROUTER_V4}\n \
+    let bgpd = frr::bgpd_conf(
+        lab.dir(),
+        &format!(
+            "router bgp 64500\n bgp router-id {ROUTER_V4}\n \
              no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n {neighbours}!\n"
         ),
-    )
-    .unwrap();
-    netns::run("chown", &["-R", "frr:frr", &d]);
-    let pathspace = lab.router.name().to_string();
-    for daemon in ["zebra", "bgpd"] {
-        let mut args = vec![
-            "-N".to_string(),
-            pathspace.clone(),
-            "-f".into(),
-            format!("{d}/{daemon}.conf"),
-            "-i".into(),
-            format!("{d}/{daemon}.pid"),
-            "-z".into(),
-            format!("{d}/zserv.api"),
-            "--vty_socket".into(),
-            d.clone(),
-        ];
-        if daemon == "bgpd" {
-            args.extend(["-p".into(), "179".into()]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        lab.spawn_in_router(&format!("/usr/lib/frr/{daemon}"), &args);
-        if daemon == "zebra" {
-            let api = lab.dir().join("zserv.api");
-            lab.wait_router("zebra socket", || {
-                api.exists().then_some(()).ok_or("no zserv.api".into())
-            });
-        }
+    );
+    let frr = Frr::start(
+        &mut lab.lab,
+        &lab.router,
+        &frr::Config {
+            zebra: frr::ZEBRA_CONF,
+            bgpd: Some(&bgpd),
+            zebra_wait: Duration::from_secs(30),
+        },
+    );
+    Router {
+        ns: lab.router.clone(),
+        frr: Some(frr),
     }
-    lab.ctl()
 }
 
-/// The router namespace, usable from the speaker's thread.
+/// A namespace, usable from the speaker's thread; the router's with its FRR.
 #[derive(Clone)]
 struct Router {
     ns: Netns,
-    dir: PathBuf,
+    frr: Option<Frr>,
 }
 
 impl Router {
@@ -302,8 +280,7 @@ impl Router {
     }
 
     fn vtysh(&self, cmd: &str) -> String {
-        let d = self.dir.display().to_string();
-        self.exec("vtysh", &["--vty_socket", &d, "-c", cmd])
+        self.frr.as_ref().expect("FRR runs here").vtysh(cmd)
     }
 
     /// FRR's view of its neighbour `address`.
@@ -353,13 +330,6 @@ impl Router {
 }
 
 impl Lab {
-    fn ctl(&self) -> Router {
-        Router {
-            ns: self.router.clone(),
-            dir: self.dir().to_path_buf(),
-        }
-    }
-
     /// Runs `body` on a thread of its own in the speaker's namespace, on a single-threaded
     /// runtime (so the driver and the checks interleave), and returns its result; a panic in
     /// `body` fails the test after the lab is removed.
@@ -812,7 +782,7 @@ impl Lab {
     fn speaker_ctl(&self) -> Router {
         Router {
             ns: self.speaker.clone(),
-            dir: self.dir().to_path_buf(),
+            frr: None,
         }
     }
 }
@@ -972,7 +942,7 @@ fn collision_keeps_the_speakers_connection_when_it_has_the_higher_identifier() {
 
 fn frr_ipv4_session_with_md5_and_ipv6_session() {
     let mut lab = Lab::new("frr", FRR_TOOLS);
-    start_frr(
+    let router = start_frr(
         &mut lab,
         &format!(
             "neighbor {SPEAKER_V4} remote-as 64512\n neighbor {SPEAKER_V4} password s3cret\n \
@@ -982,18 +952,15 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
              address-family ipv6 unicast\n  neighbor {SPEAKER_V4} activate\n  neighbor {SPEAKER_V6} activate\n exit-address-family\n"
         ),
     );
-    let d = lab.dir().display().to_string();
-    let vtysh =
-        move |lab: &Lab, cmd: &str| lab.in_router("vtysh", &["--vty_socket", &d, "-c", cmd]);
-    let vtysh2 = vtysh.clone();
+    let router2 = router.clone();
     exercise(
         &lab,
         vec![
             peer("frr-v4", ROUTER_V4, Some("s3cret")),
             peer("frr-v6", ROUTER_V6, None),
         ],
-        move |lab| {
-            let v4 = vtysh(lab, &format!("show bgp ipv4 unicast {PREFIX_V4} json"));
+        move |_| {
+            let v4 = router.vtysh(&format!("show bgp ipv4 unicast {PREFIX_V4} json"));
             contains_all(
                 &v4,
                 &[
@@ -1004,7 +971,7 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
                     "\"string\":\"64512:1:2\"",
                 ],
             )?;
-            let v6 = vtysh(lab, &format!("show bgp ipv6 unicast {PREFIX_V6} json"));
+            let v6 = router.vtysh(&format!("show bgp ipv6 unicast {PREFIX_V6} json"));
             // Received twice: over the IPv4 session (next hop = the node's IPv6 address) and
             // over the IPv6 session (next hop = the session's local address); both fd00:77::1.
             contains_all(
@@ -1020,9 +987,9 @@ fn frr_ipv4_session_with_md5_and_ipv6_session() {
             }
             Ok(())
         },
-        move |lab| {
-            let all = vtysh2(lab, "show bgp ipv4 unicast json")
-                + &vtysh2(lab, "show bgp ipv6 unicast json");
+        move |_| {
+            let all = router2.vtysh("show bgp ipv4 unicast json")
+                + &router2.vtysh("show bgp ipv6 unicast json");
             contains_none(&all, &["198.51.100.10", "2001:db8:77::10"])
         },
     );

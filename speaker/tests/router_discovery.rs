@@ -22,6 +22,7 @@ use ferrolb_layer2::packet::{MacAddr, RouterAdvertisement, router_advertisement}
 use ferrolb_speaker::bgp::driver::{DEFAULT_LISTEN, Driver, NoObserver, OnLink, PeerSettings};
 use ferrolb_speaker::bgp::unnumbered::Timers;
 use ferrolb_speaker::bgp::unnumbered::discovery::{Discovery, Found, Link};
+use ferrolb_testkit::frr::{self, Frr};
 use ferrolb_testkit::model;
 use ferrolb_testkit::netns::{self, Netns};
 use ferrolb_testkit::trial;
@@ -215,54 +216,8 @@ fn a_forged_advertisement_does_not_take_an_established_session() {
     assert_eq!(found.borrow().replacements, 1);
 }
 
-/// Starts FRR in `router`'s namespace with its sockets in the lab's directory: zebra (with
-/// `zebra_conf`) and, when given, bgpd with `bgpd_conf`. Returns the vty directory.
-fn start_frr(
-    lab: &mut netns::Lab,
-    router: &Netns,
-    zebra_conf: &str,
-    bgpd_conf: Option<&str>,
-) -> String {
-    let d = lab.dir().display().to_string();
-    std::fs::write(lab.dir().join("zebra.conf"), zebra_conf).unwrap();
-    let mut daemons = vec!["zebra"];
-    if let Some(conf) = bgpd_conf {
-        std::fs::write(lab.dir().join("bgpd.conf"), conf).unwrap();
-        daemons.push("bgpd");
-    }
-    netns::run("chown", &["-R", "frr:frr", &d]);
-    let pathspace = router.name().to_string();
-    for daemon in daemons {
-        let conf = format!("{d}/{daemon}.conf");
-        let pid = format!("{d}/{daemon}.pid");
-        let api = format!("{d}/zserv.api");
-        let mut args = vec![
-            "-N",
-            &pathspace,
-            "-f",
-            &conf,
-            "-i",
-            &pid,
-            "-z",
-            &api,
-            "--vty_socket",
-            &d,
-        ];
-        if daemon == "bgpd" {
-            args.extend(["-p", "179"]);
-        }
-        lab.spawn(router, &format!("/usr/lib/frr/{daemon}"), &args);
-        if daemon == "zebra" {
-            // bgpd gives up on a zebra that is not there yet.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !lab.dir().join("zserv.api").exists() {
-                assert!(Instant::now() < deadline, "zebra did not start");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-    d
-}
+/// How long FRR's zebra may take to open its socket.
+const ZEBRA_WAIT: Duration = Duration::from_secs(10);
 
 /// FRR's zebra advertising on its end (as bgpd has it do for `neighbor IF interface`): our
 /// discovery finds zebra's link-local address, and zebra learns ours from our advertisements,
@@ -271,21 +226,21 @@ fn frr_and_discovery_find_each_other() {
     let mut lab = netns::Lab::new("flb-t-rd", "frr");
     let (router, ours) = lab.pair(("r", "veth-r", &[]), ("b", "veth-b", &[]));
     let (lr, lb) = (link(&router, "veth-r"), link(&ours, "veth-b"));
-    let d = start_frr(
+    let frr = Frr::start(
         &mut lab,
         &router,
-        "frr defaults traditional\nhostname r\n!\ninterface veth-r\n ipv6 nd ra-interval 1\n no ipv6 nd suppress-ra\n!\n",
-        None,
+        &frr::Config {
+            zebra: "frr defaults traditional\nhostname r\n!\ninterface veth-r\n ipv6 nd ra-interval 1\n no ipv6 nd suppress-ra\n!\n",
+            bgpd: None,
+            zebra_wait: ZEBRA_WAIT,
+        },
     );
     let (r_ll, b_ll) = (lr.link_local, lb.link_local);
     let db = ours.on_thread(move || Discovery::start(lb)).unwrap();
     wait_found("we hear zebra", &db.found(), |f| f.peer == Some(r_ll));
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let shown = router.stdout(
-            "vtysh",
-            &["--vty_socket", &d, "-c", "show interface veth-r"],
-        );
+        let shown = frr.vtysh("show interface veth-r");
         if shown.contains(&b_ll.to_string()) {
             break;
         }
@@ -310,18 +265,21 @@ fn frr_runs_an_unnumbered_session_with_us() {
     let mut lab = netns::Lab::new("flb-t-rd", "bgp");
     let (router, ours) = lab.pair(("r", "veth-r", &[]), ("b", "veth-b", &[]));
     let (lr, lb) = (link(&router, "veth-r"), link(&ours, "veth-b"));
-    let d = start_frr(
+    let frr = Frr::start(
         &mut lab,
         &router,
-        "frr defaults traditional\nhostname r\n!\n",
-        Some(
-            "frr defaults traditional\nhostname r\n!\nrouter bgp 64500\n bgp router-id 198.18.0.254\n \
-             no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n \
-             neighbor veth-r interface remote-as external\n neighbor veth-r timers 3 9\n \
-             neighbor veth-r timers connect 1\n address-family ipv4 unicast\n  neighbor veth-r activate\n \
-             exit-address-family\n address-family ipv6 unicast\n  neighbor veth-r activate\n \
-             exit-address-family\n!\n",
-        ),
+        &frr::Config {
+            zebra: frr::ZEBRA_CONF,
+            bgpd: Some(
+                "frr defaults traditional\nhostname r\n!\nrouter bgp 64500\n bgp router-id 198.18.0.254\n \
+                 no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n \
+                 neighbor veth-r interface remote-as external\n neighbor veth-r timers 3 9\n \
+                 neighbor veth-r timers connect 1\n address-family ipv4 unicast\n  neighbor veth-r activate\n \
+                 exit-address-family\n address-family ipv6 unicast\n  neighbor veth-r activate\n \
+                 exit-address-family\n!\n",
+            ),
+            zebra_wait: ZEBRA_WAIT,
+        },
     );
     let (r_ll, b_ll) = (lr.link_local, lb.link_local);
     let index = lb.index;
@@ -398,13 +356,12 @@ fn frr_runs_an_unnumbered_session_with_us() {
         });
     });
     let up = up_rx.recv_timeout(Duration::from_secs(90));
-    let vtysh = |cmd: &str| router.stdout("vtysh", &["--vty_socket", &d, "-c", cmd]);
     if !matches!(up, Ok(Ok(()))) {
         let _ = done_tx.send(());
         let _ = speaker.join();
-        panic!("{up:?}\n{}", vtysh("show bgp neighbors veth-r"));
+        panic!("{up:?}\n{}", frr.vtysh("show bgp neighbors veth-r"));
     }
-    let neighbour = vtysh("show bgp neighbors veth-r json");
+    let neighbour = frr.vtysh("show bgp neighbors veth-r json");
     assert!(
         neighbour.contains("\"extendedNexthop\":\"advertisedAndReceived\""),
         "extended next hop not negotiated:\n{neighbour}"
@@ -428,7 +385,7 @@ fn frr_runs_an_unnumbered_session_with_us() {
             let _ = speaker.join();
             panic!(
                 "routes not installed via {b_ll} (router {r_ll}):\n{v4}\n{v6}\n{}",
-                vtysh("show bgp ipv4 unicast")
+                frr.vtysh("show bgp ipv4 unicast")
             );
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -36,6 +36,7 @@ use ferrolb_bgp::adj_out::{AdjRibOut, RouteAttributes};
 use ferrolb_bgp::fsm::State;
 use ferrolb_speaker::bgp::driver::socket::bind_to_vrf;
 use ferrolb_speaker::bgp::driver::{Driver, NoObserver, PeerSettings, PeerStatus};
+use ferrolb_testkit::frr::{self, Frr};
 use ferrolb_testkit::model;
 use ferrolb_testkit::netns::{self, Lab, Netns};
 
@@ -305,58 +306,25 @@ fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> Result<(), S
 /// Starts zebra and bgpd in the router namespace: `router bgp 64500` with the node's
 /// default-VRF peer and (passive) the `blue` peer's source, `router bgp 64500 vrf red` with the
 /// node's VRF peer.
-fn start_frr(lab: &mut Lab, router: &Netns) {
-    let d = lab.dir().display().to_string();
-    std::fs::write(
-        lab.dir().join("zebra.conf"),
-        "frr defaults traditional\nhostname r\n!\n",
-    )
-    .unwrap();
-    std::fs::write(
-        lab.dir().join("bgpd.conf"),
-        format!(
-            "frr defaults traditional\nhostname r\nlog file {d}/bgpd-events.log\n\
-             debug bgp neighbor-events\n!\n\
-             router bgp 64500\n bgp router-id {ROUTER_DEFAULT}\n no bgp ebgp-requires-policy\n \
+fn start_frr(lab: &mut Lab, router: &Netns) -> Frr {
+    let bgpd = frr::bgpd_conf(
+        lab.dir(),
+        &format!(
+            "router bgp 64500\n bgp router-id {ROUTER_DEFAULT}\n no bgp ebgp-requires-policy\n \
              neighbor {NODE_DEFAULT} remote-as 64512\n neighbor {NODE_BLUE_SOURCE} remote-as 64512\n \
              neighbor {NODE_BLUE_SOURCE} passive\n!\n\
              router bgp 64500 vrf red\n bgp router-id {ROUTER_RED}\n no bgp ebgp-requires-policy\n \
              neighbor {NODE_RED} remote-as 64512\n!\n"
         ),
-    )
-    .unwrap();
-    netns::run("chown", &["-R", "frr:frr", &d]);
-    for daemon in ["zebra", "bgpd"] {
-        let mut args = vec![
-            "-N".to_string(),
-            router.name().to_string(),
-            "-f".into(),
-            format!("{d}/{daemon}.conf"),
-            "-i".into(),
-            format!("{d}/{daemon}.pid"),
-            "-z".into(),
-            format!("{d}/zserv.api"),
-            "--vty_socket".into(),
-            d.clone(),
-        ];
-        if daemon == "bgpd" {
-            args.extend(["-p".into(), "179".into()]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        lab.spawn(router, &format!("/usr/lib/frr/{daemon}"), &args);
-        if daemon == "zebra" {
-            let api = lab.dir().join("zserv.api");
-            wait_for("zebra's socket", Duration::from_secs(20), || {
-                api.exists().then_some(()).ok_or("no zserv.api".into())
-            });
-        }
-    }
-}
-
-fn vtysh(router: &Netns, dir: &Path, command: &str) -> String {
-    router.stdout(
-        "vtysh",
-        &["--vty_socket", &dir.display().to_string(), "-c", command],
+    );
+    Frr::start(
+        lab,
+        router,
+        &frr::Config {
+            zebra: frr::ZEBRA_CONF,
+            bgpd: Some(&bgpd),
+            zebra_wait: Duration::from_secs(20),
+        },
     )
 }
 
@@ -403,7 +371,7 @@ fn guest() {
     node.ip(&["addr", "add", &format!("{SERVICE_RED}/32"), "dev", "red"]);
     node.ip(&["addr", "add", &format!("{SERVICE_DEFAULT}/32"), "dev", "lo"]);
     step("namespaces, veth pairs and VRF red (table 1001) on both sides");
-    start_frr(&mut lab, &router);
+    let frr = start_frr(&mut lab, &router);
     step("FRR started");
 
     // The driver, in the node's namespace: default-VRF peer, VRF red peer, VRF blue peer (no
@@ -457,7 +425,6 @@ fn guest() {
                 .ok_or(format!("{status:#?}"))
         },
     );
-    let d = lab.dir().to_path_buf();
 
     // The VRF session's socket is bound to `red`; the default one to no device.
     let sockets = node.stdout("ss", &["-tnH", "state", "established"]);
@@ -495,11 +462,7 @@ fn guest() {
         !sockets.contains(NODE_BLUE_SOURCE),
         "a connection from the blue peer's source, outside its VRF:\n{sockets}"
     );
-    let frr_blue = vtysh(
-        &router,
-        &d,
-        &format!("show bgp neighbors {NODE_BLUE_SOURCE} json"),
-    );
+    let frr_blue = frr.vtysh(&format!("show bgp neighbors {NODE_BLUE_SOURCE} json"));
     let compact: String = frr_blue.split_whitespace().collect();
     assert!(
         !compact.contains("\"bgpState\":\"Established\""),
@@ -546,20 +509,14 @@ fn guest() {
         "",
         "the default VRF's route leaked into red"
     );
-    let bgp_red = vtysh(
-        &router,
-        &d,
-        &format!("show bgp vrf red ipv4 unicast {SERVICE_RED}/32 json"),
-    );
+    let bgp_red = frr.vtysh(&format!(
+        "show bgp vrf red ipv4 unicast {SERVICE_RED}/32 json"
+    ));
     assert!(
         bgp_red.contains(NODE_RED),
         "BGP table of vrf red:\n{bgp_red}"
     );
-    let bgp_default = vtysh(
-        &router,
-        &d,
-        &format!("show bgp ipv4 unicast {SERVICE_DEFAULT}/32 json"),
-    );
+    let bgp_default = frr.vtysh(&format!("show bgp ipv4 unicast {SERVICE_DEFAULT}/32 json"));
     assert!(
         bgp_default.contains(NODE_DEFAULT),
         "BGP table of the default VRF:\n{bgp_default}"
