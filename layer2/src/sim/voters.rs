@@ -100,7 +100,6 @@ impl VotersDesign {
         self.shared(env)
             .latest()
             .voters()
-            .iter()
             .filter_map(|v| env.index.get(v).copied())
             .collect()
     }

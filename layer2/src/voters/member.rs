@@ -167,7 +167,7 @@ impl Member {
         timers: Timers,
     ) -> Self {
         let name = roster.name(me).unwrap_or_default().to_string();
-        let voters = config.voters();
+        let voters: Vec<String> = config.voters().map(str::to_string).collect();
         Member {
             checks: voters.iter().map(|v| name_check(v)).collect(),
             held: vec![None; voters.len()],
@@ -307,10 +307,7 @@ impl Member {
             return false;
         };
         let config = &self.configs[at];
-        let before: Vec<String> = match at.checked_sub(1) {
-            Some(i) => self.configs[i].voters(),
-            None => Vec::new(),
-        };
+        let before = at.checked_sub(1).map(|i| &self.configs[i]);
         let view = self.view();
         config.sets().all(|set| {
             let mut count = 0;
@@ -319,7 +316,7 @@ impl Member {
                 let reports = view
                     .fresh(v, generation, now)
                     .is_some_and(|h| h.report.mature && view.hears_me(&h.report));
-                if before.contains(v) || reports {
+                if before.is_some_and(|c| c.has(v)) || reports {
                     count += 1;
                     lowest |= i == 0;
                 }
@@ -342,7 +339,12 @@ impl Member {
             self.configs.extend(previous);
         }
         self.configs.push(config);
-        let mut voters: Vec<String> = self.configs.iter().flat_map(VoterConfig::voters).collect();
+        let mut voters: Vec<String> = self
+            .configs
+            .iter()
+            .flat_map(VoterConfig::voters)
+            .map(str::to_string)
+            .collect();
         voters.sort_unstable();
         voters.dedup();
         let mut held = vec![None; voters.len()];
@@ -710,7 +712,7 @@ impl View<'_> {
         let len = u16::try_from(nodes).unwrap_or(u16::MAX);
         let mut candidates = bitmap(len, []);
         for v in config.voters() {
-            if let Some(h) = self.fresh(&v, config.generation, now) {
+            if let Some(h) = self.fresh(v, config.generation, now) {
                 if h.foreign {
                     return bitmap(len, 0..nodes);
                 }

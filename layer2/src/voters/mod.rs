@@ -268,12 +268,20 @@ impl VoterConfig {
             .chain((!self.next.is_empty()).then_some(self.next.as_slice()))
     }
 
-    /// Every voter of the configuration, ascending.
-    pub fn voters(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.sets().flatten().cloned().collect();
-        all.sort_unstable();
-        all.dedup();
-        all
+    /// Every voter of the configuration, ascending, each once: `current` and `next` merged
+    /// (both are ascending).
+    pub fn voters(&self) -> impl Iterator<Item = &str> {
+        let mut current = self.current.iter().map(String::as_str).peekable();
+        let mut next = self.next.iter().map(String::as_str).peekable();
+        std::iter::from_fn(move || match (current.peek(), next.peek()) {
+            (Some(c), Some(n)) if n < c => next.next(),
+            (Some(c), Some(n)) if n == c => {
+                next.next();
+                current.next()
+            }
+            (Some(_), _) => current.next(),
+            (None, _) => next.next(),
+        })
     }
 
     /// Whether it is the joint phase of a change.
@@ -394,6 +402,18 @@ mod tests {
         // One domain of many nodes still gives the count.
         let one: Vec<(String, String)> = (0..7).map(|i| (format!("n{i}"), "z".into())).collect();
         assert_eq!(spread(&one, 5), ["n0", "n1", "n2", "n3", "n4"]);
+    }
+
+    #[test]
+    fn a_configurations_voters_are_both_sets_merged() {
+        let c = VoterConfig::new(1, ["e", "a", "c"], ["f", "c", "b"]).unwrap();
+        assert!(c.voters().eq(["a", "b", "c", "e", "f"]));
+        let c = VoterConfig::new(1, ["b", "a"], Vec::<&str>::new()).unwrap();
+        assert!(c.voters().eq(["a", "b"]));
+        let c = c.change_to(["a", "b"]).unwrap();
+        assert!(c.voters().eq(["a", "b"]));
+        let c = c.change_to(["c", "d"]).unwrap().finish().unwrap();
+        assert!(c.voters().eq(["c", "d"]));
     }
 
     #[test]
