@@ -31,7 +31,7 @@ use crate::gate::Gate;
 use crate::heartbeat::HeartbeatError;
 use crate::replay::{self, History, Stamp};
 use crate::tenure::{SentLog, Tenure};
-use crate::wire::{Ack, Beat, NodeRef, Report, bitmap, heard, name_check};
+use crate::wire::{Ack, Beat, NAME_CHECK_LEN, NodeRef, Report, Seen, bitmap, heard, name_check};
 
 use super::{Roster, Timers, VoterConfig, majority, smallest_takeover};
 
@@ -118,29 +118,13 @@ pub struct Check {
 pub struct Member {
     roster: Arc<Roster>,
     me: u16,
-    name: String,
-    boot: u64,
     seq: u64,
-    sent: SentLog,
     timers: Timers,
     /// The configurations whose reports count, oldest first: the one adopted last and, when it
     /// is the generation just before, the one before it (rule 6).
     configs: Vec<VoterConfig>,
-    /// Every voter of `configs` by name, ascending: the slots below.
-    voters: Vec<String>,
-    /// Their name checks, as reports name them.
-    checks: Vec<[u8; crate::wire::NAME_CHECK_LEN]>,
-    /// Per voter (same order), its latest report and replay history.
-    held: Vec<Option<Held>>,
-    /// Per voter, its latest report of a generation before the latest one's: it counts toward
-    /// that generation's rules until it goes stale, while the voters move one by one.
-    older: Vec<Option<Held>>,
-    histories: Vec<Option<History>>,
-    /// Per voter, the last bitmap it sent: its boot, version and bits.
-    bitmaps: Vec<Option<Kept>>,
-    /// Per voter, the latest report whose bitmap this member holds: what its beats
-    /// acknowledge, so that a voter leaves the bitmap out only for a member that has it.
-    readable: Vec<Option<crate::wire::Seen>>,
+    /// What it holds from the voters of `configs`, and what it reads their reports against.
+    reports: Reports,
     /// The shared rules (settling, damping, starvation, claim delay, resignation).
     gate: Gate,
     /// The latest `ready: false` beat sent.
@@ -167,22 +151,17 @@ impl Member {
         timers: Timers,
     ) -> Self {
         let name = roster.name(me).unwrap_or_default().to_string();
-        let voters: Vec<String> = config.voters().map(str::to_string).collect();
         Member {
-            checks: voters.iter().map(|v| name_check(v)).collect(),
-            held: vec![None; voters.len()],
-            older: vec![None; voters.len()],
-            histories: vec![None; voters.len()],
-            bitmaps: vec![None; voters.len()],
-            readable: vec![None; voters.len()],
-            voters,
+            reports: Reports::new(
+                name,
+                boot,
+                timers.timeout,
+                config.voters().map(str::to_string).collect(),
+            ),
             configs: vec![config],
             roster,
             me,
-            name,
-            boot,
             seq: 0,
-            sent: SentLog::new(boot),
             timers,
             gate: Gate::new(crate::gate::Timing::new(
                 timers.interval,
@@ -202,7 +181,7 @@ impl Member {
     /// Every voter it beats to (names, ascending): those of the configurations whose reports
     /// count.
     pub fn voters(&self) -> &[String] {
-        &self.voters
+        &self.reports.voters
     }
 
     /// The presence set it reads bitmaps over.
@@ -217,7 +196,7 @@ impl Member {
     /// it again (each check) until it returns true: the set is then `wanted`. Returns false,
     /// and changes nothing, when this node is not in `wanted`.
     pub fn set_roster(&mut self, wanted: &Arc<Roster>, now: Instant) -> bool {
-        if wanted.index(&self.name).is_none() {
+        if wanted.index(&self.reports.name).is_none() {
             return false;
         }
         if wanted.id() == self.roster.id() {
@@ -225,10 +204,8 @@ impl Member {
         }
         let timeout = self.timers.timeout;
         let fresh: Vec<&Held> = self
-            .held
-            .iter()
-            .chain(&self.older)
-            .flatten()
+            .reports
+            .all()
             .filter(|h| now.saturating_duration_since(h.at) < timeout)
             .collect();
         let (current, old) = (self.roster.id(), &self.roster);
@@ -255,14 +232,14 @@ impl Member {
         if roster.id() == self.roster.id() {
             return;
         }
-        let Some(me) = roster.index(&self.name) else {
+        let Some(me) = roster.index(&self.reports.name) else {
             return;
         };
         let old = std::mem::replace(&mut self.roster, roster);
         self.me = me;
         let len = u16::try_from(self.roster.len()).unwrap_or(u16::MAX);
         let id = self.roster.id();
-        for h in self.held.iter_mut().chain(self.older.iter_mut()).flatten() {
+        for h in self.reports.all_mut() {
             if h.foreign {
                 // Over the new set, and readable: it is this member's now.
                 h.foreign = h.report.set != id || h.report.bitmap.is_empty();
@@ -286,10 +263,11 @@ impl Member {
 
     /// The latest report held from each voter, with when it arrived (what `explain` shows).
     pub fn held(&self) -> impl Iterator<Item = (&str, &Report, Instant)> {
-        self.voters
+        let r = &self.reports;
+        r.voters
             .iter()
-            .zip(&self.held)
-            .filter_map(|(v, h)| h.as_ref().map(|h| (v.as_str(), &h.report, h.at)))
+            .zip(&r.slots)
+            .filter_map(|(v, s)| s.held.as_ref().map(|h| (v.as_str(), &h.report, h.at)))
     }
 
     /// The generation the last check found a quorum in, if any.
@@ -308,7 +286,7 @@ impl Member {
         };
         let config = &self.configs[at];
         let before = at.checked_sub(1).map(|i| &self.configs[i]);
-        let view = self.view();
+        let view = self.reports.view();
         config.sets().all(|set| {
             let mut count = 0;
             let mut lowest = false;
@@ -347,23 +325,7 @@ impl Member {
             .collect();
         voters.sort_unstable();
         voters.dedup();
-        let mut held = vec![None; voters.len()];
-        let mut older = vec![None; voters.len()];
-        let mut histories = vec![None; voters.len()];
-        let mut bitmaps = vec![None; voters.len()];
-        let mut readable = vec![None; voters.len()];
-        for (old, v) in self.voters.iter().enumerate() {
-            if let Ok(new) = voters.binary_search(v) {
-                held[new] = self.held[old].take();
-                older[new] = self.older[old].take();
-                histories[new] = self.histories[old].take();
-                bitmaps[new] = self.bitmaps[old].take();
-                readable[new] = self.readable[old].take();
-            }
-        }
-        self.checks = voters.iter().map(|v| name_check(v)).collect();
-        (self.voters, self.held, self.older) = (voters, held, older);
-        (self.histories, self.bitmaps, self.readable) = (histories, bitmaps, readable);
+        self.reports.set_voters(voters);
         true
     }
 
@@ -381,7 +343,7 @@ impl Member {
     /// while the last check that found the node acting is within the mandate.
     pub fn beat(&mut self, now: Instant, unix_ms: u64, interfaces: &[String]) -> Beat {
         self.seq += 1;
-        self.sent.record(self.seq, now);
+        self.reports.sent.record(self.seq, now);
         let ready = self.ready
             && !self.leaving
             && self
@@ -391,20 +353,21 @@ impl Member {
             self.last_unready_seq = self.seq;
         }
         let acks = self
+            .reports
             .voters
             .iter()
-            .zip(&self.readable)
-            .filter_map(|(v, seen)| {
+            .zip(&self.reports.slots)
+            .filter_map(|(v, s)| {
                 Some(Ack {
                     // A voter whose Node is gone is silent: nothing to acknowledge.
                     voter: NodeRef::new(self.roster.index(v)?, v),
-                    seen: (*seen)?,
+                    seen: s.readable?,
                 })
             })
             .collect();
         Beat {
-            node: self.name.clone(),
-            boot: self.boot,
+            node: self.reports.name.clone(),
+            boot: self.reports.sent.boot(),
             seq: self.seq,
             unix_ms,
             ready,
@@ -431,138 +394,58 @@ impl Member {
             seq: report.seq,
             unix_ms: report.unix_ms,
         };
-        match self.histories[slot].as_mut() {
+        let history = &mut self.reports.slots[slot].history;
+        match history.as_mut() {
             Some(h) => h.admit(stamp, now)?,
-            None => self.histories[slot] = Some(History::first(stamp, now, unix_ms)),
+            None => *history = Some(History::first(stamp, now, unix_ms)),
         }
         let foreign = report.set != self.roster.id();
-        self.fill_bitmap(slot, &mut report, foreign)?;
-        Ok(self.hold(slot, report, now, foreign))
+        self.reports.slots[slot].fill_bitmap(&mut report, foreign)?;
+        Ok(self.reports.hold(slot, report, now, foreign))
     }
 
     /// Takes in the report of this node's own voter (no network, so no replay rule).
     pub fn receive_local(&mut self, mut report: Report, now: Instant) -> Result<bool, MemberError> {
         let slot = self.slot_of(&report)?;
         let foreign = report.set != self.roster.id();
-        self.fill_bitmap(slot, &mut report, foreign)?;
-        Ok(self.hold(slot, report, now, foreign))
-    }
-
-    /// Puts the bitmap a `same` report leaves out back from the one kept, or keeps the one it
-    /// carries (over whichever presence set: it may become this member's). A report over
-    /// another set is taken without it (its bitmap is not read); one over this member's set
-    /// without it is refused, and left unacknowledged so the voter sends the bitmap again.
-    fn fill_bitmap(
-        &mut self,
-        slot: usize,
-        report: &mut Report,
-        foreign: bool,
-    ) -> Result<(), MemberError> {
-        let kept = &mut self.bitmaps[slot];
-        let seen = crate::wire::Seen {
-            boot: report.boot,
-            seq: report.seq,
-        };
-        if !report.same {
-            *kept = Some(Kept {
-                boot: report.boot,
-                version: report.version,
-                set: report.set,
-                bits: report.bitmap.clone(),
-            });
-            self.readable[slot] = Some(seen);
-            return Ok(());
-        }
-        match kept {
-            Some(k)
-                if k.boot == report.boot && k.version == report.version && k.set == report.set =>
-            {
-                report.bitmap = k.bits.clone();
-                self.readable[slot] = Some(seen);
-                Ok(())
-            }
-            _ if foreign => Ok(()),
-            _ => Err(MemberError::MissingBitmap(report.version)),
-        }
+        self.reports.slots[slot].fill_bitmap(&mut report, foreign)?;
+        Ok(self.reports.hold(slot, report, now, foreign))
     }
 
     /// The voter slot of `report`, checking that it is for this node, from one of its voters,
     /// of a generation it counts. The indexes in the report may be over another presence set
     /// (a Node came or went and one side has not seen it yet): names decide.
     fn slot_of(&self, report: &Report) -> Result<usize, MemberError> {
-        if !report.to.names(&self.name) {
+        if !report.to.names(&self.reports.name) {
             return Err(MemberError::NotOurs);
         }
         let slot = self
-            .checks
+            .reports
+            .slots
             .iter()
-            .position(|c| *c == report.voter.check)
+            .position(|s| s.check == report.voter.check)
             .ok_or(MemberError::NotOurs)?;
         let config = self
             .configs
             .iter()
             .find(|c| c.generation == report.generation)
             .ok_or(MemberError::OtherGeneration(report.generation))?;
-        if !config.has(&self.voters[slot]) {
+        if !config.has(&self.reports.voters[slot]) {
             return Err(MemberError::NotOurs);
         }
         Ok(slot)
     }
 
-    fn hold(&mut self, slot: usize, report: Report, now: Instant, foreign: bool) -> bool {
-        let changed = self.held[slot].as_ref().is_none_or(|h| {
-            now.saturating_duration_since(h.at) >= self.timers.timeout
-                || h.report.generation != report.generation
-                || h.foreign != foreign
-                || h.report.bitmap != report.bitmap
-                || (h.report.ack.boot == self.boot) != (report.ack.boot == self.boot)
-                || h.report.told != report.told
-                || h.report.mature != report.mature
-        });
-        let generation = report.generation;
-        let new = Held {
-            report,
-            at: now,
-            foreign,
-        };
-        match self.held[slot].as_ref().map(|h| h.report.generation) {
-            Some(g) if generation < g => self.older[slot] = Some(new),
-            Some(g) if generation > g => self.older[slot] = self.held[slot].replace(new),
-            _ => self.held[slot] = Some(new),
-        }
-        changed
-    }
-
     /// The tenure at `now` on the configuration adopted last ([`Member::check`] uses the one it
     /// acts on).
     pub fn tenure(&self, now: Instant) -> Tenure {
-        self.view().tenure(self.config(), now)
-    }
-
-    fn view(&self) -> View<'_> {
-        View {
-            voters: &self.voters,
-            held: &self.held,
-            older: &self.older,
-            sent: &self.sent,
-            boot: self.boot,
-            me: &self.name,
-            timeout: self.timers.timeout,
-        }
+        self.reports.view().tenure(self.config(), now)
     }
 
     /// One check at `now`: `usable` whether the node has an interface that can announce.
     pub fn check(&mut self, now: Instant, usable: bool) -> Check {
         self.gate.settle(usable, now);
-        let view = View {
-            voters: &self.voters,
-            held: &self.held,
-            older: &self.older,
-            sent: &self.sent,
-            boot: self.boot,
-            me: &self.name,
-            timeout: self.timers.timeout,
-        };
+        let view = self.reports.view();
         // Rule 6: of the configurations with a quorum, the newest with a tenure, else the
         // newest; with none, the one adopted last.
         let adopted = &self.configs[self.configs.len() - 1];
@@ -612,10 +495,8 @@ impl Member {
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
         let timeout = self.timers.timeout;
         let stale = self
-            .held
-            .iter()
-            .chain(&self.older)
-            .flatten()
+            .reports
+            .all()
             .map(|h| h.at + timeout)
             .filter(|at| *at > now)
             .min();
@@ -642,11 +523,173 @@ impl Member {
     }
 }
 
+/// The member's report state: what it holds from each voter, and what the reports are read
+/// against (this node's name, the beats this process sent, the failure timeout). A check reads
+/// it through [`Reports::view`].
+#[derive(Clone, Debug)]
+struct Reports {
+    /// This node's name, as reports name their recipient.
+    name: String,
+    /// The beats this process sent (its boot, and when each went): what reports acknowledge.
+    sent: SentLog,
+    /// The failure timeout: a report held longer is stale.
+    timeout: Duration,
+    /// Every voter of the configurations whose reports count, by name, ascending: the slots
+    /// below.
+    voters: Vec<String>,
+    /// Per voter (same order), what this member holds from it.
+    slots: Vec<Slot>,
+}
+
+/// What a member holds from one voter.
+#[derive(Clone, Debug)]
+struct Slot {
+    /// The voter's name check, as reports name it.
+    check: [u8; NAME_CHECK_LEN],
+    /// Its latest report.
+    held: Option<Held>,
+    /// Its latest report of a generation before the latest one's: it counts toward that
+    /// generation's rules until it goes stale, while the voters move one by one.
+    older: Option<Held>,
+    /// Its replay history.
+    history: Option<History>,
+    /// The last bitmap it sent: its boot, version and bits.
+    bitmap: Option<Kept>,
+    /// Its latest report whose bitmap this member holds: what beats acknowledge, so that a
+    /// voter leaves the bitmap out only for a member that has it.
+    readable: Option<Seen>,
+}
+
+impl Slot {
+    /// Nothing held yet from voter `name`.
+    fn new(name: &str) -> Self {
+        Slot {
+            check: name_check(name),
+            held: None,
+            older: None,
+            history: None,
+            bitmap: None,
+            readable: None,
+        }
+    }
+
+    /// Puts the bitmap a `same` report leaves out back from the one kept, or keeps the one it
+    /// carries (over whichever presence set: it may become this member's). A report over
+    /// another set is taken without it (its bitmap is not read); one over this member's set
+    /// without it is refused, and left unacknowledged so the voter sends the bitmap again.
+    fn fill_bitmap(&mut self, report: &mut Report, foreign: bool) -> Result<(), MemberError> {
+        let kept = &mut self.bitmap;
+        let seen = Seen {
+            boot: report.boot,
+            seq: report.seq,
+        };
+        if !report.same {
+            *kept = Some(Kept {
+                boot: report.boot,
+                version: report.version,
+                set: report.set,
+                bits: report.bitmap.clone(),
+            });
+            self.readable = Some(seen);
+            return Ok(());
+        }
+        match kept {
+            Some(k)
+                if k.boot == report.boot && k.version == report.version && k.set == report.set =>
+            {
+                report.bitmap = k.bits.clone();
+                self.readable = Some(seen);
+                Ok(())
+            }
+            _ if foreign => Ok(()),
+            _ => Err(MemberError::MissingBitmap(report.version)),
+        }
+    }
+}
+
+impl Reports {
+    /// Nothing held yet from `voters` (ascending), for node `name`'s process `boot`.
+    fn new(name: String, boot: u64, timeout: Duration, voters: Vec<String>) -> Self {
+        Reports {
+            name,
+            sent: SentLog::new(boot),
+            timeout,
+            slots: voters.iter().map(|v| Slot::new(v)).collect(),
+            voters,
+        }
+    }
+
+    /// What a check reads.
+    fn view(&self) -> View<'_> {
+        View {
+            voters: &self.voters,
+            slots: &self.slots,
+            sent: &self.sent,
+            boot: self.sent.boot(),
+            me: &self.name,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Takes `voters` (ascending) as the voters: one that stays keeps what is held from it, the
+    /// others' is dropped.
+    fn set_voters(&mut self, voters: Vec<String>) {
+        let mut slots: Vec<Slot> = voters.iter().map(|v| Slot::new(v)).collect();
+        for (v, slot) in self.voters.iter().zip(self.slots.drain(..)) {
+            if let Ok(new) = voters.binary_search(v) {
+                slots[new] = slot;
+            }
+        }
+        (self.voters, self.slots) = (voters, slots);
+    }
+
+    /// Every report held, the latest and the older ones, fresh or not.
+    fn all(&self) -> impl Iterator<Item = &Held> {
+        self.slots
+            .iter()
+            .flat_map(|s| s.held.iter().chain(&s.older))
+    }
+
+    /// Every report held, to change.
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut Held> {
+        self.slots
+            .iter_mut()
+            .flat_map(|s| s.held.iter_mut().chain(s.older.iter_mut()))
+    }
+
+    /// Holds `report`, which arrived at `now`, from the voter at `slot`. Returns whether it
+    /// changed what a check reads.
+    fn hold(&mut self, slot: usize, report: Report, now: Instant, foreign: bool) -> bool {
+        let boot = self.sent.boot();
+        let s = &mut self.slots[slot];
+        let changed = s.held.as_ref().is_none_or(|h| {
+            now.saturating_duration_since(h.at) >= self.timeout
+                || h.report.generation != report.generation
+                || h.foreign != foreign
+                || h.report.bitmap != report.bitmap
+                || (h.report.ack.boot == boot) != (report.ack.boot == boot)
+                || h.report.told != report.told
+                || h.report.mature != report.mature
+        });
+        let generation = report.generation;
+        let new = Held {
+            report,
+            at: now,
+            foreign,
+        };
+        match s.held.as_ref().map(|h| h.report.generation) {
+            Some(g) if generation < g => s.older = Some(new),
+            Some(g) if generation > g => s.older = s.held.replace(new),
+            _ => s.held = Some(new),
+        }
+        changed
+    }
+}
+
 /// What a check reads: the held reports, by configuration.
 struct View<'a> {
     voters: &'a [String],
-    held: &'a [Option<Held>],
-    older: &'a [Option<Held>],
+    slots: &'a [Slot],
     sent: &'a SentLog,
     boot: u64,
     me: &'a str,
@@ -657,13 +700,10 @@ impl View<'_> {
     /// Voter `v`'s report, if it is fresh at `now` and of `generation`.
     fn fresh(&self, v: &str, generation: u64, now: Instant) -> Option<&Held> {
         let slot = self.voters.binary_search_by(|x| x.as_str().cmp(v)).ok()?;
-        [self.held.get(slot)?, self.older.get(slot)?]
-            .into_iter()
-            .flatten()
-            .find(|h| {
-                h.report.generation == generation
-                    && now.saturating_duration_since(h.at) < self.timeout
-            })
+        let slot = self.slots.get(slot)?;
+        [&slot.held, &slot.older].into_iter().flatten().find(|h| {
+            h.report.generation == generation && now.saturating_duration_since(h.at) < self.timeout
+        })
     }
 
     /// Whether `report` acknowledges a beat of this process.
