@@ -40,9 +40,12 @@ use ferrolb_layer2::sim::{
     SECOND, VotersDesign, frames,
 };
 
+#[path = "../tests/support/sim.rs"]
+mod support;
 #[path = "../tests/support/swim.rs"]
 mod swim;
 use ferrolb_layer2::tenure::{self, SentLog};
+use support::run;
 
 const KEY: &[u8] = b"ferrolb-simulator-gossip-key-000";
 
@@ -224,7 +227,7 @@ fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize
     cluster.ips = (4 * n).clamp(16, 2_000);
     cluster.measure_from = 2 * SECOND;
     let setup = Instant::now();
-    let mut engine = Engine::new(design.clone(), &cluster, Instant::now());
+    let mut engine = run(design.clone(), &cluster, &[], 0);
     let setup = setup.elapsed().as_secs_f64();
     let started = Instant::now();
     engine.run_until(3 * SECOND);
@@ -280,13 +283,12 @@ fn full_run<D: Design + Clone>(design: D, n: usize, seconds: u64, avoid: &[usize
     let max_dgrams = m.datagrams.iter().max().copied().unwrap_or(0) as f64 / secs;
     let max_bytes = m.bytes.iter().max().copied().unwrap_or(0) as f64 / secs;
     // The split, on a fresh cluster.
-    let mut split = Engine::new(design, &cluster, Instant::now());
-    split.add_fault(Fault {
+    let halves = Fault {
         at: 4 * SECOND,
         heal: (heal + 1) * SECOND,
         kind: FaultKind::halves(n),
-    });
-    split.run_until(heal * SECOND);
+    };
+    let split = run(design, &cluster, &[halves], heal * SECOND);
     let doubled = (0..cluster.ips)
         .filter(|&ip| split.answering(ip).len() > 1)
         .count();
@@ -354,14 +356,11 @@ fn voters(sizes: &[usize], seconds: u64) {
     for &n in sizes {
         let design = VotersDesign::default();
         let avoid = {
-            let e = Engine::new(
-                design.clone(),
-                &Cluster {
-                    ips: 1,
-                    ..Cluster::new(n, 1)
-                },
-                Instant::now(),
-            );
+            let cluster = Cluster {
+                ips: 1,
+                ..Cluster::new(n, 1)
+            };
+            let e = run(design.clone(), &cluster, &[], 0);
             e.design().voter_nodes(e.env())
         };
         full_run(design, n, seconds, &avoid, 2);
@@ -384,7 +383,7 @@ fn voter_change(sizes: &[usize]) {
     for &n in sizes {
         let mut cluster = Cluster::new(n, 1);
         cluster.ips = (4 * n).clamp(16, 2_000);
-        let mut engine = Engine::new(VotersDesign::default(), &cluster, Instant::now());
+        let mut engine = run(VotersDesign::default(), &cluster, &[], 4 * SECOND);
         let old = engine.design().voter_nodes(engine.env());
         // Five others, one per rack in turn as `spread` would choose them.
         let mut next = Vec::new();
@@ -402,7 +401,6 @@ fn voter_change(sizes: &[usize]) {
                 }
             }
         }
-        engine.run_until(4 * SECOND);
         engine.add_fault(Fault {
             at: 4 * SECOND,
             heal: 14 * SECOND,
@@ -481,8 +479,7 @@ fn legacy(sizes: &[usize], seconds: u64) {
                 ..Cluster::new(n, 1)
             };
             // The engine names nodes; a cluster of one IP keeps this cheap.
-            let engine = Engine::new(Legacy::default(), &cluster, Instant::now());
-            engine.env().names.clone()
+            run(Legacy::default(), &cluster, &[], 0).env().names.clone()
         };
         let model = measure(&names);
         let model_cpu = model.cpu(n);
@@ -491,10 +488,9 @@ fn legacy(sizes: &[usize], seconds: u64) {
             cluster.measure_from = 2 * SECOND;
             let end = seconds * SECOND;
             let started = Instant::now();
-            let mut engine = Engine::new(Legacy::default(), &cluster, Instant::now());
             // Start-up (every node hears every other for the first time: a storm of checks),
             // the steady state and the fault are timed apart.
-            engine.run_until(3 * SECOND);
+            let mut engine = run(Legacy::default(), &cluster, &[], 3 * SECOND);
             let startup = started.elapsed().as_secs_f64();
             let checks = |engine: &Engine<Legacy>| -> (u64, u64) {
                 (0..n)

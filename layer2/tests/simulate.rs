@@ -13,8 +13,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use ferrolb_layer2::sim::{
-    Answer, Cluster, Design, Env, Fault, FaultKind, Legacy, MS, Micros, Mutation, Outbox, Report,
-    SECOND, Violation, rolling_restart,
+    Answer, Cluster, Design, Env, Fault, FaultKind, Legacy, MS, Micros, Mutation, Outbox, SECOND,
+    Violation, rolling_restart,
 };
 use proptest::prelude::*;
 
@@ -32,10 +32,6 @@ use support::{cases, run, sizes, splits};
 fn legacy_bound(cluster: &Cluster) -> Micros {
     let t = cluster.timing;
     (t.timeout * 3 / 2 + t.interval * 3).as_micros() as Micros
-}
-
-fn legacy(cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
-    run(Legacy::default(), cluster, faults, end)
 }
 
 proptest! {
@@ -67,7 +63,7 @@ proptest! {
         let design = Legacy { loop_first, ..Legacy::default() };
         let mut cluster = Cluster::new(n, seed);
         cluster.heal_bound = legacy_bound(&cluster);
-        let report = run(design, &cluster, std::slice::from_ref(&fault), (at + length + 3_000) * MS);
+        let report = run(design, &cluster, std::slice::from_ref(&fault), (at + length + 3_000) * MS).report();
         prop_assert!(report.metrics.converged_at.is_some_and(|c| c < at * MS), "not converged: {:?}", report.metrics.converged_at);
         prop_assert_eq!(report.violation_count, 0, "{:?}: {:?}", fault, &report.violations[..report.violations.len().min(4)]);
     }
@@ -85,7 +81,7 @@ proptest! {
     fn no_ip_moves_without_a_fault(n in sizes(), seed in any::<u64>()) {
         let mut cluster = Cluster::new(n, seed);
         cluster.measure_from = 3 * SECOND;
-        let report = legacy(&cluster, &[], 6 * SECOND);
+        let report = run(Legacy::default(), &cluster, &[], 6 * SECOND).report();
         let m = &report.metrics;
         prop_assert!(m.converged_at.is_some(), "never converged");
         prop_assert_eq!(report.violation_count, 0, "{:?}", report.violations);
@@ -108,7 +104,7 @@ fn a_cut_owner_fails_over_within_a_second() {
             heal: 6 * SECOND,
             kind: FaultKind::Cut(vec![2]),
         };
-        let report = legacy(&cluster, &[fault], 10 * SECOND);
+        let report = run(Legacy::default(), &cluster, &[fault], 10 * SECOND).report();
         assert_eq!(report.violation_count, 0, "{:?}", report.violations);
         let m = &report.metrics;
         assert!(!m.failovers.is_empty(), "the cut node owned nothing");
@@ -126,7 +122,7 @@ fn a_rolling_restart_keeps_one_owner_and_the_ips_in_place() {
     let n = 5;
     let cluster = Cluster::new(n, 3);
     let faults = rolling_restart(n, 4 * SECOND, 4 * SECOND, SECOND);
-    let report = legacy(&cluster, &faults, 26 * SECOND);
+    let report = run(Legacy::default(), &cluster, &faults, 26 * SECOND).report();
     assert_eq!(report.violation_count, 0, "{:?}", report.violations);
     assert_eq!(
         report.metrics.moved, 0,
@@ -152,10 +148,17 @@ fn ignoring_the_tenure_is_caught() {
                 },
             };
             let mut cluster = Cluster::new(3, seed);
-            let real = legacy(&cluster, std::slice::from_ref(&fault), 10 * SECOND);
+            let real = run(
+                Legacy::default(),
+                &cluster,
+                std::slice::from_ref(&fault),
+                10 * SECOND,
+            )
+            .report();
             assert!(splits(&real).is_empty(), "{:?}", real.violations);
             cluster.mutation = Mutation::NoTenure;
-            found += splits(&legacy(&cluster, &[fault], 10 * SECOND)).len();
+            let broken = run(Legacy::default(), &cluster, &[fault], 10 * SECOND).report();
+            found += splits(&broken).len();
         }
     }
     assert!(found > 0, "the broken rule went unnoticed");
@@ -171,10 +174,16 @@ fn ignoring_the_quorum_is_caught() {
         kind: FaultKind::Cut(vec![1]),
     };
     let mut cluster = Cluster::new(5, 9);
-    let real = legacy(&cluster, std::slice::from_ref(&fault), 7 * SECOND);
+    let real = run(
+        Legacy::default(),
+        &cluster,
+        std::slice::from_ref(&fault),
+        7 * SECOND,
+    )
+    .report();
     assert_eq!(real.violation_count, 0, "{:?}", real.violations);
     cluster.mutation = Mutation::IgnoreQuorumAndTenure;
-    let broken = legacy(&cluster, &[fault], 7 * SECOND);
+    let broken = run(Legacy::default(), &cluster, &[fault], 7 * SECOND).report();
     let found = splits(&broken);
     assert!(!found.is_empty(), "the broken rule went unnoticed");
     // The cut node is one of the two.
@@ -208,7 +217,7 @@ fn a_frozen_speaker_whose_heartbeat_goes_first_keeps_one_owner() {
                     loop_first,
                     ..Legacy::default()
                 };
-                let report = run(design, &cluster, &[freeze(seed, length)], 7 * SECOND);
+                let report = run(design, &cluster, &[freeze(seed, length)], 7 * SECOND).report();
                 assert_eq!(
                     report.violation_count, 0,
                     "seed {seed}, {length} ms, loop first {loop_first}: {:?}",
@@ -231,7 +240,7 @@ fn known_a_split_without_a_majority_stays_unanswered_for_the_hold_down() {
         heal: 5 * SECOND,
         kind: FaultKind::thirds(6),
     };
-    let report = legacy(&cluster, &[fault], 10 * SECOND);
+    let report = run(Legacy::default(), &cluster, &[fault], 10 * SECOND).report();
     assert!(splits(&report).is_empty(), "{:?}", report.violations);
     let unanswered = report
         .violations
@@ -330,7 +339,7 @@ fn the_checker_sees_two_answering_nodes_to_the_microsecond() {
         (2 * SECOND, 1, vec![0], 9 * SECOND),
         (2 * SECOND - 1, 2, vec![1], 9 * SECOND),
     ]);
-    let report = run(script, &cluster, &[], 3 * SECOND);
+    let report = run(script, &cluster, &[], 3 * SECOND).report();
     assert_eq!(
         splits(&report),
         [&Violation::TwoAnswer {
@@ -359,7 +368,7 @@ fn the_checker_sees_an_ip_left_unanswered_after_a_heal() {
         heal: 3 * SECOND,
         kind: FaultKind::Cut(vec![1]),
     };
-    let report = run(script, &cluster, &[fault], 5 * SECOND);
+    let report = run(script, &cluster, &[fault], 5 * SECOND).report();
     assert_eq!(
         report.violations,
         [Violation::NotAnsweredAfterHeal {
@@ -383,7 +392,7 @@ fn the_checker_sees_an_ip_move_without_a_fault_and_counts_failovers() {
         (2 * SECOND, 0, (1..cluster.ips as u32).collect(), 9 * SECOND),
         (2 * SECOND, 1, vec![0], 9 * SECOND),
     ]);
-    let report = run(script, &cluster, &[], 3 * SECOND);
+    let report = run(script, &cluster, &[], 3 * SECOND).report();
     assert_eq!(
         report.violations,
         [Violation::MovedWithoutFault {
@@ -413,11 +422,17 @@ fn known_a_cut_just_under_the_timeout_outlasts_the_issues_bound() {
                 kind: FaultKind::Cut(vec![2]),
             };
             let mut cluster = Cluster::new(5, seed);
-            let issue = legacy(&cluster, std::slice::from_ref(&fault), 7 * SECOND);
+            let issue = run(
+                Legacy::default(),
+                &cluster,
+                std::slice::from_ref(&fault),
+                7 * SECOND,
+            )
+            .report();
             assert!(splits(&issue).is_empty(), "{:?}", issue.violations);
             late += usize::from(issue.violation_count > 0);
             cluster.heal_bound = legacy_bound(&cluster);
-            let today = legacy(&cluster, &[fault], 7 * SECOND);
+            let today = run(Legacy::default(), &cluster, &[fault], 7 * SECOND).report();
             assert_eq!(today.violation_count, 0, "{:?}", today.violations);
         }
     }

@@ -3,12 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/sim.rs"]
+mod support;
 #[path = "support/swim.rs"]
 mod swim;
 
-use std::time::Instant;
-
-use ferrolb_layer2::sim::{Cluster, Engine, Fault, FaultKind, SECOND, Violation};
+use ferrolb_layer2::sim::{Cluster, Fault, FaultKind, SECOND, Violation, VotersDesign};
+use support::run;
 
 /// Two answering nodes after `from`.
 fn splits_from(violations: &[Violation], from: u64) -> usize {
@@ -25,8 +26,7 @@ fn splits_from(violations: &[Violation], from: u64) -> usize {
 fn swim_splits_every_ip_under_a_partition() {
     let n = 6;
     let cluster = Cluster::new(n, 5);
-    let mut engine = Engine::new(swim::Swim, &cluster, Instant::now());
-    engine.run_until(8 * SECOND);
+    let mut engine = run(swim::Swim, &cluster, &[], 8 * SECOND);
     let converged = engine.report();
     assert!(converged.metrics.converged_at.is_some());
     let before = converged.violation_count;
@@ -44,19 +44,11 @@ fn swim_splits_every_ip_under_a_partition() {
     assert!(report.violation_count > before);
     assert!(splits_from(&report.violations, 8 * SECOND) > 0);
     // The same partition under the voters' rules: never two.
-    let voters = {
-        let mut e = Engine::new(
-            ferrolb_layer2::sim::VotersDesign::default(),
-            &cluster,
-            Instant::now(),
-        );
-        e.add_fault(Fault {
-            at: 8 * SECOND,
-            heal: 18 * SECOND,
-            kind: FaultKind::halves(n),
-        });
-        e.run_until(30 * SECOND);
-        e.report()
+    let partition = Fault {
+        at: 8 * SECOND,
+        heal: 18 * SECOND,
+        kind: FaultKind::halves(n),
     };
+    let voters = run(VotersDesign::default(), &cluster, &[partition], 30 * SECOND).report();
     assert_eq!(splits_from(&voters.violations, 0), 0);
 }

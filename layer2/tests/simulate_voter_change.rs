@@ -17,18 +17,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Instant;
-
 use ferrolb_layer2::sim::{
-    Cluster, Engine, Fault, FaultKind, MS, Micros, Mutation, Report, SECOND, VotersDesign,
+    Cluster, Fault, FaultKind, MS, Micros, Mutation, Report, SECOND, VotersDesign,
 };
 use ferrolb_layer2::voters::VoterConfig;
 use proptest::prelude::*;
 
 #[path = "support/sim.rs"]
-#[allow(dead_code)]
 mod support;
-use support::{cases, sizes, splits};
+use support::{cases, run, sizes, splits, voter_nodes};
 
 /// A run's report, the configurations published, and per node the generation its member
 /// adopted and the one its voter serves.
@@ -41,11 +38,14 @@ struct Outcome {
     unanswered: usize,
 }
 
-fn run(cluster: &Cluster, faults: &[Fault], end: Micros) -> Outcome {
-    let mut engine = Engine::new(VotersDesign::default(), cluster, Instant::now());
-    for f in faults {
-        engine.add_fault(f.clone());
-    }
+/// Runs the voters' design on `cluster` with `faults` until `end`, and reads the outcome.
+fn outcome(cluster: &Cluster, faults: &[Fault], end: Micros) -> Outcome {
+    let mut engine = run(
+        VotersDesign::default(),
+        cluster,
+        faults,
+        end - 30 * 100 * MS,
+    );
     // IPs unanswered at the end: the fewest over its last 3 s, sampled every 100 ms (a node
     // back from flap damping's hold-down leaves its IPs unanswered until it claims, whenever
     // that hold-down ends).
@@ -74,16 +74,12 @@ fn run(cluster: &Cluster, faults: &[Fault], end: Micros) -> Outcome {
     }
 }
 
-/// The voters chosen for a cluster of `n` (node indexes).
-fn voter_nodes(n: usize) -> Vec<usize> {
-    let engine = Engine::new(VotersDesign::default(), &Cluster::new(n, 1), Instant::now());
-    engine.design().voter_nodes(engine.env())
-}
-
 /// The node names of a cluster of `n`.
 fn node_names(n: usize) -> Vec<String> {
-    let engine = Engine::new(VotersDesign::default(), &Cluster::new(n, 1), Instant::now());
-    engine.env().names.clone()
+    run(VotersDesign::default(), &Cluster::new(n, 1), &[], 0)
+        .env()
+        .names
+        .clone()
 }
 
 /// The first `count` nodes of `n` that are not voters now.
@@ -114,7 +110,7 @@ fn a_change_in_a_quiet_cluster_moves_nothing() {
         change(3 * SECOND, new.clone(), 300 * MS),
         change(12 * SECOND, two.clone(), 300 * MS),
     ];
-    let out = run(&Cluster::new(n, 5), &faults, 22 * SECOND);
+    let out = outcome(&Cluster::new(n, 5), &faults, 22 * SECOND);
     let r = &out.report;
     assert_eq!(r.violation_count, 0, "{:?}", r.violations);
     assert_eq!(r.metrics.moved, 0);
@@ -175,7 +171,7 @@ fn old_majority_cut_off(mutation: Mutation) -> Outcome {
         },
         change(4 * SECOND, new, 200 * MS),
     ];
-    run(&cluster, &faults, 19 * SECOND)
+    outcome(&cluster, &faults, 19 * SECOND)
 }
 
 #[test]
@@ -225,9 +221,9 @@ fn a_frozen_voter_holds_the_change_back_until_it_cannot_serve() {
         },
         change(4 * SECOND, new.clone(), 100 * MS),
     ];
-    let early = run(&Cluster::new(n, 3), &faults, 7 * SECOND);
+    let early = outcome(&Cluster::new(n, 3), &faults, 7 * SECOND);
     assert_eq!(early.configs.len(), 2, "still in the joint phase at 7 s");
-    let out = run(&Cluster::new(n, 3), &faults, 16 * SECOND);
+    let out = outcome(&Cluster::new(n, 3), &faults, 16 * SECOND);
     assert_eq!(out.report.violation_count, 0, "{:?}", out.report.violations);
     assert_eq!(out.configs.len(), 3);
     assert!(out.generations.iter().all(|g| *g == Some(3)));
@@ -266,7 +262,7 @@ proptest! {
             let at = (2_500 + offset) * MS;
             faults.push(Fault { at, heal: at + length * MS, kind: FaultKind::pick(n, pick, node, p) });
         }
-        let out = run(&Cluster::new(n, seed), &faults, 14 * SECOND);
+        let out = outcome(&Cluster::new(n, seed), &faults, 14 * SECOND);
         let r = &out.report;
         prop_assert!(splits(r).is_empty(), "{:?}: {:?}", faults, &r.violations[..r.violations.len().min(4)]);
         prop_assert_eq!(out.configs.len(), 3, "the change finished");
@@ -297,7 +293,7 @@ fn a_node_that_leaves_the_presence_set_and_comes_back_keeps_one_owner() {
                 within: 400 * MS,
             },
         };
-        let out = run(&Cluster::new(n, 21), &[fault], 12 * SECOND);
+        let out = outcome(&Cluster::new(n, 21), &[fault], 12 * SECOND);
         let r = &out.report;
         assert_eq!(r.violation_count, 0, "node {node}: {:?}", r.violations);
         assert!(!r.metrics.failovers.is_empty(), "node {node} owned nothing");
@@ -338,7 +334,7 @@ proptest! {
             let at = (2_500 + offset) * MS;
             faults.push(Fault { at, heal: at + fault_length * MS, kind: FaultKind::pick(n, pick, node, p) });
         }
-        let out = run(&Cluster::new(n, seed), &faults, 20 * SECOND);
+        let out = outcome(&Cluster::new(n, seed), &faults, 20 * SECOND);
         let r = &out.report;
         prop_assert!(splits(r).is_empty(), "{:?}: {:?}", faults, &r.violations[..r.violations.len().min(4)]);
         prop_assert_eq!(out.unanswered, 0, "{:?}", faults);
@@ -372,14 +368,14 @@ fn dropping_a_leaving_node_at_once_is_caught() {
             },
         },
     ];
-    let safe = run(&cluster, &faults, 10 * SECOND);
+    let safe = outcome(&cluster, &faults, 10 * SECOND);
     assert!(
         splits(&safe.report).is_empty(),
         "{:?}",
         safe.report.violations
     );
     cluster.mutation = Mutation::DropAtOnce;
-    let broken = run(&cluster, &faults, 10 * SECOND);
+    let broken = outcome(&cluster, &faults, 10 * SECOND);
     assert!(
         !splits(&broken.report).is_empty(),
         "no split with the rule off: the test cannot fail"

@@ -7,27 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Instant;
-
 use ferrolb_layer2::sim::{
-    Cluster, Design, Engine, Fault, FaultKind, MS, Micros, Mutation, Report, SECOND, VotersDesign,
-    rolling_restart,
+    Cluster, Design, Fault, FaultKind, MS, Micros, Mutation, SECOND, VotersDesign, rolling_restart,
 };
 use proptest::prelude::*;
 
 #[path = "support/sim.rs"]
 mod support;
-use support::{cases, run, sizes, splits};
-
-fn voters(cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
-    run(VotersDesign::default(), cluster, faults, end)
-}
-
-/// The voters chosen for a cluster of `n` (node indexes).
-fn voter_nodes(n: usize) -> Vec<usize> {
-    let engine = Engine::new(VotersDesign::default(), &Cluster::new(n, 1), Instant::now());
-    engine.design().voter_nodes(engine.env())
-}
+use support::{cases, run, sizes, splits, voter_nodes};
 
 /// Without a fault, every speaker claims within about a second of a cold start, no IP moves or
 /// goes unanswered, and the traffic does not grow with the cluster: a node sends a beat to each
@@ -38,7 +25,7 @@ fn a_quiet_cluster_converges_and_nothing_moves() {
     for n in [1, 2, 3, 5, 12, 40] {
         let mut cluster = Cluster::new(n, 11);
         cluster.measure_from = 3 * SECOND;
-        let report = voters(&cluster, &[], 6 * SECOND);
+        let report = run(VotersDesign::default(), &cluster, &[], 6 * SECOND).report();
         let m = &report.metrics;
         assert!(
             m.converged_at.is_some_and(|c| c < 2 * SECOND),
@@ -80,7 +67,7 @@ proptest! {
         let kind = FaultKind::pick(n, pick, node, p);
         let fault = Fault { at: at * MS, heal: (at + length) * MS, kind };
         let cluster = Cluster::new(n, seed);
-        let report = voters(&cluster, std::slice::from_ref(&fault), (at + length + 3_000) * MS);
+        let report = run(VotersDesign::default(), &cluster, std::slice::from_ref(&fault), (at + length + 3_000) * MS).report();
         prop_assert!(report.metrics.converged_at.is_some_and(|c| c < at * MS), "not converged: {:?}", report.metrics.converged_at);
         prop_assert_eq!(report.violation_count, 0, "{:?}: {:?}", fault, &report.violations[..report.violations.len().min(4)]);
     }
@@ -114,7 +101,7 @@ proptest! {
         let lossy = lossy % n;
         let (from, to) = if inbound { (None, Some(lossy)) } else { (Some(lossy), None) };
         let loss = Fault { at: 2 * SECOND, heal: (at + length + 1_000) * MS, kind: FaultKind::Loss { from, to, fraction } };
-        let report = voters(&Cluster::new(n, seed), &[fault.clone(), loss.clone()], (at + length + 3_000) * MS);
+        let report = run(VotersDesign::default(), &Cluster::new(n, seed), &[fault.clone(), loss.clone()], (at + length + 3_000) * MS).report();
         prop_assert!(splits(&report).is_empty(), "{:?} with {:?}: {:?}", fault, loss, &report.violations[..report.violations.len().min(4)]);
     }
 }
@@ -131,7 +118,7 @@ fn a_cut_owner_fails_over_within_a_second() {
                 heal: 6 * SECOND,
                 kind: FaultKind::Cut(vec![cut]),
             };
-            let report = voters(&cluster, &[fault], 10 * SECOND);
+            let report = run(VotersDesign::default(), &cluster, &[fault], 10 * SECOND).report();
             assert_eq!(report.violation_count, 0, "{:?}", report.violations);
             let m = &report.metrics;
             assert!(!m.failovers.is_empty(), "node {cut} owned nothing");
@@ -164,7 +151,13 @@ fn losing_a_minority_of_the_voters_moves_nothing_elsewhere() {
             heal: 6 * SECOND,
             kind: kind.clone(),
         };
-        let report = voters(&Cluster::new(n, 5), &[fault], 10 * SECOND);
+        let report = run(
+            VotersDesign::default(),
+            &Cluster::new(n, 5),
+            &[fault],
+            10 * SECOND,
+        )
+        .report();
         assert_eq!(
             report.violation_count, 0,
             "{kind:?}: {:?}",
@@ -183,7 +176,13 @@ fn losing_a_minority_of_the_voters_moves_nothing_elsewhere() {
             },
         })
         .collect();
-    let report = voters(&Cluster::new(n, 5), &faults, 10 * SECOND);
+    let report = run(
+        VotersDesign::default(),
+        &Cluster::new(n, 5),
+        &faults,
+        10 * SECOND,
+    )
+    .report();
     assert_eq!(report.violation_count, 0, "{:?}", report.violations);
     assert_eq!(
         report.metrics.moved, 0,
@@ -205,9 +204,7 @@ fn the_side_with_most_voters_takes_everything() {
         kind: FaultKind::Cut(cut.clone()),
     };
     let cluster = Cluster::new(n, 3);
-    let mut engine = Engine::new(VotersDesign::default(), &cluster, Instant::now());
-    engine.add_fault(fault);
-    engine.run_until(5 * SECOND);
+    let mut engine = run(VotersDesign::default(), &cluster, &[fault], 5 * SECOND);
     for ip in 0..cluster.ips {
         let owners = engine.answering(ip);
         assert!(
@@ -240,7 +237,7 @@ fn a_majority_of_the_voters_frozen_stops_everyone_and_comes_back() {
         .collect();
     let mut cluster = Cluster::new(n, 3);
     cluster.heal_bound = 3 * SECOND;
-    let report = voters(&cluster, &faults, 10 * SECOND);
+    let report = run(VotersDesign::default(), &cluster, &faults, 10 * SECOND).report();
     assert_eq!(report.violation_count, 0, "{:?}", report.violations);
     let m = &report.metrics;
     assert_eq!(m.failovers.len(), cluster.ips, "every IP went unanswered");
@@ -258,7 +255,13 @@ fn a_rolling_restart_keeps_one_owner_and_the_ips_in_place() {
     for n in [5, 9] {
         let cluster = Cluster::new(n, 3);
         let faults = rolling_restart(n, 4 * SECOND, 4 * SECOND, SECOND);
-        let report = voters(&cluster, &faults, (4 + 4 * n as u64 + 4) * SECOND);
+        let report = run(
+            VotersDesign::default(),
+            &cluster,
+            &faults,
+            (4 + 4 * n as u64 + 4) * SECOND,
+        )
+        .report();
         assert_eq!(report.violation_count, 0, "{:?}", report.violations);
         assert_eq!(
             report.metrics.moved, 0,
@@ -304,14 +307,7 @@ fn a_rejoin_does_not_wait_for_a_bad_link_elsewhere() {
             },
         },
     ];
-    let mut engine = Engine::new(
-        VotersDesign::default(),
-        &Cluster::new(n, 21),
-        Instant::now(),
-    );
-    for f in &faults {
-        engine.add_fault(f.clone());
-    }
+    let mut engine = run(VotersDesign::default(), &Cluster::new(n, 21), &faults, 0);
     let bound = 5 * SECOND + engine.design().startup(engine.env());
     engine.run_until(bound);
     assert!(
@@ -420,13 +416,13 @@ fn lossy_sender_case() -> Case {
 
 fn assert_mutation_caught(mutation: Mutation, case: Case) {
     let mut cluster = Cluster::new(case.n, case.seed);
-    let real = voters(&cluster, &case.faults, case.end);
+    let real = run(VotersDesign::default(), &cluster, &case.faults, case.end).report();
     assert!(
         splits(&real).is_empty(),
         "the real rules split: {:?}",
         real.violations
     );
     cluster.mutation = mutation;
-    let broken = voters(&cluster, &case.faults, case.end);
+    let broken = run(VotersDesign::default(), &cluster, &case.faults, case.end).report();
     assert!(!splits(&broken).is_empty(), "{mutation:?} went unnoticed");
 }

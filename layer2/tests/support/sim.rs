@@ -1,9 +1,14 @@
-//! What the simulator's test files share: running a design, the cases a property test searches,
-//! the cluster sizes it draws and the splits a report holds.
+//! What the simulator's test files and bench share: running a design, the voters a cluster
+//! chooses, the cases a property test searches, the cluster sizes it draws and the splits a
+//! report holds. Each file uses part of it.
+
+#![allow(dead_code)]
 
 use std::time::Instant;
 
-use ferrolb_layer2::sim::{Cluster, Design, Engine, Fault, Micros, Report, Violation};
+use ferrolb_layer2::sim::{
+    Cluster, Design, Engine, Fault, Micros, Report, Violation, VotersDesign,
+};
 use proptest::prelude::*;
 
 /// Cases a property test searches: `SIM_CASES` or `default`.
@@ -14,14 +19,21 @@ pub fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// Runs `design` on `cluster` with `faults` until `end`.
-pub fn run<D: Design>(design: D, cluster: &Cluster, faults: &[Fault], end: Micros) -> Report {
+/// Runs `design` on `cluster` with `faults` until `end`, and returns the engine: its report,
+/// nodes, names and design to read, and it can run on. With `end` 0, the engine as it starts.
+pub fn run<D: Design>(design: D, cluster: &Cluster, faults: &[Fault], end: Micros) -> Engine<D> {
     let mut engine = Engine::new(design, cluster, Instant::now());
     for f in faults {
         engine.add_fault(f.clone());
     }
     engine.run_until(end);
-    engine.report()
+    engine
+}
+
+/// The voters chosen for a cluster of `n` (node indexes).
+pub fn voter_nodes(n: usize) -> Vec<usize> {
+    let engine = run(VotersDesign::default(), &Cluster::new(n, 1), &[], 0);
+    engine.design().voter_nodes(engine.env())
 }
 
 /// The times two nodes answered one IP.
