@@ -636,6 +636,44 @@ fn lease_policy_names_the_release_accounts_and_can_be_turned_off() -> anyhow::Re
     Ok(())
 }
 
+/// `speaker.membership: voters` hands the speakers the voters membership and the voter list;
+/// without a list the chart refuses to render, and the default leaves both out.
+fn speaker_membership_renders_the_voters_flags() -> anyhow::Result<()> {
+    let env = |extra: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
+        let docs = render("ferrolb", "metallb-system", extra)?;
+        Ok(env_of(container(
+            find(&docs, "DaemonSet", "ferrolb-speaker")?,
+            "speaker",
+        )?))
+    };
+    let default = env(&[])?;
+    ensure!(
+        !default.contains_key("FERROLB_MEMBERSHIP") && !default.contains_key("FERROLB_VOTERS"),
+        "{default:?}"
+    );
+    let voters = env(&[
+        "--set",
+        "speaker.membership=voters",
+        "--set",
+        "speaker.voters={rack1-a,rack2-a,rack3-a}",
+    ])?;
+    ensure!(
+        voters.get("FERROLB_MEMBERSHIP").map(String::as_str) == Some("voters")
+            && voters.get("FERROLB_VOTERS").map(String::as_str) == Some("rack1-a,rack2-a,rack3-a"),
+        "{voters:?}"
+    );
+    let err = render_error(&["--set", "speaker.membership=voters"])?;
+    ensure!(err.contains("needs speaker.voters"), "{err}");
+    for set in [
+        "speaker.membership=quorum",
+        "speaker.voters={a,b,c,d,e,f,g,h}",
+    ] {
+        let err = render_error(&["--set", set])?;
+        ensure!(err.contains("schema"), "--set {set}: {err}");
+    }
+    Ok(())
+}
+
 fn controller_is_highly_available_and_restricted() -> anyhow::Result<()> {
     let docs = render("ferrolb", "metallb-system", &[])?;
     let deploy = find(&docs, "Deployment", "ferrolb-controller")?;
@@ -2453,6 +2491,11 @@ fn main() -> std::process::ExitCode {
             "values_schema_rejects_typos_and_unsupported_metallb_settings",
             no_helm.clone(),
             schema_rejects_typos_and_unsupported_settings,
+        )
+        .offline(
+            "speaker_membership_renders_the_voters_flags",
+            no_helm.clone(),
+            speaker_membership_renders_the_voters_flags,
         )
         .offline(
             "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",
