@@ -81,15 +81,45 @@ impl Wake {
     /// marks the configuration for re-validation when `config` says the change touches it,
     /// and wakes the loop.
     fn heard(&self, first_list: bool, config: bool) -> Continue {
+        self.count(first_list, config);
+        self.changed.notify_one();
+        true
+    }
+
+    /// [`Wake::heard`] without waking the loop: for what the loop's periodic check reads
+    /// anyway (the presence Leases: their renewals, N/10 a second cluster-wide, would each
+    /// wake a full step on every speaker, N²/10 steps a second, for a known set that rarely
+    /// changes; the check every heartbeat interval reads the set and replans when it does).
+    /// Its first list still wakes the loop: it may be the last watch to sync, and the first
+    /// step waits for all of them.
+    fn counted(&self, first_list: bool) -> Continue {
+        self.count(first_list, false);
+        if first_list {
+            self.changed.notify_one();
+        }
+        true
+    }
+
+    fn count(&self, first_list: bool, config: bool) {
         if first_list {
             self.synced.fetch_add(1, Ordering::Relaxed);
         }
         if config {
             self.config_dirty.store(true, Ordering::Relaxed);
         }
-        self.changed.notify_one();
-        true
     }
+}
+
+/// What a change of a watched kind does to the work loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnChange {
+    /// Wakes a step.
+    Step,
+    /// Wakes a step that re-validates the configuration first (Node labels select
+    /// advertisements).
+    StepAndConfig,
+    /// Nothing: the periodic check reads it ([`Wake::counted`]).
+    Quiet,
 }
 
 /// Watches every `K` (of a namespace, or of the cluster) into a cache, trimming each object
@@ -99,7 +129,7 @@ fn watch<K>(
     selector: watcher::Config,
     kind: &'static str,
     wake: &Wake,
-    config: bool,
+    on_change: OnChange,
     trim: fn(&mut K),
 ) -> Store<K>
 where
@@ -117,7 +147,11 @@ where
         },
         move |change| {
             let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
-            wake.heard(first, config)
+            match on_change {
+                OnChange::Step => wake.heard(first, false),
+                OnChange::StepAndConfig => wake.heard(first, true),
+                OnChange::Quiet => wake.counted(first),
+            }
         },
     )
 }
@@ -148,7 +182,7 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             all(),
             "services",
             &wake,
-            false,
+            OnChange::Step,
             trim_service,
         ),
         slices: watch(
@@ -156,7 +190,7 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             all(),
             "endpointslices",
             &wake,
-            false,
+            OnChange::Step,
             trim_slice,
         ),
         // Node labels select advertisements: the configuration is re-read when they change.
@@ -165,7 +199,7 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             all(),
             "nodes",
             &wake,
-            true,
+            OnChange::StepAndConfig,
             trim_node,
         ),
         secrets: NamedSecrets {
@@ -173,13 +207,14 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
             wake: wake.clone(),
             watches: Mutex::default(),
         },
-        // The speakers' presence Leases: the known set of the quorum rule.
+        // The speakers' presence Leases: the known set of the quorum rule. Their renewals wake
+        // nothing: the membership check every heartbeat interval reads them.
         presence: watch(
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(&selector(group)),
             "leases",
             &wake,
-            false,
+            OnChange::Quiet,
             |_| {},
         ),
         config,
@@ -278,4 +313,36 @@ fn keep_only_password(secret: &mut Secret) {
     }
     secret.string_data = None;
     secret.metadata.annotations = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    fn woke(wake: &Wake) -> bool {
+        // A `notify_one` with no waiter leaves a permit: the next `notified` completes at once.
+        wake.changed.notified().now_or_never().is_some()
+    }
+
+    #[test]
+    fn presence_renewals_count_the_sync_but_wake_no_step() {
+        let wake = Wake {
+            changed: Arc::new(Notify::new()),
+            synced: Arc::new(AtomicUsize::new(0)),
+            config_dirty: Arc::new(AtomicBool::new(false)),
+        };
+        // The first list wakes (it may be the last watch to sync) and counts.
+        wake.counted(true);
+        assert!(woke(&wake));
+        assert_eq!(wake.synced.load(Ordering::Relaxed), 1);
+        // A renewal wakes nothing and dirties no configuration.
+        wake.counted(false);
+        assert!(!woke(&wake));
+        assert!(!wake.config_dirty.load(Ordering::Relaxed));
+        // Other kinds wake a step.
+        wake.heard(false, true);
+        assert!(woke(&wake));
+        assert!(wake.config_dirty.load(Ordering::Relaxed));
+    }
 }
