@@ -503,6 +503,13 @@ pub fn rss_bytes(pid: i32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// `FERROLB_LAB_SPEAKER_ARGS`: arguments every lab speaker gets (space-separated), to run a
+/// suite with a setting other than the default (`--flap-damping=false`, or
+/// `--membership=voters --voters=node1,node2,node3`).
+fn lab_speaker_args() -> String {
+    std::env::var("FERROLB_LAB_SPEAKER_ARGS").unwrap_or_default()
+}
+
 /// The speakers of a suite, one per node, restartable one by one.
 pub struct Speakers {
     lab: Lab,
@@ -533,8 +540,7 @@ impl Speakers {
     }
 
     /// Starts the speaker of `node` with the standard arguments, and any in
-    /// `FERROLB_LAB_SPEAKER_ARGS` (space-separated; for measuring a setting against the default,
-    /// e.g. `--flap-damping=false`).
+    /// `FERROLB_LAB_SPEAKER_ARGS` ([`lab_speaker_args`]).
     pub fn start(&self, node: &str) -> anyhow::Result<()> {
         self.start_with(node, &[])
     }
@@ -547,19 +553,17 @@ impl Speakers {
             ..self.credentials.clone()
         };
         let next = next.display().to_string();
-        let p = start_speaker(
-            &self.lab,
-            &credentials,
-            node,
-            &["--gossip-next-key-file", &next],
-        )?;
+        let extra = lab_speaker_args();
+        let mut args: Vec<&str> = extra.split_whitespace().collect();
+        args.extend(["--gossip-next-key-file", &next]);
+        let p = start_speaker(&self.lab, &credentials, node, &args)?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }
 
     /// [`Self::start`] with more arguments for this speaker.
     pub fn start_with(&self, node: &str, more: &[&str]) -> anyhow::Result<()> {
-        let extra = std::env::var("FERROLB_LAB_SPEAKER_ARGS").unwrap_or_default();
+        let extra = lab_speaker_args();
         let mut extra: Vec<&str> = extra.split_whitespace().collect();
         extra.extend_from_slice(more);
         let p = start_speaker(&self.lab, &self.credentials, node, &extra)?;
@@ -569,7 +573,9 @@ impl Speakers {
 
     /// [`Self::start`] with the speaker's wall clock off by `offset` ([`start_speaker_clocked`]).
     pub fn start_clocked(&self, node: &str, offset: &str) -> anyhow::Result<()> {
-        let p = start_speaker_clocked(&self.lab, &self.credentials, node, &[], Some(offset))?;
+        let extra = lab_speaker_args();
+        let extra: Vec<&str> = extra.split_whitespace().collect();
+        let p = start_speaker_clocked(&self.lab, &self.credentials, node, &extra, Some(offset))?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }

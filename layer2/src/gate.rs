@@ -71,8 +71,8 @@ pub fn mandate_for(failure_timeout: Duration, heartbeat_interval: Duration) -> D
         .max(heartbeat_interval)
 }
 
-/// What one check decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What one check decided ([`Default`]: nothing allowed, as before any check).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     /// A failure timeout has passed since the node became able to announce (rule 1).
     pub settled: bool,

@@ -43,6 +43,19 @@ pub struct Args {
         default_value = "ferrolb-speaker"
     )]
     pub presence_group: String,
+    /// How the speakers decide who may own layer 2 IPs: `legacy` (every speaker heartbeats
+    /// every other; proven up to a few hundred nodes) or `voters` (every speaker beats to the
+    /// few `--voters`, whose reports decide: cost per node independent of the cluster's size;
+    /// decision record 0023). The same on every speaker: a speaker on `voters` holds itself
+    /// back while it hears one on `legacy`, so switch every speaker at once (a roll of the
+    /// DaemonSet with maxUnavailable 100%) for an outage of about a second.
+    #[arg(long, env = "FERROLB_MEMBERSHIP", value_enum, default_value_t = Membership::Legacy)]
+    pub membership: Membership,
+    /// With `--membership=voters`: the voter nodes' names (comma-separated; at most 7, an
+    /// odd number spread over failure domains, 5 usually). Every speaker must be given the
+    /// same list.
+    #[arg(long, env = "FERROLB_VOTERS", value_delimiter = ',')]
+    pub voters: Vec<String>,
     /// UDP port of the heartbeats between speakers (open it between nodes).
     #[arg(long, env = "FERROLB_GOSSIP_PORT", default_value_t = 7946)]
     pub gossip_port: u16,
@@ -107,4 +120,13 @@ pub struct Args {
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.
     #[arg(long, env = "FERROLB_BGP_LISTEN", value_delimiter = ',')]
     pub bgp_listen: Vec<SocketAddr>,
+}
+
+/// How the speakers decide who may own layer 2 IPs (`--membership`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Membership {
+    /// Every speaker heartbeats every other (decision record 0015).
+    Legacy,
+    /// Every speaker beats to a few voters (decision record 0023).
+    Voters,
 }

@@ -24,9 +24,10 @@ use tokio::sync::Notify;
 /// Objects per page of an initial list: a page is held whole while it is decoded.
 const PAGE_SIZE: u32 = 500;
 
-/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes, presence
-/// Leases and the configuration's (Secrets are watched one by one as BGPPeers name them).
-const WATCHES: usize = 4 + ConfigStores::WATCHES;
+/// Watches that must list before the speaker acts: Services, EndpointSlices, Nodes and the
+/// configuration's, and the presence Leases when they are watched (Secrets are watched one by
+/// one as BGPPeers name them).
+const WATCHES: usize = 3 + ConfigStores::WATCHES;
 
 /// The caches.
 pub struct Stores {
@@ -38,8 +39,9 @@ pub struct Stores {
     pub nodes: Store<Node>,
     /// The Secrets BGPPeers name (`passwordSecret`), holding only the `password` key.
     pub secrets: NamedSecrets,
-    /// The speakers' presence Leases.
-    pub presence: Store<Lease>,
+    /// The speakers' presence Leases (not watched with `--membership=voters`, whose presence
+    /// set is the Nodes).
+    pub presence: Option<Store<Lease>>,
     config: ConfigStores,
     synced: Arc<AtomicUsize>,
     config_dirty: Arc<AtomicBool>,
@@ -48,7 +50,8 @@ pub struct Stores {
 impl Stores {
     /// Whether every watch has its initial list.
     pub fn synced(&self) -> bool {
-        self.synced.load(Ordering::Relaxed) >= WATCHES
+        let watches = WATCHES + usize::from(self.presence.is_some());
+        self.synced.load(Ordering::Relaxed) >= watches
     }
 
     /// Whether the configuration changed since the last call.
@@ -161,8 +164,13 @@ fn all() -> watcher::Config {
     watcher::Config::default()
 }
 
-/// Starts every watch.
-pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>) -> Stores {
+/// Starts every watch; the presence Leases of `presence_group` only when given.
+pub fn start(
+    client: &Client,
+    namespace: &str,
+    presence_group: Option<&str>,
+    changed: Arc<Notify>,
+) -> Stores {
     let wake = Wake {
         changed,
         synced: Arc::new(AtomicUsize::new(0)),
@@ -209,14 +217,16 @@ pub fn start(client: &Client, namespace: &str, group: &str, changed: Arc<Notify>
         },
         // The speakers' presence Leases: the known set of the quorum rule. Their renewals wake
         // nothing: the membership check every heartbeat interval reads them.
-        presence: watch(
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default().labels(&selector(group)),
-            "leases",
-            &wake,
-            OnChange::Quiet,
-            |_| {},
-        ),
+        presence: presence_group.map(|group| {
+            watch(
+                Api::namespaced(client.clone(), namespace),
+                watcher::Config::default().labels(&selector(group)),
+                "leases",
+                &wake,
+                OnChange::Quiet,
+                |_| {},
+            )
+        }),
         config,
         synced: wake.synced,
         config_dirty: wake.config_dirty,

@@ -111,6 +111,9 @@ pub struct Check {
     pub candidates: Vec<u8>,
     /// It may answer for what it owns until then (`None`: not at all).
     pub answer_until: Option<Instant>,
+    /// The shared gate's whole decision (settling, damping, starvation), for readiness and
+    /// logs.
+    pub decision: crate::gate::Decision,
 }
 
 /// One member process.
@@ -487,6 +490,7 @@ impl Member {
             claims: d.claims,
             candidates,
             answer_until: if d.claims { d.answer_until } else { None },
+            decision: d,
         }
     }
 

@@ -81,6 +81,47 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a check by the voters membership (`l2/voters.rs`): its decision, and the
+    /// candidates its reports name. Only this node's interfaces are known (`usable`); every
+    /// other candidate counts as able to announce anywhere, as an unheard one does here.
+    pub fn by_voters(
+        me: &str,
+        checked: crate::l2::voters::Checked,
+        usable: &BTreeSet<String>,
+    ) -> Self {
+        let d = checked.decision;
+        let verdict = Verdict {
+            quorum: d.quorum,
+            up: d.quorum,
+            candidates: checked
+                .candidates
+                .into_iter()
+                .map(|n| {
+                    let interfaces = (n == me).then(|| usable.clone());
+                    (n, interfaces)
+                })
+                .collect(),
+        };
+        let members = step::members(&verdict, me, d.claims);
+        let state = Layer2State {
+            settled: d.settled,
+            acts: d.quorum,
+            held: d.held_until.is_some(),
+            starved: d.starved,
+            claims: d.claims,
+        };
+        Outcome {
+            verdict,
+            acts: d.acts,
+            claims: d.claims,
+            members,
+            answer_until: d.answer_until,
+            held_until: d.held_until,
+            starved: d.starved,
+            state,
+        }
+    }
+
     /// A candidate that claims while its tenure is lapsed: it owns IPs it may not answer now.
     pub fn tenure_lapsed(&self) -> bool {
         self.claims && self.answer_until.is_none()

@@ -14,6 +14,7 @@ use ferrolb_layer2::tenure::{SentLog, Tenure};
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 
+use crate::l2::voters;
 use crate::metrics::Metrics;
 
 /// What this speaker says about itself.
@@ -62,6 +63,9 @@ pub struct Gossip {
     socket: UdpSocket,
     changed: Arc<Notify>,
     metrics: Metrics,
+    /// With `--membership=voters`: the voters membership, which takes this socket's v4
+    /// datagrams and sends its beats in place of the heartbeats.
+    voters: Option<voters::Link>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,7 +91,7 @@ fn note_keys(metrics: &Metrics, keys: &KeyRing) {
 }
 
 /// A random number per process start, from the kernel.
-fn boot_id() -> u64 {
+pub(crate) fn boot_id() -> u64 {
     let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
     let hex: String = uuid
         .chars()
@@ -138,6 +142,7 @@ impl Gossip {
         timing: Timing,
         changed: Arc<Notify>,
         metrics: Metrics,
+        voters: Option<voters::Settings>,
     ) -> anyhow::Result<Arc<Self>> {
         // One dual-stack socket takes IPv4 heartbeats as mapped addresses; nodes without IPv6
         // fall back to IPv4 only.
@@ -150,7 +155,9 @@ impl Gossip {
             };
         note_keys(&metrics, &keys);
         let boot = boot_id();
+        let voters = voters.map(|v| voters::Link::new(v, port, changed.clone(), metrics.clone()));
         let gossip = Arc::new(Gossip {
+            voters,
             membership: Mutex::new({
                 let mut m = Membership::new(node.clone(), timing.timeout);
                 m.set_restart_hold(timing.restart_hold);
@@ -186,6 +193,11 @@ impl Gossip {
         let receiver = gossip.clone();
         tokio::spawn(async move { receiver.receive().await });
         Ok(gossip)
+    }
+
+    /// The voters membership, with `--membership=voters`.
+    pub fn voters(&self) -> Option<&voters::Link> {
+        self.voters.as_ref()
     }
 
     /// Sets where the other speakers are (their nodes' addresses).
@@ -244,6 +256,9 @@ impl Gossip {
     /// failure timeout, or, `replaced`, keep them for its successor. Sent three times: UDP may
     /// drop one.
     pub async fn leave(&self, replaced: bool) {
+        if let Some(v) = &self.voters {
+            v.leave(replaced);
+        }
         {
             let mut local = lock(&self.local);
             local.leaving = true;
@@ -287,6 +302,9 @@ impl Gossip {
 
     /// When the next heard peer would fall silent.
     pub fn next_silence(&self, now: Instant) -> Option<Instant> {
+        if let Some(v) = &self.voters {
+            return v.next_wake(now);
+        }
         lock(&self.membership).next_silence(now)
     }
 
@@ -297,6 +315,10 @@ impl Gossip {
     /// failover's median). Safe: taking over still needs the taker itself to have stopped
     /// hearing the owner for the failure timeout, which bounds the owner's tenure.
     pub async fn tell_changes(&self) {
+        if self.voters.is_some() {
+            // Members report nobody: a voter's report goes out with every beat it answers.
+            return;
+        }
         let now = heard_summary(&lock(&self.membership).hears(Instant::now()));
         if *lock(&self.told) != now {
             self.beat().await;
@@ -304,6 +326,11 @@ impl Gossip {
     }
 
     async fn beat(&self) {
+        if let Some(v) = &self.voters {
+            // A member's beat says nothing about others, so it needs no listening first (its
+            // gate settles; a voter reports only once it has listened: `Voter::listening`).
+            return v.beat(&self.socket, &self.keys(), unix_ms()).await;
+        }
         if Instant::now() < self.speaks_from {
             return;
         }
@@ -373,6 +400,37 @@ impl Gossip {
             };
             let now = Instant::now();
             let keys = self.keys();
+            let datagram = &buf[..len];
+            match (ferrolb_layer2::wire::version(datagram), &self.voters) {
+                (Some(4), Some(v)) => {
+                    v.receive(&self.socket, &keys, datagram, from, unix_ms())
+                        .await;
+                    continue;
+                }
+                (Some(_), Some(v)) => {
+                    // A speaker on today's heartbeats (a roll from one membership to the
+                    // other): authenticated, it holds this node back (voters::Link::check).
+                    let max_hears = self.max_hears.load(std::sync::atomic::Ordering::Relaxed);
+                    if Heartbeat::decode_within(datagram, &keys, max_hears).is_ok() {
+                        v.heard_legacy(now);
+                    }
+                    self.metrics
+                        .heartbeats_refused
+                        .get_or_create(&vec![("reason", "other_membership".to_string())])
+                        .inc();
+                    continue;
+                }
+                // A speaker started with --membership=voters: it holds itself back while it
+                // hears this one, and this one needs nothing from it.
+                (Some(4), None) => {
+                    self.metrics
+                        .heartbeats_refused
+                        .get_or_create(&vec![("reason", "other_membership".to_string())])
+                        .inc();
+                    continue;
+                }
+                _ => {}
+            }
             let max_hears = self.max_hears.load(std::sync::atomic::Ordering::Relaxed);
             let result =
                 Heartbeat::decode_within(&buf[..len], &keys, max_hears).and_then(|(beat, key)| {

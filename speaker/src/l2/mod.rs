@@ -7,6 +7,8 @@
 //!   counts majorities of), and this speaker's own Lease kept renewed.
 //! - [`gossip`]: the heartbeats between speakers over UDP, signed with the keys [`keys`]
 //!   reloads; [`gate`]: who may own IPs and until when this node may answer.
+//! - [`voters`]: with `--membership=voters`, beats to a few voter nodes and their reports in
+//!   place of the heartbeats (on gossip's socket and keys; the presence set is the Nodes).
 //! - [`plan`]: which node owns each IP (rendezvous hashing over the live members); [`step`]:
 //!   the work loop's layer 2 step as pure code; [`readiness`]: what `/readyz` says (it paces
 //!   rolling updates); [`restart`]: whether a stopping speaker is being replaced.
@@ -30,4 +32,5 @@ pub mod restart;
 pub mod socket;
 pub(crate) mod status;
 pub mod step;
+pub(crate) mod voters;
 pub(crate) mod work;

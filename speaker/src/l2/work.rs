@@ -138,8 +138,59 @@ impl Layer2 {
                 .collect(),
             nodes.keys().cloned().collect(),
         );
-        // Who may own IPs, this node included, and until when it may answer: the gate's rules,
-        // from the known speakers, the heartbeat table and the acknowledgements.
+        let (o, known, heard) = match io.voters() {
+            // The voters decide: the presence set is the Nodes, the reports the voters'.
+            Some(link) => {
+                let addresses = nodes
+                    .iter()
+                    .map(|(n, v)| (n.clone(), v.addresses.clone()))
+                    .collect();
+                let checked = link.check(&addresses, &usable_names, now);
+                let (known, heard) = (checked.roster, checked.voters_heard);
+                (
+                    gate::Outcome::by_voters(me, checked, &usable_names),
+                    known,
+                    heard,
+                )
+            }
+            None => self.check_by_heartbeats(io, me, &nodes, &usable_names, now),
+        };
+        self.log_changes(&o, known, heard, now);
+        io.say(o.acts, usable_names).await;
+        self.count(&o, known, heard);
+        self.state = o.state;
+        // Before the first configuration is read, count layer 2 as announcing here: the doubt
+        // goes the way that keeps a rolling update waiting.
+        self.announces =
+            config.is_none_or(|config| readiness::announces_here(config, nodes.get(me)));
+        let standing = Standing {
+            may_own: o.acts,
+            quorum: o.verdict.quorum,
+            known,
+            heard,
+            held_back: o.held_until.is_some(),
+        };
+        Membership {
+            usable,
+            nodes,
+            members: o.members,
+            claims: o.claims,
+            answer_until: o.answer_until,
+            standing,
+        }
+    }
+
+    /// Who may own IPs, this node included, and until when it may answer, by today's
+    /// membership: the gate's rules, from the known speakers, the heartbeat table and the
+    /// acknowledgements. Returns the outcome, the known speakers and the peers heard.
+    fn check_by_heartbeats<Io: LoopIo>(
+        &mut self,
+        io: &Io,
+        me: &str,
+        nodes: &BTreeMap<String, NodeView>,
+        usable: &BTreeSet<String>,
+        now: Instant,
+    ) -> (gate::Outcome, usize, usize) {
         let known = self
             .known
             .observe(&io.presence(), &nodes.keys().cloned().collect(), now);
@@ -157,33 +208,11 @@ impl Layer2 {
                 acks: &acks,
                 tenure,
                 last_unready_seq,
-                usable: &usable_names,
+                usable,
             },
             now,
         );
-        self.log_changes(&o, known.len(), reports.len(), now);
-        io.say(o.acts, usable_names).await;
-        self.count(&o, known.len(), reports.len());
-        self.state = o.state;
-        // Before the first configuration is read, count layer 2 as announcing here: the doubt
-        // goes the way that keeps a rolling update waiting.
-        self.announces =
-            config.is_none_or(|config| readiness::announces_here(config, nodes.get(me)));
-        let standing = Standing {
-            may_own: o.acts,
-            quorum: o.verdict.quorum,
-            known: known.len(),
-            heard: reports.len(),
-            held_back: o.held_until.is_some(),
-        };
-        Membership {
-            usable,
-            nodes,
-            members: o.members,
-            claims: o.claims,
-            answer_until: o.answer_until,
-            standing,
-        }
+        (o, known.len(), reports.len())
     }
 
     /// Logs what changed in the gate's outcome since the last check.

@@ -28,7 +28,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::bgp::step::Bgp;
 use crate::l2::announce::Announcer;
 use crate::l2::gossip::Gossip;
-use crate::l2::status;
+use crate::l2::{status, voters};
 use crate::watch;
 
 /// What the heartbeat table says at one instant, for the gate.
@@ -90,6 +90,11 @@ pub(crate) trait LoopIo {
     ) -> usize;
     /// Queues an `announceFailed` Event on a Service.
     fn announce_failed(&self, key: &ServiceKey, uid: Option<String>, why: String);
+    /// With `--membership=voters`: the voters membership, which decides in place of the
+    /// heartbeat table and the presence Leases.
+    fn voters(&self) -> Option<&voters::Link> {
+        None
+    }
 }
 
 /// The real world: the watch caches, the heartbeats over UDP, the responders, the BGP driver
@@ -118,7 +123,11 @@ impl LoopIo for World {
     }
 
     fn presence(&self) -> Vec<Arc<Lease>> {
-        self.stores.presence.state()
+        self.stores
+            .presence
+            .as_ref()
+            .map(|p| p.state())
+            .unwrap_or_default()
     }
 
     fn take_config_dirty(&self) -> bool {
@@ -192,5 +201,9 @@ impl LoopIo for World {
 
     fn announce_failed(&self, key: &ServiceKey, uid: Option<String>, why: String) {
         status::announce_failed(&self.events, key, uid, why);
+    }
+
+    fn voters(&self) -> Option<&voters::Link> {
+        self.gossip.voters()
     }
 }

@@ -24,7 +24,7 @@ use crate::l2::announce::Announcer;
 use crate::l2::gossip::{self, Gossip};
 use crate::l2::interfaces::Interface;
 use crate::l2::presence::Presence;
-use crate::l2::{gate, interfaces, keys, restart, status};
+use crate::l2::{gate, interfaces, keys, restart, status, voters};
 use crate::metrics::Metrics;
 use crate::report::auth::{Authorizer, CachePolicy, KubeReviewer};
 use crate::report::live::Live;
@@ -105,10 +105,13 @@ async fn start(args: Args) -> anyhow::Result<Running> {
         },
     ));
     let changed = Arc::new(Notify::new());
+    // With the voters membership the presence set is the Nodes: no speaker watches the others'
+    // presence Leases (N/10 renewals a second cluster-wide, each delivered to every speaker).
+    let legacy = args.membership == crate::args::Membership::Legacy;
     let stores = watch::start(
         &client,
         &args.common.namespace,
-        &args.presence_group,
+        legacy.then_some(args.presence_group.as_str()),
         changed.clone(),
     );
     let gossip = start_gossip(&args, key_ring, changed.clone(), metrics.clone()).await?;
@@ -330,8 +333,31 @@ async fn start_gossip(
         },
         changed,
         metrics,
+        voters_settings(args)?,
     )
     .await
+}
+
+/// The voters membership's settings, with `--membership=voters`.
+fn voters_settings(args: &Args) -> anyhow::Result<Option<voters::Settings>> {
+    if args.membership != crate::args::Membership::Voters {
+        anyhow::ensure!(
+            args.voters.is_empty(),
+            "--voters is only read with --membership=voters"
+        );
+        return Ok(None);
+    }
+    Ok(Some(voters::Settings {
+        node: args.node_name.clone(),
+        config: voters::config_from_flag(&args.voters)?,
+        timers: voters::timers(
+            args.heartbeat_interval,
+            args.failure_timeout,
+            args.restart_hold,
+            args.flap_damping,
+        ),
+        boot: gossip::boot_id(),
+    }))
 }
 
 /// The Pod's DaemonSet owns what this speaker writes for itself (presence Lease, status
