@@ -514,6 +514,8 @@ fn lab_speaker_args() -> String {
 pub struct Speakers {
     lab: Lab,
     credentials: SpeakerCredentials,
+    /// Arguments every speaker of the suite gets, before `FERROLB_LAB_SPEAKER_ARGS`'s.
+    args: Vec<String>,
     running: std::sync::Mutex<std::collections::BTreeMap<String, LabProcess>>,
 }
 
@@ -523,8 +525,25 @@ impl Speakers {
         Ok(Self {
             lab: lab.clone(),
             credentials: install_speaker(lab)?,
+            args: Vec::new(),
             running: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         })
+    }
+
+    /// [`Self::new`] with arguments every speaker gets (a suite run with a setting other than
+    /// the default, such as `--membership=voters`).
+    pub fn with_args(lab: &Lab, args: &[&str]) -> anyhow::Result<Self> {
+        Ok(Self {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            ..Self::new(lab)?
+        })
+    }
+
+    /// The suite's arguments and `FERROLB_LAB_SPEAKER_ARGS`'s.
+    fn common_args(&self) -> Vec<String> {
+        let mut args = self.args.clone();
+        args.extend(lab_speaker_args().split_whitespace().map(str::to_string));
+        args
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, LabProcess>> {
@@ -553,8 +572,8 @@ impl Speakers {
             ..self.credentials.clone()
         };
         let next = next.display().to_string();
-        let extra = lab_speaker_args();
-        let mut args: Vec<&str> = extra.split_whitespace().collect();
+        let common = self.common_args();
+        let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
         args.extend(["--gossip-next-key-file", &next]);
         let p = start_speaker(&self.lab, &credentials, node, &args)?;
         self.running().insert(node.to_string(), p);
@@ -563,8 +582,8 @@ impl Speakers {
 
     /// [`Self::start`] with more arguments for this speaker.
     pub fn start_with(&self, node: &str, more: &[&str]) -> anyhow::Result<()> {
-        let extra = lab_speaker_args();
-        let mut extra: Vec<&str> = extra.split_whitespace().collect();
+        let common = self.common_args();
+        let mut extra: Vec<&str> = common.iter().map(String::as_str).collect();
         extra.extend_from_slice(more);
         let p = start_speaker(&self.lab, &self.credentials, node, &extra)?;
         self.running().insert(node.to_string(), p);
@@ -573,8 +592,8 @@ impl Speakers {
 
     /// [`Self::start`] with the speaker's wall clock off by `offset` ([`start_speaker_clocked`]).
     pub fn start_clocked(&self, node: &str, offset: &str) -> anyhow::Result<()> {
-        let extra = lab_speaker_args();
-        let extra: Vec<&str> = extra.split_whitespace().collect();
+        let common = self.common_args();
+        let extra: Vec<&str> = common.iter().map(String::as_str).collect();
         let p = start_speaker_clocked(&self.lab, &self.credentials, node, &extra, Some(offset))?;
         self.running().insert(node.to_string(), p);
         Ok(())
@@ -668,12 +687,23 @@ impl Deployment {
         config: &str,
         controller_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_with_speakers(lab, name, config, controller_args, &[])
+    }
+
+    /// [`Self::start_with`] with arguments for every speaker too.
+    pub fn start_with_speakers(
+        lab: &Lab,
+        name: &str,
+        config: &str,
+        controller_args: &[&str],
+        speaker_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let kubeconfig = install(lab)?;
         let controller = start_controller_with(lab, &kubeconfig, name, 7472, controller_args)?;
         let deployment = Self {
             lab: lab.clone(),
             controller,
-            speakers: std::sync::Arc::new(Speakers::new(lab)?),
+            speakers: std::sync::Arc::new(Speakers::with_args(lab, speaker_args)?),
         };
         let started = (|| {
             lab.apply(config)?;
