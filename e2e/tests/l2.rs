@@ -1431,63 +1431,89 @@ async fn metrics_and_health(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> std::process::ExitCode {
+/// The suite's tests, in the order they run.
+const TESTS: &[(&str, suite::LabBody<Ctx>)] = &[
+    ("reachable_through_the_owner", |c| {
+        Box::pin(reachable_through_the_owner(c))
+    }),
+    ("local_traffic_policy", |c| {
+        Box::pin(local_traffic_policy(c))
+    }),
+    ("shared_ip_one_node", |c| Box::pin(shared_ip_one_node(c))),
+    ("twenty_services_spread", |c| {
+        Box::pin(twenty_services_spread(c))
+    }),
+    ("node_selectors_and_interfaces", |c| {
+        Box::pin(node_selectors_and_interfaces(c))
+    }),
+    ("failover", |c| Box::pin(failover(c))),
+    ("heartbeats_blocked_on_one_node", |c| {
+        Box::pin(heartbeats_blocked_on_one_node(c))
+    }),
+    ("heartbeats_lossy_or_flooded", |c| {
+        Box::pin(heartbeats_lossy_or_flooded(c))
+    }),
+    ("heartbeats_delayed_600ms_on_one_node", |c| {
+        Box::pin(heartbeats_delayed_on_one_node(c))
+    }),
+    ("rolling_restart_keeps_ips_on_their_nodes", |c| {
+        Box::pin(rolling_restart_keeps_ips_on_their_nodes(c))
+    }),
+    (
+        "gossip_key_mismatch_and_rotation_rolled_node_by_node",
+        |c| Box::pin(gossip_key_mismatch_and_rotation(c)),
+    ),
+    ("frozen_owner_resumes_without_a_second_answer", |c| {
+        Box::pin(frozen_owner_resumes_without_a_second_answer(c))
+    }),
+    (
+        "a_speaker_with_its_clock_off_never_makes_a_second_owner",
+        |c| Box::pin(a_speaker_with_its_clock_off_never_makes_a_second_owner(c)),
+    ),
+    // Before the tests that stop the API server: kube-controller-manager backs off after
+    // an outage and may take minutes to write a new Service's EndpointSlices.
+    ("metrics_and_health", |c| Box::pin(metrics_and_health(c))),
+    ("api_server_and_etcd_outages_keep_traffic_and_ips", |c| {
+        Box::pin(control_plane_outages(c))
+    }),
+];
+
+/// What the `l2_voters` target (tests/l2_voters.rs) runs with
+/// `--membership=voters`: the faults that test one owner per IP and hitless restarts. The whole
+/// suite passes with voters too (`FERROLB_LAB_SPEAKER_ARGS="--membership=voters
+/// --voters=node1,node2,node3" cargo test -p ferrolb-e2e --test l2`); CI runs this part of it
+/// twice over to stay within its time.
+const VOTERS_TESTS: &[&str] = &[
+    "reachable_through_the_owner",
+    "failover",
+    "heartbeats_blocked_on_one_node",
+    "heartbeats_lossy_or_flooded",
+    "rolling_restart_keeps_ips_on_their_nodes",
+    "frozen_owner_resumes_without_a_second_answer",
+];
+
+/// The suite: all of it as the `l2` target, [`VOTERS_TESTS`] with voters as `l2_voters`.
+pub fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
+    let voters = env!("CARGO_CRATE_NAME") == "l2_voters";
     // The tests share the speakers and cut links: one at a time.
-    let conclusion = Suite::new("l2")
-        .one_at_a_time()
-        .test("reachable_through_the_owner", |c| {
-            Box::pin(reachable_through_the_owner(c))
+    let mut suite = Suite::new(if voters { "l2_voters" } else { "l2" }).one_at_a_time();
+    for (name, body) in TESTS {
+        if !voters || VOTERS_TESTS.contains(name) {
+            suite = suite.test(name, *body);
+        }
+    }
+    let conclusion = suite.run(&args, move |lab| {
+        // The suite's pool; tests that need more add their own and remove them.
+        Box::pin(async move {
+            let pool = ferrolb::l2_pool("l2", &["198.18.200.0/25", "fd00:18::c8:0/113"]);
+            let speaker_args: &[&str] = if voters {
+                &["--membership=voters", "--voters=node1,node2,node3"]
+            } else {
+                &[]
+            };
+            Deployment::start_with_speakers(&lab, "l2", &pool, &[], speaker_args)
         })
-        .test("local_traffic_policy", |c| {
-            Box::pin(local_traffic_policy(c))
-        })
-        .test("shared_ip_one_node", |c| Box::pin(shared_ip_one_node(c)))
-        .test("twenty_services_spread", |c| {
-            Box::pin(twenty_services_spread(c))
-        })
-        .test("node_selectors_and_interfaces", |c| {
-            Box::pin(node_selectors_and_interfaces(c))
-        })
-        .test("failover", |c| Box::pin(failover(c)))
-        .test("heartbeats_blocked_on_one_node", |c| {
-            Box::pin(heartbeats_blocked_on_one_node(c))
-        })
-        .test("heartbeats_lossy_or_flooded", |c| {
-            Box::pin(heartbeats_lossy_or_flooded(c))
-        })
-        .test("heartbeats_delayed_600ms_on_one_node", |c| {
-            Box::pin(heartbeats_delayed_on_one_node(c))
-        })
-        .test("rolling_restart_keeps_ips_on_their_nodes", |c| {
-            Box::pin(rolling_restart_keeps_ips_on_their_nodes(c))
-        })
-        .test(
-            "gossip_key_mismatch_and_rotation_rolled_node_by_node",
-            |c| Box::pin(gossip_key_mismatch_and_rotation(c)),
-        )
-        .test("frozen_owner_resumes_without_a_second_answer", |c| {
-            Box::pin(frozen_owner_resumes_without_a_second_answer(c))
-        })
-        .test(
-            "a_speaker_with_its_clock_off_never_makes_a_second_owner",
-            |c| Box::pin(a_speaker_with_its_clock_off_never_makes_a_second_owner(c)),
-        )
-        // Before the tests that stop the API server: kube-controller-manager backs off after
-        // an outage and may take minutes to write a new Service's EndpointSlices.
-        .test("metrics_and_health", |c| Box::pin(metrics_and_health(c)))
-        .test("api_server_and_etcd_outages_keep_traffic_and_ips", |c| {
-            Box::pin(control_plane_outages(c))
-        })
-        .run(&args, |lab| {
-            // The suite's pool; tests that need more add their own and remove them.
-            Box::pin(async move {
-                Deployment::start(
-                    &lab,
-                    "l2",
-                    &ferrolb::l2_pool("l2", &["198.18.200.0/25", "fd00:18::c8:0/113"]),
-                )
-            })
-        });
+    });
     suite::exit_code(&[conclusion])
 }
