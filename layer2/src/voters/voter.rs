@@ -75,6 +75,8 @@ struct Entry {
     bitmap_sent: Option<(u64, u64)>,
     /// Left to be replaced: listed until then unless a successor says ready first.
     held_until: Option<Instant>,
+    /// The process that left to be replaced: any other that says ready is its successor.
+    held_boot: u64,
     /// Whether its last beat was over this voter's presence set.
     same_set: bool,
 }
@@ -297,8 +299,11 @@ impl Voter {
             entry.sent_at = None;
             entry.bitmap_sent = None;
         }
-        if entry.last.boot != beat.boot && beat.ready {
-            // The successor of a node held through its restart is ready: it takes over.
+        if beat.ready && entry.held_until.is_some() && entry.held_boot != beat.boot {
+            // The successor of a node held through its restart is ready: it takes over, and
+            // from now on its own beats decide (a successor that says ready only some beats
+            // after its first, and then falls silent, is unlisted a failure timeout later,
+            // not at the end of the hold).
             entry.held_until = None;
         }
         entry.last = Seen {
@@ -311,6 +316,9 @@ impl Voter {
         entry.heard_at = Some(now);
         if beat.leaving && beat.restarting {
             // A leaving speaker says so three times: the hold counts from the first.
+            if entry.held_until.is_none() {
+                entry.held_boot = beat.boot;
+            }
             entry
                 .held_until
                 .get_or_insert(now + self.timers.restart_hold);
@@ -599,8 +607,23 @@ mod tests {
         )
         .unwrap();
         assert!(heard(v.listed(), 0));
+        // Ready, it ended the hold: silent now (frozen, say), it is unlisted a failure timeout
+        // later, not when the hold would have ended (10.6 s). The lab's frozen-owner test
+        // caught this, the successor's first beat saying not ready.
+        v.sweep(t0 + Duration::from_millis(7_600));
+        assert!(
+            !heard(v.listed(), 0),
+            "still held after its successor said ready"
+        );
+        v.receive(
+            &beat("a", 9, 3, true, vec![]),
+            t0 + Duration::from_millis(7_700),
+            UNIX,
+        )
+        .unwrap();
+        assert!(heard(v.listed(), 0));
         // A plain leave unlists at once.
-        let mut gone = beat("a", 9, 3, false, vec![]);
+        let mut gone = beat("a", 9, 4, false, vec![]);
         gone.leaving = true;
         v.receive(&gone, t0 + Duration::from_secs(8), UNIX).unwrap();
         assert!(!heard(v.listed(), 0));
