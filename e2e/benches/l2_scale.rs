@@ -1,0 +1,326 @@
+//! Layer 2 membership at rest with many speakers in the lab: what each speaker sends and
+//! receives on the heartbeat port, its CPU and memory, and the API server's watch events, for
+//! today's heartbeats (`--membership=legacy`) and the voters (`--membership=voters`, decision
+//! 0023), side by side, at each lab size (issue #34, item 3).
+//!
+//! `cargo bench -p ferrolb-e2e --bench l2_scale` (as root; it builds what it runs first).
+//! Environment:
+//!
+//! * `FERROLB_BENCH_NODES` (default `3,20`): the lab sizes, comma-separated (at most 60).
+//! * `FERROLB_BENCH_SECONDS` (default 20): the window measured at rest, per membership.
+//!
+//! Each size brings a lab up with that many nodes (a network namespace, a Ready Node object and
+//! a kube-proxy each) and a speaker on every node. Per membership, once every speaker is ready
+//! (`/readyz`), it reads over the window: the UDP datagrams and bytes each node sends and
+//! receives on port 7946 (iptables counters in the node's namespace, so everything on the wire
+//! counts), how many of them exceed one Ethernet frame (1,472 bytes of payload), each
+//! speaker's CPU (utime + stime) and RSS, and the API server's watch events
+//! (`apiserver_watch_events_total`). Voters: the first five nodes (three below five nodes).
+//! Prints figures; asserts nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ferrolb_e2e::Lab;
+use ferrolb_e2e::ferrolb::{self, Deployment};
+use ferrolb_e2e::topology::Options;
+
+/// The iptables chain the bench counts in, in every node's namespace.
+const CHAIN: &str = "FERROLB-BENCH-HB";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    if !std::env::args().any(|a| a == "--bench") {
+        return Ok(());
+    }
+    let sizes: Vec<u8> = std::env::var("FERROLB_BENCH_NODES")
+        .unwrap_or_else(|_| "3,20".to_string())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let seconds: u64 = std::env::var("FERROLB_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    anyhow::ensure!(ferrolb_e2e::is_root(), "the bench needs root (the lab)");
+    ferrolb::build_binaries(&ferrolb_e2e::bench::BINARIES)?;
+    let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
+    let mut rows = Vec::new();
+    for nodes in sizes {
+        let options = Options {
+            nodes,
+            ..Options::default()
+        };
+        let lab = Lab::up(options, &lab_exe).await?;
+        let result = measure_size(&lab, seconds).await;
+        ferrolb_e2e::bench::lab_done()?;
+        rows.extend(result?);
+    }
+    println!();
+    println!(
+        "{:>5} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>12}",
+        "nodes",
+        "membership",
+        "dgram/s/node",
+        "KB/s/node",
+        "max dgram/s",
+        ">1 frame",
+        "CPU %/spk",
+        "RSS MiB",
+        "watch ev/s"
+    );
+    for r in &rows {
+        println!(
+            "{:>5} {:>10} {:>12.1} {:>12.2} {:>12.1} {:>10} {:>10.2} {:>10.1} {:>12.1}",
+            r.nodes,
+            r.membership,
+            r.datagrams_per_node,
+            r.kbytes_per_node,
+            r.busiest_datagrams,
+            r.over_one_frame,
+            r.cpu_percent,
+            r.rss_mib,
+            r.watch_events
+        );
+    }
+    Ok(())
+}
+
+/// One membership's figures at one lab size.
+struct Row {
+    nodes: usize,
+    membership: &'static str,
+    /// Sent plus received per node per second, mean over the nodes.
+    datagrams_per_node: f64,
+    kbytes_per_node: f64,
+    /// The busiest node's datagrams per second (a voter, with voters).
+    busiest_datagrams: f64,
+    /// Datagrams sent over the window larger than one Ethernet frame, all nodes.
+    over_one_frame: u64,
+    /// Mean CPU of one speaker, percent of one core.
+    cpu_percent: f64,
+    /// Mean RSS of one speaker.
+    rss_mib: f64,
+    /// The API server's watch events per second, all resources.
+    watch_events: f64,
+}
+
+async fn measure_size(lab: &Lab, seconds: u64) -> anyhow::Result<Vec<Row>> {
+    let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
+    for node in &nodes {
+        install_counters(lab, node)?;
+    }
+    let voters: Vec<&str> = nodes
+        .iter()
+        .take(if nodes.len() >= 5 { 5 } else { 3 })
+        .map(String::as_str)
+        .collect();
+    let voters_flag = format!("--voters={}", voters.join(","));
+    let pool = ferrolb::l2_pool("scale", &["198.18.200.0/25", "fd00:18::c8:0/113"]);
+    let mut rows = Vec::new();
+    for (membership, args) in [
+        ("legacy", vec![]),
+        ("voters", vec!["--membership=voters", voters_flag.as_str()]),
+    ] {
+        let deployment = Deployment::start_with_speakers(lab, "scale", &pool, &[], &args)?;
+        let row = measure(lab, &deployment, &nodes, membership, seconds).await;
+        deployment.stop();
+        rows.push(row?);
+        println!("{}", rows.last().map(describe).unwrap_or_default());
+    }
+    Ok(rows)
+}
+
+fn describe(r: &Row) -> String {
+    format!(
+        "{} nodes, {}: {:.1} datagrams/s and {:.2} KB/s per node, busiest {:.1}/s, {} over one frame, speaker CPU {:.2} %, RSS {:.1} MiB, {:.1} watch events/s",
+        r.nodes,
+        r.membership,
+        r.datagrams_per_node,
+        r.kbytes_per_node,
+        r.busiest_datagrams,
+        r.over_one_frame,
+        r.cpu_percent,
+        r.rss_mib,
+        r.watch_events
+    )
+}
+
+async fn measure(
+    lab: &Lab,
+    deployment: &Deployment,
+    nodes: &[String],
+    membership: &'static str,
+    seconds: u64,
+) -> anyhow::Result<Row> {
+    for node in nodes {
+        ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(120)).await?;
+    }
+    // Past the start: the speakers settle and claim.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let client = lab.client().await?;
+    let counters_before: Vec<Counters> = nodes
+        .iter()
+        .map(|n| read_counters(lab, n))
+        .collect::<anyhow::Result<_>>()?;
+    let cpu_before = cpu_ticks(deployment);
+    let watch_before = watch_events(&client).await?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let counters_after: Vec<Counters> = nodes
+        .iter()
+        .map(|n| read_counters(lab, n))
+        .collect::<anyhow::Result<_>>()?;
+    let cpu_after = cpu_ticks(deployment);
+    let watch_after = watch_events(&client).await?;
+    let per_node: Vec<(f64, f64)> = counters_before
+        .iter()
+        .zip(&counters_after)
+        .map(|(b, a)| {
+            let datagrams = (a.out_packets + a.in_packets - b.out_packets - b.in_packets) as f64;
+            let bytes = (a.out_bytes + a.in_bytes - b.out_bytes - b.in_bytes) as f64;
+            (datagrams / elapsed, bytes / elapsed / 1000.0)
+        })
+        .collect();
+    let n = per_node.len().max(1) as f64;
+    let over_one_frame = counters_before
+        .iter()
+        .zip(&counters_after)
+        .map(|(b, a)| a.out_large - b.out_large)
+        .sum();
+    // Clock ticks per second: 100 on Linux.
+    let cpu: Vec<f64> = cpu_after
+        .iter()
+        .filter_map(|(node, after)| {
+            let before = cpu_before.get(node)?;
+            Some((after - before) as f64 / 100.0 / elapsed * 100.0)
+        })
+        .collect();
+    let rss: Vec<f64> = deployment
+        .speakers
+        .pids()
+        .iter()
+        .filter_map(|(_, pid)| ferrolb::rss_bytes(*pid))
+        .map(|b| b as f64 / 1024.0 / 1024.0)
+        .collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    Ok(Row {
+        nodes: nodes.len(),
+        membership,
+        datagrams_per_node: per_node.iter().map(|p| p.0).sum::<f64>() / n,
+        kbytes_per_node: per_node.iter().map(|p| p.1).sum::<f64>() / n,
+        busiest_datagrams: per_node.iter().map(|p| p.0).fold(0.0, f64::max),
+        over_one_frame,
+        cpu_percent: mean(&cpu),
+        rss_mib: mean(&rss),
+        watch_events: (watch_after - watch_before) / elapsed,
+    })
+}
+
+/// Counts UDP 7946 both ways in `node`'s namespace, and what leaves larger than one frame.
+fn install_counters(lab: &Lab, node: &str) -> anyhow::Result<()> {
+    for tool in ["iptables", "ip6tables"] {
+        let _ = lab.exec(node, tool, &["-N", CHAIN]);
+        lab.exec(node, tool, &["-F", CHAIN])?;
+        // Rule 1: out; rule 2: in; rule 3: out, larger than 1,472 bytes of payload.
+        lab.exec(node, tool, &["-A", CHAIN, "-p", "udp", "--dport", "7946"])?;
+        lab.exec(node, tool, &["-A", CHAIN, "-p", "udp", "--sport", "7946"])?;
+        let over = if tool == "iptables" {
+            "1501:65535"
+        } else {
+            "1521:65535"
+        };
+        lab.exec(
+            node,
+            tool,
+            &[
+                "-A", CHAIN, "-p", "udp", "--dport", "7946", "-m", "length", "--length", over,
+            ],
+        )?;
+        for (chain, dir) in [("OUTPUT", "--dport"), ("INPUT", "--dport")] {
+            let _ = lab.exec(
+                node,
+                tool,
+                &["-D", chain, "-p", "udp", dir, "7946", "-j", CHAIN],
+            );
+            lab.exec(
+                node,
+                tool,
+                &["-I", chain, "-p", "udp", dir, "7946", "-j", CHAIN],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Packets and bytes counted in [`CHAIN`] (IPv4 and IPv6 together).
+#[derive(Default)]
+struct Counters {
+    out_packets: u64,
+    out_bytes: u64,
+    in_packets: u64,
+    in_bytes: u64,
+    out_large: u64,
+}
+
+fn read_counters(lab: &Lab, node: &str) -> anyhow::Result<Counters> {
+    let mut c = Counters::default();
+    for tool in ["iptables", "ip6tables"] {
+        // Rows in rule order: the jump from OUTPUT counts what leaves, from INPUT what arrives.
+        for (chain, out) in [("OUTPUT", true), ("INPUT", false)] {
+            let text = lab.exec(node, tool, &["-L", chain, "-v", "-x", "-n"])?;
+            for line in text.lines().filter(|l| l.contains(CHAIN)) {
+                let mut f = line.split_whitespace();
+                let packets: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                let bytes: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                if out {
+                    c.out_packets += packets;
+                    c.out_bytes += bytes;
+                } else {
+                    c.in_packets += packets;
+                    c.in_bytes += bytes;
+                }
+            }
+        }
+        let text = lab.exec(node, tool, &["-L", CHAIN, "-v", "-x", "-n"])?;
+        if let Some(line) = text.lines().find(|l| l.contains("length")) {
+            c.out_large += line
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(c)
+}
+
+/// Each speaker's utime + stime, in clock ticks.
+fn cpu_ticks(deployment: &Deployment) -> BTreeMap<String, u64> {
+    deployment
+        .speakers
+        .pids()
+        .into_iter()
+        .filter_map(|(node, pid)| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = stat.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = f.get(11)?.parse().ok()?;
+            let stime: u64 = f.get(12)?.parse().ok()?;
+            Some((node, utime + stime))
+        })
+        .collect()
+}
+
+/// The API server's watch events so far, all resources.
+async fn watch_events(client: &kube::Client) -> anyhow::Result<f64> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let page = client.request_text(request).await?;
+    Ok(page
+        .lines()
+        .filter(|l| l.starts_with("apiserver_watch_events_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
