@@ -270,6 +270,44 @@ fn a_rolling_restart_keeps_one_owner_and_the_ips_in_place() {
     }
 }
 
+/// A node back from a restart (replaced: the voters held it) and cut off soon after, before
+/// the restart hold would have ended, fails over like any other: its successor said ready,
+/// which ended the hold. The voters kept holding it (until 10 s after the restart) when the
+/// successor's first beat said not ready, as a new process's does; the lab's frozen-owner test
+/// with `--membership=voters` caught it. The restart's own outage (held, then the successor's
+/// claim) is about 2 s; the cut's alone must be under a second.
+#[test]
+fn a_node_cut_soon_after_its_restart_fails_over_at_once() {
+    for n in [5, 9] {
+        let cluster = Cluster::new(n, 7);
+        for node in [2, voter_nodes(n)[1]] {
+            let faults = [
+                Fault {
+                    at: 4 * SECOND,
+                    heal: 4 * SECOND + 500 * MS,
+                    kind: FaultKind::Restart {
+                        node,
+                        graceful: Some(true),
+                    },
+                },
+                Fault {
+                    at: 8 * SECOND,
+                    heal: 13 * SECOND + 500 * MS,
+                    kind: FaultKind::Cut(vec![node]),
+                },
+            ];
+            let report = run(VotersDesign::default(), &cluster, &faults, 18 * SECOND).report();
+            assert_eq!(report.violation_count, 0, "{:?}", report.violations);
+            let longest = report.metrics.failovers.iter().max().copied();
+            assert!(
+                longest.is_some_and(|l| l < 3 * SECOND),
+                "n={n} node {node}: failovers {:?} µs",
+                report.metrics.failovers
+            );
+        }
+    }
+}
+
 /// Issue #34 item 4: a node's rejoin does not depend on every other node. Nodes 3 and 4 cannot
 /// reach each other at all (members never talk to each other, so that matters to nobody), and
 /// node 7 receives nothing (it stays out); node 2 restarts and is back among the owners within
