@@ -102,6 +102,12 @@ impl Outcome {
                 })
                 .collect(),
         };
+        Self::decided(me, verdict, d)
+    }
+
+    /// The outcome of the shared gate's decision `d` on `verdict` (whose candidates planning
+    /// counts, this node only when it claims).
+    fn decided(me: &str, verdict: Verdict, d: ferrolb_layer2::gate::Decision) -> Self {
         let members = step::members(&verdict, me, d.claims);
         let state = Layer2State {
             settled: d.settled,
@@ -160,24 +166,7 @@ impl Gate {
             |after| quorum::seen_ready_since(inputs.me, &verdict, inputs.acks, after),
             now,
         );
-        let members = step::members(&verdict, inputs.me, d.claims);
-        let state = Layer2State {
-            settled,
-            acts: verdict.acts(),
-            held: d.held_until.is_some(),
-            starved: d.starved,
-            claims: d.claims,
-        };
-        Outcome {
-            verdict,
-            acts: d.acts,
-            claims: d.claims,
-            members,
-            answer_until: d.answer_until,
-            held_until: d.held_until,
-            starved: d.starved,
-            state,
-        }
+        Outcome::decided(inputs.me, verdict, d)
     }
 
     /// When the loop must wake for the gate to move on (the settle time, the claim delay), if
