@@ -119,6 +119,20 @@ fn max_hears(nodes: usize) -> usize {
         .min(ferrolb_layer2::heartbeat::MAX_HEARS)
 }
 
+/// Why a heartbeat (or, with voters, a beat or report) was refused, as the `reason` label of
+/// `ferrolb_speaker_heartbeats_refused`: the same labels whichever membership runs.
+pub(crate) fn refused_reason(e: &HeartbeatError) -> &'static str {
+    match e {
+        HeartbeatError::Malformed | HeartbeatError::TooLong(_) => "malformed",
+        HeartbeatError::TooLarge { .. } => "too_large",
+        HeartbeatError::BadTag => "authentication",
+        HeartbeatError::Clock { .. } => "clock",
+        HeartbeatError::Replay => "replay",
+        HeartbeatError::UnknownNode(_) => "unknown_node",
+        HeartbeatError::TableFull(_) => "table_full",
+    }
+}
+
 /// The heartbeat timings.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -444,15 +458,7 @@ impl Gossip {
                 Ok(true) => self.changed.notify_one(),
                 Ok(false) => {}
                 Err(e) => {
-                    let reason = match e {
-                        HeartbeatError::Malformed | HeartbeatError::TooLong(_) => "malformed",
-                        HeartbeatError::TooLarge { .. } => "too_large",
-                        HeartbeatError::BadTag => "authentication",
-                        HeartbeatError::Clock { .. } => "clock",
-                        HeartbeatError::Replay => "replay",
-                        HeartbeatError::UnknownNode(_) => "unknown_node",
-                        HeartbeatError::TableFull(_) => "table_full",
-                    };
+                    let reason = refused_reason(&e);
                     self.metrics
                         .heartbeats_refused
                         .get_or_create(&vec![("reason", reason.to_string())])

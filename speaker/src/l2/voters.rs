@@ -30,6 +30,10 @@ use ferrolb_layer2::wire::{self, Message, heard};
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 
+use ferrolb_layer2::voters::member::MemberError;
+use ferrolb_layer2::voters::voter::VoterError;
+
+use crate::l2::gossip;
 use crate::metrics::Metrics;
 
 /// What the voters membership is started with.
@@ -56,6 +60,8 @@ pub struct Checked {
     pub roster: usize,
     /// Voters whose latest report is fresh.
     pub voters_heard: usize,
+    /// The other speakers the fresh reports list (what the heartbeats count as peers alive).
+    pub peers_alive: usize,
 }
 
 /// The member (and, on a voter node, the seat) between beats, reports and checks.
@@ -183,7 +189,8 @@ impl Link {
             }
         }
         let roster = member.roster();
-        let candidates = roster
+        let me = state.settings.node.as_str();
+        let candidates: BTreeSet<String> = roster
             .names()
             .enumerate()
             .filter(|(i, _)| heard(&check.candidates, *i))
@@ -195,6 +202,7 @@ impl Link {
             .count();
         Checked {
             decision: check.decision,
+            peers_alive: candidates.iter().filter(|n| n.as_str() != me).count(),
             candidates,
             roster: roster.len(),
             voters_heard,
@@ -309,10 +317,12 @@ impl Link {
                     match seat.receive(&beat, now, unix_ms) {
                         Ok(Some(report)) => report.split(),
                         Ok(None) => return,
-                        Err(ferrolb_layer2::voters::voter::VoterError::UnknownNode(_)) => {
+                        Err(VoterError::UnknownNode(_)) => {
                             return self.refused("unknown_node");
                         }
-                        Err(_) => return self.refused("replay"),
+                        Err(VoterError::Replay { source, .. }) => {
+                            return self.refused(gossip::refused_reason(&source));
+                        }
                     }
                 }
                 Message::Report(report) => {
@@ -323,9 +333,8 @@ impl Link {
                         Ok(true) => self.changed.notify_one(),
                         Ok(false) => {}
                         Err(e) => {
-                            use ferrolb_layer2::voters::member::MemberError;
-                            self.refused(match e {
-                                MemberError::Replay(_) => "replay",
+                            self.refused(match &e {
+                                MemberError::Replay(source) => gossip::refused_reason(source),
                                 MemberError::MissingBitmap(_) => "missing_bitmap",
                                 MemberError::NotOurs | MemberError::OtherGeneration(_) => {
                                     "not_ours"
@@ -554,7 +563,7 @@ mod tests {
         for (n, c) in NAMES.iter().zip(&checks) {
             assert!(c.decision.claims, "{n} does not claim: {c:?}");
             assert_eq!(c.candidates, all, "{n}'s candidates");
-            assert_eq!((c.roster, c.voters_heard), (3, 3), "{n}");
+            assert_eq!((c.roster, c.voters_heard, c.peers_alive), (3, 3, 2), "{n}");
         }
 
         // node-c falls silent (no beats, no reports): the others drop it within the failure

@@ -146,7 +146,9 @@ impl Layer2 {
                     .map(|(n, v)| (n.clone(), v.addresses.clone()))
                     .collect();
                 let checked = link.check(&addresses, &usable_names, now);
-                let (known, heard) = (checked.roster, checked.voters_heard);
+                // The speakers known and heard, as the heartbeats count them: the presence set,
+                // and the other speakers the voters list.
+                let (known, heard) = (checked.roster, checked.peers_alive);
                 (
                     gate::Outcome::by_voters(me, checked, &usable_names),
                     known,
