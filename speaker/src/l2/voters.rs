@@ -169,8 +169,8 @@ impl Link {
         // Speakers on the two memberships do not see each other: while a legacy speaker is
         // heard (a roll from one to the other), it may act on its own majority, so this one
         // does not. Its checks stop, so its beats stop saying ready within the mandate and its
-        // answering ends with the mandate it holds (docs/guides: switch with every speaker at
-        // once).
+        // answering ends with the mandate it holds (decision 0023, *In the speaker*: switch
+        // every speaker at once).
         let timeout = member.timers().timeout;
         if state
             .legacy_heard
