@@ -301,12 +301,7 @@ impl VotersNode {
             return;
         };
         let at = env.instant(now);
-        let member = self.member.set_roster(&wanted, at);
-        let seat = self
-            .voter
-            .as_mut()
-            .is_none_or(|seat| seat.set_roster(&wanted, at));
-        if member && seat {
+        if crate::voters::follow_roster(&mut self.member, self.voter.as_mut(), &wanted, at) {
             self.wanted = None;
         }
         if self.member.roster().id() != self.roster.id() {

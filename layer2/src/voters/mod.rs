@@ -314,6 +314,20 @@ impl VoterConfig {
     }
 }
 
+/// Moves a node's member and, on a voter node, its seat toward the presence set `wanted`, as
+/// far as their keep rules let them ([`Member::set_roster`], [`Seat::set_roster`]). Returns
+/// whether both now read `wanted`: until then, call it again at every check.
+pub fn follow_roster(
+    member: &mut Member,
+    seat: Option<&mut Seat>,
+    wanted: &std::sync::Arc<Roster>,
+    now: std::time::Instant,
+) -> bool {
+    let member_done = member.set_roster(wanted, now);
+    let seat_done = seat.is_none_or(|seat| seat.set_roster(wanted, now));
+    member_done && seat_done
+}
+
 /// Whether `count` of `voters` voters, the lowest-named voter among them when `lowest`, are a
 /// majority: more than half, or exactly half holding the lowest (so a cluster of two voters
 /// split in two keeps one side working, as [`crate::quorum::majority`] does).

@@ -147,20 +147,19 @@ impl Link {
             .voters()
             .filter_map(|v| Some((v.to_string(), *nodes.get(v)?.first()?)))
             .collect();
-        let wanted = match Roster::new(nodes.keys().map(String::as_str)) {
-            Ok(r) => Some(Arc::new(r)),
-            Err(e) => {
-                tracing::warn!(error = %e, "the Nodes cannot make a presence set: keeping the last one");
-                None
+        // The set (a digest over every name) is built again only when the Node names differ
+        // from the set being read or taken on: the check runs every heartbeat interval.
+        let current = state
+            .wanted
+            .as_ref()
+            .or(state.member.as_ref().map(|m| m.roster()));
+        if current.is_none_or(|r| !r.names().eq(nodes.keys().map(String::as_str))) {
+            match Roster::new(nodes.keys().map(String::as_str)) {
+                Ok(r) => state.wanted = Some(Arc::new(r)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Nodes cannot make a presence set: keeping the last one");
+                }
             }
-        };
-        if let Some(wanted) = wanted
-            && state
-                .member
-                .as_ref()
-                .is_none_or(|m| m.roster().id() != wanted.id())
-        {
-            state.wanted = Some(wanted);
         }
         state.follow_roster(now);
         let Some(member) = state.member.as_mut() else {
@@ -402,12 +401,7 @@ impl State {
             self.wanted = None;
             return;
         };
-        let member_done = member.set_roster(&wanted, now);
-        let seat_done = self
-            .seat
-            .as_mut()
-            .is_none_or(|seat| seat.set_roster(&wanted, now));
-        if member_done && seat_done {
+        if ferrolb_layer2::voters::follow_roster(member, self.seat.as_mut(), &wanted, now) {
             self.wanted = None;
         }
     }
