@@ -37,8 +37,10 @@
 //! reports of `99 + ⌈N/8⌉` bytes, whatever N; a voter receives N beats and sends N reports
 //! per interval. The bitmap is kept up to date as beats arrive, so a report costs a copy of it.
 
+pub mod duty;
 pub mod member;
 pub mod seat;
+pub mod steward;
 pub mod voter;
 
 use std::collections::HashMap;
@@ -312,6 +314,67 @@ impl VoterConfig {
     pub fn has(&self, name: &str) -> bool {
         self.sets().flatten().any(|v| v == name)
     }
+
+    /// The configuration as the controller publishes it: the `data` of a ConfigMap, with
+    /// `generation`, and `current` and `next` as comma-separated names (`next` empty outside
+    /// a change).
+    pub fn to_data(&self) -> std::collections::BTreeMap<String, String> {
+        [
+            ("generation", self.generation.to_string()),
+            ("current", self.current.join(",")),
+            ("next", self.next.join(",")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Reads a configuration written by [`VoterConfig::to_data`].
+    pub fn from_data(data: &std::collections::BTreeMap<String, String>) -> Result<Self, DataError> {
+        let field = |key: &'static str| data.get(key).ok_or(DataError::Missing(key));
+        let generation = field("generation")?;
+        let generation = generation
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| DataError::Generation(generation.chars().take(32).collect()))?;
+        let names = |key: &'static str| -> Result<Vec<String>, DataError> {
+            let text = data.get(key).map(String::as_str).unwrap_or("");
+            text.split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| {
+                    if n.len() <= crate::heartbeat::MAX_NAME_LEN {
+                        Ok(n.to_string())
+                    } else {
+                        Err(DataError::Name(key, n.chars().take(64).collect()))
+                    }
+                })
+                .collect()
+        };
+        field("current")?;
+        Ok(VoterConfig::new(
+            generation,
+            names("current")?,
+            names("next")?,
+        )?)
+    }
+}
+
+/// Why a published voter configuration could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DataError {
+    /// A key is missing.
+    #[error("data.{0} is missing")]
+    Missing(&'static str),
+    /// `generation` is not a number.
+    #[error("data.generation {0:?} is not a whole number")]
+    Generation(String),
+    /// A name is too long to be a node's.
+    #[error("data.{0} names {1:?}, longer than a node name may be")]
+    Name(&'static str, String),
+    /// The sets are not a configuration.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
 }
 
 /// Moves a node's member and, on a voter node, its seat toward the presence set `wanted`, as
@@ -428,6 +491,33 @@ mod tests {
         assert!(c.voters().eq(["a", "b"]));
         let c = c.change_to(["c", "d"]).unwrap().finish().unwrap();
         assert!(c.voters().eq(["c", "d"]));
+    }
+
+    #[test]
+    fn a_configuration_reads_back_from_its_data() {
+        let c = VoterConfig::new(4, ["b", "a"], ["c", "a"]).unwrap();
+        assert_eq!(VoterConfig::from_data(&c.to_data()), Ok(c));
+        let stable = VoterConfig::new(1, ["a"], Vec::<&str>::new()).unwrap();
+        assert_eq!(VoterConfig::from_data(&stable.to_data()), Ok(stable));
+        let data = |g: &str, current: &str| {
+            std::collections::BTreeMap::from([
+                ("generation".to_string(), g.to_string()),
+                ("current".to_string(), current.to_string()),
+            ])
+        };
+        assert_eq!(
+            VoterConfig::from_data(&data("2", " a , b ")).map(|c| c.current),
+            Ok(vec!["a".to_string(), "b".to_string()])
+        );
+        for (bad, says) in [
+            (data("x", "a"), "data.generation"),
+            (data("1", ""), "current names no voter"),
+            (data("1", "a,b,c,d,e,f,g,h"), "at most 7"),
+            (Default::default(), "data.generation is missing"),
+        ] {
+            let e = VoterConfig::from_data(&bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]
