@@ -13,8 +13,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-/// Label on the speakers' presence Leases (`ferrolb_speaker::l2::presence::LABEL`).
-const PRESENCE_LABEL: &str = "ferrolb.io/speaker-presence";
+/// Label on the speakers' presence Leases.
+const PRESENCE_LABEL: &str = ferrolb_runtime::voters::PRESENCE_LABEL;
 
 /// The speaker Pods' labels (the chart's DaemonSet with its default name).
 pub const SPEAKER_POD_LABELS: &str =

@@ -12,6 +12,7 @@ mod run;
 mod schedule;
 mod slim;
 mod telemetry;
+mod voters;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -103,6 +104,33 @@ struct RunArgs {
     /// Directory of failpoint files (tests only; debug builds).
     #[arg(long, hide = true)]
     failpoints: Option<PathBuf>,
+    /// Layer 2 voters (speakers on `--membership=voters` with `--voters-object`): publish the
+    /// voter configuration in this ConfigMap of --namespace, and change it as nodes come and
+    /// go (decision record 0023, *Changing the voters*). Unset: no voters are managed.
+    #[arg(long, env = "FERROLB_VOTERS_OBJECT")]
+    voters_object: Option<String>,
+    /// How many voters to aim for (an odd number up to 7; fewer while fewer nodes run a
+    /// speaker).
+    #[arg(long, env = "FERROLB_VOTER_COUNT", default_value_t = 5, value_parser = clap::value_parser!(u8).range(1..=7))]
+    voter_count: u8,
+    /// How long a voter must be gone (its speaker's presence Lease expired), or room for more
+    /// voters must last, before the voters change (Go duration).
+    #[arg(long, env = "FERROLB_VOTER_REPLACE_AFTER", default_value = "30s", value_parser = ferrolb_runtime::args::duration)]
+    voter_replace_after: Duration,
+    /// The speakers' presence Lease group (their `--presence-group`): whose speakers are alive.
+    #[arg(
+        long,
+        env = "FERROLB_PRESENCE_GROUP",
+        default_value = "ferrolb-speaker"
+    )]
+    presence_group: String,
+    /// The speakers' `--heartbeat-interval` and `--failure-timeout`: a change waits out their
+    /// reports before it ends (Go durations).
+    #[arg(long, env = "FERROLB_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = ferrolb_runtime::args::duration)]
+    heartbeat_interval: Duration,
+    /// See --heartbeat-interval.
+    #[arg(long, env = "FERROLB_FAILURE_TIMEOUT", default_value = "500ms", value_parser = ferrolb_runtime::args::duration)]
+    failure_timeout: Duration,
 }
 
 /// The Lease's election, started unless `--leader-elect=false` (then this replica always
@@ -180,6 +208,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         pulse.clone(),
     )?;
     tracing::info!(%identity, namespace = %args.common.namespace, lb_class = ?args.common.lb_class, "ferrolb-controller starting");
+    if let Some(object) = args.voters_object.clone() {
+        voters::spawn(
+            client.clone(),
+            voters::Settings {
+                namespace: args.common.namespace.clone(),
+                object,
+                presence_group: args.presence_group.clone(),
+                rules: ferrolb_layer2::voters::steward::Settings {
+                    count: usize::from(args.voter_count),
+                    replace_after: args.voter_replace_after,
+                    timers: ferrolb_layer2::voters::Timers {
+                        interval: args.heartbeat_interval,
+                        timeout: args.failure_timeout,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            },
+            leadership.clone(),
+            owner.clone(),
+        );
+    }
     let settings = run::Settings {
         namespace: args.common.namespace.clone(),
         lb_class: args.common.lb_class.clone(),

@@ -637,7 +637,8 @@ fn lease_policy_names_the_release_accounts_and_can_be_turned_off() -> anyhow::Re
 }
 
 /// `speaker.membership: voters` hands the speakers the voters membership and the voter list;
-/// without a list the chart refuses to render, and the default leaves both out.
+/// without a list the controller publishes the voters in an object both are given; the default
+/// leaves all of it out.
 fn speaker_membership_renders_the_voters_flags() -> anyhow::Result<()> {
     let env = |extra: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
         let docs = render("ferrolb", "metallb-system", extra)?;
@@ -662,11 +663,67 @@ fn speaker_membership_renders_the_voters_flags() -> anyhow::Result<()> {
             && voters.get("FERROLB_VOTERS").map(String::as_str) == Some("rack1-a,rack2-a,rack3-a"),
         "{voters:?}"
     );
-    let err = render_error(&["--set", "speaker.membership=voters"])?;
-    ensure!(err.contains("needs speaker.voters"), "{err}");
+    ensure!(
+        !voters.contains_key("FERROLB_VOTERS_OBJECT"),
+        "a fixed list needs no object: {voters:?}"
+    );
+    // Without a list the controller chooses: both read the same object, the controller with
+    // the speakers' group and timers.
+    let docs = render(
+        "edge",
+        "lb-system",
+        &[
+            "--set",
+            "speaker.membership=voters",
+            "--set",
+            "speaker.voterCount=3",
+            "--set",
+            "speaker.failureTimeout=1s",
+        ],
+    )?;
+    let speaker = env_of(container(
+        find(&docs, "DaemonSet", "edge-ferrolb-speaker")?,
+        "speaker",
+    )?);
+    let controller = env_of(container(
+        find(&docs, "Deployment", "edge-ferrolb-controller")?,
+        "controller",
+    )?);
+    ensure!(
+        speaker.get("FERROLB_VOTERS_OBJECT").map(String::as_str) == Some("edge-ferrolb-voters")
+            && !speaker.contains_key("FERROLB_VOTERS"),
+        "{speaker:?}"
+    );
+    for (key, want) in [
+        ("FERROLB_VOTERS_OBJECT", "edge-ferrolb-voters"),
+        ("FERROLB_VOTER_COUNT", "3"),
+        ("FERROLB_VOTER_REPLACE_AFTER", "30s"),
+        ("FERROLB_FAILURE_TIMEOUT", "1s"),
+    ] {
+        ensure!(
+            controller.get(key).map(String::as_str) == Some(want),
+            "controller {key}: {controller:?}"
+        );
+    }
+    ensure!(
+        controller.get("FERROLB_PRESENCE_GROUP") == speaker.get("FERROLB_PRESENCE_GROUP"),
+        "the controller counts another presence group than the speakers write"
+    );
+    ensure!(
+        !env(&[])?.contains_key("FERROLB_VOTERS_OBJECT"),
+        "legacy membership renders no voters object"
+    );
+    let err = render_error(&[
+        "--set",
+        "speaker.membership=voters",
+        "--set",
+        "controller.enabled=false",
+    ])?;
+    ensure!(err.contains("needs the controller"), "{err}");
     for set in [
         "speaker.membership=quorum",
         "speaker.voters={a,b,c,d,e,f,g,h}",
+        "speaker.voterCount=9",
     ] {
         let err = render_error(&["--set", set])?;
         ensure!(err.contains("schema"), "--set {set}: {err}");

@@ -19,6 +19,7 @@ pub mod health;
 pub mod owner;
 pub mod server;
 pub mod tls;
+pub mod voters;
 pub mod watch;
 
 use std::path::Path;

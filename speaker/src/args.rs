@@ -56,6 +56,12 @@ pub struct Args {
     /// same list.
     #[arg(long, env = "FERROLB_VOTERS", value_delimiter = ',')]
     pub voters: Vec<String>,
+    /// With `--membership=voters` and no `--voters`: the ConfigMap (in --namespace) in which
+    /// the controller publishes the voters (its `--voters-object`). Every speaker watches it;
+    /// a voter node also reads it afresh every second and keeps its duty record, a Lease
+    /// `<name>-<node>` (decision record 0023, *Changing the voters*).
+    #[arg(long, env = "FERROLB_VOTERS_OBJECT")]
+    pub voters_object: Option<String>,
     /// UDP port of the heartbeats between speakers (open it between nodes).
     #[arg(long, env = "FERROLB_GOSSIP_PORT", default_value_t = 7946)]
     pub gossip_port: u16,

@@ -32,5 +32,6 @@ pub mod restart;
 pub mod socket;
 pub(crate) mod status;
 pub mod step;
+pub(crate) mod voter_object;
 pub(crate) mod voters;
 pub(crate) mod work;

@@ -37,7 +37,7 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// API server does not drop a live speaker).
 pub const LEASE_SECONDS: i32 = 40;
 /// Label on every presence Lease, valued with the group; the speaker watches only its group's.
-pub const LABEL: &str = "ferrolb.io/speaker-presence";
+pub const LABEL: &str = ferrolb_runtime::voters::PRESENCE_LABEL;
 
 /// The name of node `node`'s presence Lease in `group`.
 pub fn lease_name(group: &str, node: &str) -> String {

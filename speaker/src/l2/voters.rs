@@ -10,8 +10,11 @@
 //! - **The presence set** is the cluster's Nodes (decision 0023, *The presence set*): a Node
 //!   that comes or goes changes it, and the member's keep rule holds a departing node while a
 //!   fresh report may still list it. No presence Lease is read.
-//! - **The voters** come from `--voters` (generation 1) until the controller publishes the
-//!   voter configuration; the configuration counts as confirmed while it is the flag's.
+//! - **The voters** come from `--voters` (generation 1, confirmed at every check while it is
+//!   the flag's), or from the controller's voter configuration (`--voters-object`,
+//!   [`super::voter_object`]): the member adopts every newer configuration it reads, and the
+//!   seat starts, moves, retires and is confirmed only through the duty loop's reads
+//!   ([`Link::duty_plan`], [`Link::duty_apply`]; `ferrolb_layer2::voters::duty`).
 //! - **A voter answers each beat at once** from the receive task, under the one lock that
 //!   guards the member and the seat (a report costs a copy of the voter's bitmap).
 //! - **Interfaces** are not reported by the voters: every other candidate counts as able to
@@ -25,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use ferrolb_layer2::gate::Decision;
 use ferrolb_layer2::heartbeat::KeyRing;
+use ferrolb_layer2::voters::duty::{self, Mark, Planned, SeatAction, SeatState};
 use ferrolb_layer2::voters::{Member, Roster, Seat, Timers, VoterConfig};
 use ferrolb_layer2::wire::{self, Message, heard};
 use tokio::net::UdpSocket;
@@ -41,8 +45,8 @@ use crate::metrics::Metrics;
 pub struct Settings {
     /// This node's name.
     pub node: String,
-    /// The voter configuration in force (from `--voters` today).
-    pub config: VoterConfig,
+    /// The voter configuration of `--voters`; `None`: the controller's, read from its object.
+    pub config: Option<VoterConfig>,
     /// The timers every speaker shares.
     pub timers: Timers,
     /// A random number of this process.
@@ -78,6 +82,10 @@ struct State {
     interfaces: Vec<String>,
     /// When a speaker on today's heartbeats (`--membership=legacy`) was last heard.
     legacy_heard: Option<Instant>,
+    /// The newest voter configuration read (the flag's, or the controller's).
+    latest: Option<VoterConfig>,
+    /// Seats started by this process, so that each has a boot of its own.
+    seats_started: u64,
 }
 
 /// The voters membership of one speaker.
@@ -108,6 +116,8 @@ impl Link {
     pub fn new(settings: Settings, port: u16, changed: Arc<Notify>, metrics: Metrics) -> Self {
         Link {
             state: Mutex::new(State {
+                latest: settings.config.clone(),
+                seats_started: 0,
                 settings,
                 member: None,
                 seat: None,
@@ -142,9 +152,9 @@ impl Link {
         let state = &mut *state;
         state.interfaces = usable.iter().cloned().collect();
         state.addresses = state
-            .settings
-            .config
-            .voters()
+            .latest
+            .iter()
+            .flat_map(VoterConfig::voters)
             .filter_map(|v| Some((v.to_string(), *nodes.get(v)?.first()?)))
             .collect();
         // The set (a digest over every name) is built again only when the Node names differ
@@ -179,8 +189,11 @@ impl Link {
         }
         let check = member.check(now, !usable.is_empty());
         if let Some(seat) = state.seat.as_mut() {
-            // The configuration is the flag's: nothing can have replaced it.
-            seat.confirm(now);
+            // The flag's configuration: nothing can have replaced it. The controller's is
+            // confirmed by the duty loop's reads only.
+            if state.settings.config.is_some() {
+                seat.confirm(now);
+            }
             if let Some(g) = seat.pending()
                 && member.ready_for(g, now)
             {
@@ -210,6 +223,110 @@ impl Link {
 
     /// A speaker on today's heartbeats was heard at `now`: while one is, this node does not act
     /// ([`Link::check`]).
+    /// Takes in a voter configuration read from the controller's object (its watch, or a duty
+    /// read): the member adopts it if it is newer. The seat follows only duty reads.
+    pub fn adopt(&self, config: VoterConfig) {
+        let mut state = lock(&self.state);
+        if state
+            .latest
+            .as_ref()
+            .is_some_and(|l| l.generation >= config.generation)
+        {
+            return;
+        }
+        if let Some(member) = state.member.as_mut()
+            && member.adopt(config.clone())
+        {
+            self.changed.notify_one();
+        }
+        state.latest = Some(config);
+    }
+
+    /// What a duty read of `config` means for this node's seat at `now`, its duty record
+    /// holding `last` and `fence` (`ferrolb_layer2::voters::duty::plan`).
+    pub fn duty_plan(
+        &self,
+        config: &VoterConfig,
+        last: Option<Mark>,
+        fence: u64,
+        now: Instant,
+    ) -> Planned {
+        let state = lock(&self.state);
+        duty::plan(
+            &state.settings.node,
+            config,
+            last,
+            fence,
+            state.seat_state(now),
+        )
+    }
+
+    /// The duty record now says what [`Link::duty_plan`] planned for the read of `config`
+    /// sent at `started`: the member adopts it, the seat does `action`, and the seat's
+    /// configuration counts as confirmed at `started` when `confirm`.
+    pub fn duty_apply(
+        &self,
+        config: VoterConfig,
+        action: SeatAction,
+        confirm: bool,
+        started: Instant,
+    ) {
+        self.adopt(config);
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        match action {
+            SeatAction::Keep => {}
+            SeatAction::Start(generation) => {
+                // A seat starts confirmed when it is made: only on a read answered quickly,
+                // so that confirmation is not much later than the read (the controller's
+                // margin covers it).
+                let Some(member) = state.member.as_ref() else {
+                    return;
+                };
+                if now.saturating_duration_since(started) > START_WITHIN {
+                    return;
+                }
+                state.seats_started += 1;
+                let boot = state.settings.boot ^ 0x766f_7465 ^ state.seats_started.rotate_left(32);
+                state.seat = Some(Seat::new(
+                    member.roster().clone(),
+                    member.me(),
+                    boot,
+                    generation,
+                    state.settings.timers,
+                    now,
+                ));
+            }
+            SeatAction::MoveTo(generation) => {
+                if let Some(seat) = state.seat.as_mut() {
+                    seat.move_to(generation, now);
+                }
+            }
+            SeatAction::Retire => {
+                if let Some(seat) = state.seat.as_mut() {
+                    seat.retire(now);
+                }
+            }
+            SeatAction::Drop => state.seat = None,
+        }
+        if confirm && let Some(seat) = state.seat.as_mut() {
+            seat.confirm(started);
+        }
+    }
+
+    /// Whether this node has voter duty at `now`: a voter of the newest configuration read,
+    /// or holding a seat that has not retired.
+    pub fn on_duty(&self, now: Instant) -> bool {
+        let state = lock(&self.state);
+        let seat = state.seat_state(now);
+        state
+            .latest
+            .as_ref()
+            .is_some_and(|c| duty::on_duty(&state.settings.node, c, seat))
+            || seat.is_some_and(|s| !s.retired)
+    }
+
     pub fn heard_legacy(&self, now: Instant) {
         lock(&self.state).legacy_heard = Some(now);
     }
@@ -366,7 +483,18 @@ impl Link {
     }
 }
 
+/// How soon after its read a seat must be started, so that its confirmation at start is not
+/// later than the read by more than this.
+const START_WITHIN: Duration = Duration::from_millis(500);
+
 impl State {
+    fn seat_state(&self, now: Instant) -> Option<SeatState> {
+        self.seat.as_ref().map(|s| SeatState {
+            serves: s.serving().generation(),
+            retired: s.retired(now),
+        })
+    }
+
     /// Moves the member and the seat toward the presence set last seen, creating them once
     /// this node is in it.
     fn follow_roster(&mut self, now: Instant) {
@@ -378,22 +506,28 @@ impl State {
                 // Our Node is not seen yet: nothing to beat as.
                 return;
             };
+            let Some(config) = self.latest.clone() else {
+                // No voter configuration read yet: nothing to beat to.
+                return;
+            };
             let s = &self.settings;
             self.member = Some(Member::new(
                 wanted.clone(),
                 me,
                 s.boot,
-                s.config.clone(),
+                config.clone(),
                 s.timers,
             ));
-            if s.config.has(&s.node) {
+            // With the flag the seat starts with the member; with the controller's
+            // configuration only through the duty loop.
+            if s.config.as_ref().is_some_and(|c| c.has(&s.node)) {
                 // Another boot than the member's: reports of the two never mix up.
                 let boot = s.boot ^ 0x766f_7465;
                 self.seat = Some(Seat::new(
                     wanted,
                     me,
                     boot,
-                    s.config.generation,
+                    config.generation,
                     s.timers,
                     now,
                 ));
@@ -480,7 +614,7 @@ mod tests {
             .map(|(i, socket)| {
                 let settings = Settings {
                     node: NAMES[i].to_string(),
-                    config: config.clone(),
+                    config: Some(config.clone()),
                     timers: timers(),
                     boot: 1000 + i as u64,
                 };

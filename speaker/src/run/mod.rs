@@ -24,7 +24,7 @@ use crate::l2::announce::Announcer;
 use crate::l2::gossip::{self, Gossip};
 use crate::l2::interfaces::Interface;
 use crate::l2::presence::Presence;
-use crate::l2::{gate, interfaces, keys, restart, status, voters};
+use crate::l2::{gate, interfaces, keys, restart, status, voter_object, voters};
 use crate::metrics::Metrics;
 use crate::report::auth::{Authorizer, CachePolicy, KubeReviewer};
 use crate::report::live::Live;
@@ -115,6 +115,12 @@ async fn start(args: Args) -> anyhow::Result<Running> {
         changed.clone(),
     );
     let gossip = start_gossip(&args, key_ring, changed.clone(), metrics.clone()).await?;
+    if let Some(object) = args.voters_object.as_deref()
+        && args.membership == crate::args::Membership::Voters
+    {
+        voter_object::Object::new(&client, &args.common.namespace, object, &args.node_name)
+            .start(gossip.clone());
+    }
     tokio::spawn(keys::keep_reloading(
         key_files,
         gossip.clone(),
@@ -342,14 +348,21 @@ async fn start_gossip(
 fn voters_settings(args: &Args) -> anyhow::Result<Option<voters::Settings>> {
     if args.membership != crate::args::Membership::Voters {
         anyhow::ensure!(
-            args.voters.is_empty(),
-            "--voters is only read with --membership=voters"
+            args.voters.is_empty() && args.voters_object.is_none(),
+            "--voters and --voters-object are only read with --membership=voters"
         );
         return Ok(None);
     }
+    let config = match (&args.voters_object, args.voters.is_empty()) {
+        (Some(_), false) => anyhow::bail!(
+            "--voters and --voters-object exclude each other: the voters come from the flag or from the controller"
+        ),
+        (Some(_), true) => None,
+        (None, _) => Some(voters::config_from_flag(&args.voters)?),
+    };
     Ok(Some(voters::Settings {
         node: args.node_name.clone(),
-        config: voters::config_from_flag(&args.voters)?,
+        config,
         timers: voters::timers(
             args.heartbeat_interval,
             args.failure_timeout,
