@@ -4,6 +4,7 @@
 
 pub mod colour;
 pub mod live;
+pub mod voters;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -77,6 +78,14 @@ pub enum Command {
     },
     /// The cluster at a glance: pools and their usage, Services, speakers, every problem.
     Status,
+    /// The layer 2 voters the controller chose (speaker.membership=voters), and where each
+    /// voter node is in a change.
+    Voters {
+        /// The voter configuration's ConfigMap, in the configuration namespace (the chart's:
+        /// `<release>-voters`).
+        #[arg(long, default_value = "ferrolb-voters")]
+        object: String,
+    },
 }
 
 /// What `explain` explains.
@@ -132,6 +141,15 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     // The speakers answer only callers whose token allows it (docs/explain.md).
     let token = live::bearer_token(&config).await;
     let client = kube::Client::try_from(config)?;
+    if let Command::Voters { object } = &cli.command {
+        let v = voters::read(&client, &cli.config_namespace, object).await?;
+        let text = match cli.output {
+            Output::Text => painted(voters::render_text(&v), cli.color),
+            Output::Json => serde_json::to_string_pretty(&v)? + "\n",
+        };
+        std::io::stdout().lock().write_all(text.as_bytes())?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let snapshot = read(
         &client,
         token.as_deref(),
@@ -142,6 +160,7 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     .await?;
     let what = match &cli.command {
         Command::Explain { what } => what,
+        Command::Voters { .. } => return Ok(ExitCode::SUCCESS),
         Command::Status => {
             let report = status::status(&snapshot);
             let text = match cli.output {

@@ -228,6 +228,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             },
             leadership.clone(),
             owner.clone(),
+            metrics.clone(),
         );
     }
     let settings = run::Settings {

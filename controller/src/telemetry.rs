@@ -43,6 +43,10 @@ pub struct Metrics {
     pub writes_failed: Family<ReasonLabel, Counter>,
     /// Services whose write waits for its retry (with backoff).
     pub writes_waiting_retry: Gauge,
+    /// The layer 2 voter configuration's generation as the leader last read it (0: none).
+    pub voters_generation: Gauge,
+    /// 1 while a change of the layer 2 voters is under way (a joint phase).
+    pub voters_changing: Gauge,
 }
 
 impl Metrics {
@@ -73,6 +77,8 @@ impl Metrics {
             events_dropped: Counter::default(),
             writes_failed: Family::default(),
             writes_waiting_retry: Gauge::default(),
+            voters_generation: Gauge::default(),
+            voters_changing: Gauge::default(),
         };
         registry.register(
             "metallb_allocator_addresses_total",
@@ -133,6 +139,16 @@ impl Metrics {
             "ferrolb_controller_events_dropped",
             "Events dropped because the Event queue was full (Events are best effort)",
             m.events_dropped.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_voters_generation",
+            "Generation of the layer 2 voter configuration as the leader last read it (0: none)",
+            m.voters_generation.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_voters_changing",
+            "1 while a change of the layer 2 voters is under way (a joint phase)",
+            m.voters_changing.clone(),
         );
         registry.register(
             "ferrolb_controller_writes_failed",

@@ -15,6 +15,7 @@
 //! * **Fresh reads**: the configuration and every duty record are read with GETs, which the
 //!   API server answers from etcd by quorum read, never from a watch cache that may lag.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrolb_layer2::voters::VoterConfig;
@@ -26,11 +27,12 @@ use ferrolb_runtime::voters::{
 use ferrolb_runtime::watch::{Continue, reflect};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, PartialObjectMeta, PostParams};
+use kube::api::{Api, ListParams, PartialObjectMeta, PostParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, watcher};
 
 use crate::leader::Leadership;
+use crate::telemetry::Metrics;
 
 /// A write starts only with this much of the grant left.
 const WRITE_MARGIN: Duration = Duration::from_millis(500);
@@ -52,7 +54,13 @@ pub struct Settings {
 }
 
 /// Starts the task; it runs until the process ends.
-pub fn spawn(client: kube::Client, settings: Settings, leadership: Leadership, owner: OwnerCell) {
+pub fn spawn(
+    client: kube::Client,
+    settings: Settings,
+    leadership: Leadership,
+    owner: OwnerCell,
+    metrics: Arc<Metrics>,
+) {
     let nodes = Api::<PartialObjectMeta<Node>>::all(client.clone());
     let node_store = reflect(
         watcher(nodes, watcher::Config::default().page_size(500)),
@@ -79,6 +87,7 @@ pub fn spawn(client: kube::Client, settings: Settings, leadership: Leadership, o
         nodes: node_store,
         presence: lease_store,
         owner,
+        metrics,
     };
     tokio::spawn(task.run(leadership));
 }
@@ -90,6 +99,7 @@ struct Task {
     nodes: Store<PartialObjectMeta<Node>>,
     presence: Store<Lease>,
     owner: OwnerCell,
+    metrics: Arc<Metrics>,
 }
 
 impl Task {
@@ -138,6 +148,25 @@ impl Task {
             }
             None => (None, None),
         };
+        self.metrics.voters_generation.set(
+            config
+                .as_ref()
+                .map_or(0, |c| i64::try_from(c.generation).unwrap_or(i64::MAX)),
+        );
+        self.metrics
+            .voters_changing
+            .set(i64::from(config.as_ref().is_some_and(VoterConfig::joint)));
+        if config.is_none() && self.records_in_use().await? {
+            // Generations only grow, and a new first configuration would share no voter with
+            // the one the speakers still hold: recreating it could let two members act on
+            // disjoint majorities. An operator restores it (or removes the duty records).
+            anyhow::bail!(
+                "the voter configuration is gone but voters' duty records remain: restore ConfigMap {}/{} with its last generation (kubectl ferrolb voters showed it), or delete the Leases labelled {} to start afresh",
+                self.settings.namespace,
+                self.settings.object,
+                ferrolb_runtime::voters::record_selector(&self.settings.object)
+            );
+        }
         let candidates = self.candidates();
         let plan = steward.plan(config.as_ref(), &candidates, Instant::now())?;
         match plan {
@@ -195,6 +224,13 @@ impl Task {
                 Ok(Some(Instant::now()))
             }
         }
+    }
+
+    /// Whether any duty record holds a mark: the speakers have read a configuration.
+    async fn records_in_use(&self) -> anyhow::Result<bool> {
+        let selector = ferrolb_runtime::voters::record_selector(&self.settings.object);
+        let records = timed(self.records.list(&ListParams::default().labels(&selector))).await?;
+        Ok(records.items.iter().any(|l| record_of(l).mark.is_some()))
     }
 
     /// Every Node, eligible while its speaker's presence Lease is fresh.

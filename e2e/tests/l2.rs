@@ -17,9 +17,10 @@ use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, lb_service, wait_ips};
 use ferrolb_e2e::suite::{self, Suite};
 use ferrolb_layer2::damping::Damping;
+use ferrolb_layer2::voters::VoterConfig;
 use ferrolb_testkit::objects::service;
 use ferrolb_testkit::trial::Arguments;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -1016,6 +1017,126 @@ async fn frozen_owner_resumes_without_a_second_answer(ctx: Ctx) -> anyhow::Resul
     Ok(())
 }
 
+/// The voter configuration `l2_voters` runs with: the controller's ([`VOTERS_OBJECT`]).
+async fn voter_config(lab: &Lab) -> anyhow::Result<Option<VoterConfig>> {
+    let api: Api<ConfigMap> = Api::namespaced(lab.client().await?, ferrolb::NAMESPACE);
+    match api.get_opt(VOTERS_OBJECT).await? {
+        Some(map) => Ok(Some(ferrolb_runtime::voters::config_of(&map)?)),
+        None => Ok(None),
+    }
+}
+
+/// Waits until the controller's voter configuration is stable (no change under way) with
+/// exactly `voters`, and returns it.
+async fn voters_settle_on(lab: &Lab, voters: &[&str]) -> anyhow::Result<VoterConfig> {
+    wait_for(
+        &format!("the voter configuration to settle on {voters:?}"),
+        Duration::from_secs(90),
+        || async {
+            match voter_config(lab).await.map_err(|e| e.to_string())? {
+                Some(c) if !c.joint() && c.current == voters => Ok(Some(c)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+}
+
+/// Decision 0023, *Changing the voters*: a voter's speaker stops, the controller takes it out
+/// of the voters through a joint phase (fencing its duty record, which stays quiet), and puts
+/// it back when it returns; all the while every IP is answered by one node at most, request by
+/// request, and by the owner at the end.
+async fn voters_change_as_a_voter_goes_and_comes_back(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (_scope, ips, owner) = owned_web(lab, "l2-voters-change").await?;
+    let start = voters_settle_on(lab, &NODES).await?;
+    let gone = other_than(&owner);
+    let rest: Vec<&str> = NODES.iter().copied().filter(|n| *n != gone).collect();
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Request by request on every IP while the voters change.
+    let watcher = {
+        let lab = lab.clone();
+        let ips = ips.clone();
+        let watching = watching.clone();
+        std::thread::spawn(move || -> anyhow::Result<u64> {
+            let mut asked = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                for ip in &ips {
+                    for macs in lab.l2_answers_by_request("client", ip)? {
+                        asked += 1;
+                        ensure!(
+                            macs.len() <= 1,
+                            "{ip} answered by {macs:?} while the voters changed"
+                        );
+                    }
+                }
+            }
+            Ok(asked)
+        })
+    };
+    let outcome = async {
+        // A clean stop deletes the presence Lease: the controller sees the speaker gone at
+        // once and changes the voters after --voter-replace-after.
+        let stopped = std::time::Instant::now();
+        ctx.speakers.stop(gone);
+        let without = voters_settle_on(lab, &rest).await?;
+        let out_after = stopped.elapsed();
+        ensure!(
+            without.generation == start.generation + 2,
+            "one change (a joint phase and its end) from {start:?}, got {without:?}"
+        );
+        // The stopped voter wrote nothing through the change: it was fenced.
+        let records: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(lab.client().await?, ferrolb::NAMESPACE);
+        let record = records
+            .get_opt(&ferrolb_runtime::voters::record_name(VOTERS_OBJECT, gone))
+            .await?
+            .context("the stopped voter's duty record")?;
+        let record = ferrolb_runtime::voters::record_of(&record);
+        ensure!(
+            record.fence == start.generation + 1,
+            "the stopped voter is fenced at the joint generation: {record:?}"
+        );
+        for ip in &ips {
+            let node = answering_node(lab, ip).await?;
+            ensure!(node == owner, "{ip} moved to {node} with the voters");
+        }
+        let restarted = std::time::Instant::now();
+        ctx.speakers.start(gone)?;
+        let back = voters_settle_on(lab, &NODES).await?;
+        eprintln!(
+            "l2 voters change: {gone} stopped, voters without it after {:.1} s (replace-after 5 s, fence after 6 s quiet); back in after {:.1} s; generations {} -> {} -> {}",
+            out_after.as_secs_f64(),
+            restarted.elapsed().as_secs_f64(),
+            start.generation,
+            without.generation,
+            back.generation
+        );
+        ensure!(
+            back.generation == without.generation + 2,
+            "one change back, got {back:?}"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let asked = watcher
+        .join()
+        .map_err(|_| anyhow::anyhow!("watcher panicked"))?;
+    if !ctx.speakers.is_running(gone) {
+        ctx.speakers.start(gone)?;
+    }
+    outcome?;
+    let asked = asked?;
+    ensure!(asked > 0, "no request was answered or asked");
+    eprintln!("l2 voters change: {asked} ARP/NDP requests, none answered by two nodes");
+    for ip in &ips {
+        let node = answering_node(lab, ip).await?;
+        ensure!(node == owner, "{ip} answered by {node}, owner {owner}");
+    }
+    Ok(())
+}
+
 /// Issue 33: a speaker whose wall clock is 90 s ahead (its node's NTP broken), first on the
 /// owner, then on another node, then 90 s behind on the owner. Its heartbeats fall outside the
 /// others' clock window and theirs outside its own, so it is a speaker nobody hears: a minority
@@ -1466,6 +1587,9 @@ const TESTS: &[(&str, suite::LabBody<Ctx>)] = &[
     ("frozen_owner_resumes_without_a_second_answer", |c| {
         Box::pin(frozen_owner_resumes_without_a_second_answer(c))
     }),
+    ("voters_change_as_a_voter_goes_and_comes_back", |c| {
+        Box::pin(voters_change_as_a_voter_goes_and_comes_back(c))
+    }),
     (
         "a_speaker_with_its_clock_off_never_makes_a_second_owner",
         |c| Box::pin(a_speaker_with_its_clock_off_never_makes_a_second_owner(c)),
@@ -1490,7 +1614,14 @@ const VOTERS_TESTS: &[&str] = &[
     "heartbeats_lossy_or_flooded",
     "rolling_restart_keeps_ips_on_their_nodes",
     "frozen_owner_resumes_without_a_second_answer",
+    "voters_change_as_a_voter_goes_and_comes_back",
 ];
+
+/// Tests that only make sense with voters.
+const VOTERS_ONLY: &[&str] = &["voters_change_as_a_voter_goes_and_comes_back"];
+
+/// The ConfigMap in which `l2_voters`' controller publishes the voters.
+const VOTERS_OBJECT: &str = "ferrolb-voters";
 
 /// The suite: all of it as the `l2` target, [`VOTERS_TESTS`] with voters as `l2_voters`.
 pub fn main() -> std::process::ExitCode {
@@ -1499,7 +1630,7 @@ pub fn main() -> std::process::ExitCode {
     // The tests share the speakers and cut links: one at a time.
     let mut suite = Suite::new(if voters { "l2_voters" } else { "l2" }).one_at_a_time();
     for (name, body) in TESTS {
-        if !voters || VOTERS_TESTS.contains(name) {
+        if (!voters && !VOTERS_ONLY.contains(name)) || (voters && VOTERS_TESTS.contains(name)) {
             suite = suite.test(name, *body);
         }
     }
@@ -1507,12 +1638,18 @@ pub fn main() -> std::process::ExitCode {
         // The suite's pool; tests that need more add their own and remove them.
         Box::pin(async move {
             let pool = ferrolb::l2_pool("l2", &["198.18.200.0/25", "fd00:18::c8:0/113"]);
-            let speaker_args: &[&str] = if voters {
-                &["--membership=voters", "--voters=node1,node2,node3"]
+            // With voters, the controller chooses them and changes them (a voter gone for 5 s
+            // is replaced), as the chart runs it without a fixed `speaker.voters`.
+            let object = format!("--voters-object={VOTERS_OBJECT}");
+            let (controller_args, speaker_args): (Vec<&str>, Vec<&str>) = if voters {
+                (
+                    vec![&object, "--voter-count=3", "--voter-replace-after=5s"],
+                    vec!["--membership=voters", &object],
+                )
             } else {
-                &[]
+                (Vec::new(), Vec::new())
             };
-            Deployment::start_with_speakers(&lab, "l2", &pool, &[], speaker_args)
+            Deployment::start_with_speakers(&lab, "l2", &pool, &controller_args, &speaker_args)
         })
     });
     suite::exit_code(&[conclusion])

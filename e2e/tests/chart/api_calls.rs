@@ -312,6 +312,16 @@ pub const CALLS: &[Call] = &[
     Call {
         by: C,
         scope: Scope::Release,
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["list"],
+        name: None,
+        file: "controller/src/voters.rs",
+        call: ".list(&ListParams::default().labels(&selector))",
+    },
+    Call {
+        by: C,
+        scope: Scope::Release,
         group: "",
         resources: &["configmaps"],
         verbs: &["create"],
