@@ -9,5 +9,6 @@ pub mod allocator;
 pub mod crd;
 pub mod manifest;
 pub mod model;
+pub mod node_addresses;
 pub mod selector;
 pub mod validate;
