@@ -15,7 +15,7 @@
 //! The rules, in the order they are applied to each Service:
 //!
 //! 1. **Eligible nodes.** If any node carries the label [`ENABLE_LB_LABEL`] (any value,
-//!    L634-L641 `nodeHasDaemonSetLabel`), only nodes where it is `"true"` (L589-L592, the
+//!    L634-L641 `nodeHasDaemonSetLabel`), only nodes where it is `"true"` (L584-L592, the
 //!    DaemonSet's node selector); then, if the Service has a non-empty [`LB_POOL_LABEL`], only nodes
 //!    with the same value (L593-L596). Without any `enablelb` label every node is eligible and
 //!    `lbpool` is ignored.
@@ -47,7 +47,7 @@ use crate::allocator::{ProtocolPort, ServiceKey};
 use crate::selector::Labels;
 
 /// Node label that, once present on any node, restricts ServiceLB to nodes where it is `"true"`
-/// (k3s L41, L589-L592, L634-L641).
+/// (k3s L41, L584-L592, L634-L641).
 pub const ENABLE_LB_LABEL: &str = "svccontroller.k3s.cattle.io/enablelb";
 /// Label on a Service, and on nodes, that restricts the Service to nodes with the same value while
 /// the `enablelb` label is in effect (k3s L42, L593-L596).
@@ -773,7 +773,7 @@ mod tests {
         assert_eq!(out.listed.len(), 2);
     }
 
-    // k3s L586-L596 and L634-L641: one node with the label (any value) restricts to "true" nodes.
+    // k3s L584-L596 and L634-L641: one node with the label (any value) restricts to "true" nodes.
     #[test]
     fn enablelb_label_anywhere_restricts_to_true_nodes() {
         let out = one(

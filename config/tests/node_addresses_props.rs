@@ -137,7 +137,7 @@ fn services() -> impl Strategy<Value = Vec<Service>> {
 }
 
 /// ServiceLB's `podIPs` + `filterByIPFamily` for one Service alone, written from k3s's source
-/// (servicelb.go at 0821db5a, L325-L401 and the node selector L586-L596) independently of the
+/// (servicelb.go at 0821db5a, L325-L401 and the node selector L584-L596) independently of the
 /// module: eligible nodes, External IPs if any else Internal, by family, sorted as strings.
 fn servicelb_reference(nodes: &[Node], service: &Service) -> Vec<IpAddr> {
     let enable = nodes.iter().any(|n| n.labels.contains_key(ENABLE_LB_LABEL));
