@@ -2502,6 +2502,26 @@ async fn lease_policy_lets_a_speaker_write_only_its_own_presence_lease(
             .map_err(|e| anyhow::anyhow!("the controller renewing its Lease: {e}"))?;
         let r = apply(&controller_token, &lease(&presence(a), a, 40)?)?;
         ensure!(r.is_err(), "the controller writing a presence Lease: {r:?}");
+        // Layer 2 voters' duty records (speaker.membership: voters): the speaker writes its
+        // own node's, not another's; the controller writes them (to fence one) but deletes none.
+        let duty = |node: &str| format!("{REL}-ferrolb-voters-{node}");
+        apply(&on_a, &lease(&duty(a), a, 1)?)?
+            .map_err(|e| anyhow::anyhow!("the speaker writing its duty record: {e}"))?;
+        let r = apply(&on_a, &lease(&duty(b), b, 1)?)?;
+        ensure!(
+            r.as_ref().is_err_and(|e| e.contains("ValidatingAdmissionPolicy")),
+            "the speaker on {a} writing {b}'s duty record: {r:?}"
+        );
+        // The controller fences with an update (a PUT), as controller/src/voters.rs does.
+        kubectl_with_token(lab, &controller_token, &["replace", "-f", &lease(&duty(a), a, 2)?])?
+            .map_err(|e| anyhow::anyhow!("the controller fencing a duty record: {e}"))?;
+        let r = kubectl_with_token(lab, &controller_token, &["replace", "-f", &lease(&presence(b), b, 2)?])?;
+        ensure!(
+            r.as_ref().is_err_and(|e| e.contains("ValidatingAdmissionPolicy")),
+            "the controller updating a presence Lease: {r:?}"
+        );
+        let r = delete(&controller_token, &duty(a))?;
+        ensure!(r.is_err(), "the controller deleting a duty record: {r:?}");
         // The speaker's clean stop deletes its own.
         delete(&on_a, &presence(a))?.map_err(|e| anyhow::anyhow!("deleting its own Lease: {e}"))?;
 

@@ -1031,7 +1031,8 @@ async fn voter_config(lab: &Lab) -> anyhow::Result<Option<VoterConfig>> {
 async fn voters_settle_on(lab: &Lab, voters: &[&str]) -> anyhow::Result<VoterConfig> {
     wait_for(
         &format!("the voter configuration to settle on {voters:?}"),
-        Duration::from_secs(90),
+        // A frozen speaker's presence Lease lasts 40 s before its voter is replaced.
+        Duration::from_secs(120),
         || async {
             match voter_config(lab).await.map_err(|e| e.to_string())? {
                 Some(c) if !c.joint() && c.current == voters => Ok(Some(c)),
@@ -1040,6 +1041,129 @@ async fn voters_settle_on(lab: &Lab, voters: &[&str]) -> anyhow::Result<VoterCon
         },
     )
     .await
+}
+
+/// Asks for every IP of a Service, request by request, on a thread until stopped: never two
+/// MACs for one request.
+struct OneAnswerWatch {
+    watching: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
+}
+
+impl OneAnswerWatch {
+    fn start(lab: &Lab, ips: &[String]) -> Self {
+        let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let thread = {
+            let lab = lab.clone();
+            let ips = ips.to_vec();
+            let watching = watching.clone();
+            std::thread::spawn(move || -> anyhow::Result<u64> {
+                let mut asked = 0;
+                while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                    for ip in &ips {
+                        for macs in lab.l2_answers_by_request("client", ip)? {
+                            asked += 1;
+                            ensure!(
+                                macs.len() <= 1,
+                                "{ip} answered by {macs:?} while the voters changed"
+                            );
+                        }
+                    }
+                }
+                Ok(asked)
+            })
+        };
+        OneAnswerWatch { watching, thread }
+    }
+
+    /// Stops it: how many requests were asked, or the first with two answers.
+    fn stop(self) -> anyhow::Result<u64> {
+        self.watching
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let asked = self
+            .thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the watch panicked"))??;
+        ensure!(asked > 0, "no request was asked");
+        Ok(asked)
+    }
+}
+
+/// The duty record of `node` in the `l2_voters` suite.
+async fn duty_record(lab: &Lab, node: &str) -> anyhow::Result<ferrolb_runtime::voters::Record> {
+    let records: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(lab.client().await?, ferrolb::NAMESPACE);
+    let lease = records
+        .get_opt(&ferrolb_runtime::voters::record_name(VOTERS_OBJECT, node))
+        .await?
+        .with_context(|| format!("the duty record of {node}"))?;
+    Ok(ferrolb_runtime::voters::record_of(&lease))
+}
+
+/// Decision 0023, *Changing the voters*, with a frozen voter (SIGSTOP: its process holds its
+/// seat and sockets, and wakes with them): it is replaced once its presence Lease expires,
+/// fenced as it stays quiet, and when it resumes its seat ends at its first refused write,
+/// before it can report for the old generation; then it comes back as a voter. Every IP is
+/// answered by one node at most, request by request, throughout.
+async fn a_frozen_voter_is_replaced_and_resumes_without_its_old_seat(
+    ctx: Ctx,
+) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (_scope, ips, owner) = owned_web(lab, "l2-voters-frozen").await?;
+    let start = voters_settle_on(lab, &NODES).await?;
+    let frozen = other_than(&owner);
+    let rest: Vec<&str> = NODES.iter().copied().filter(|n| *n != frozen).collect();
+    let watch = OneAnswerWatch::start(lab, &ips);
+    let outcome = async {
+        let froze = std::time::Instant::now();
+        ctx.speakers.freeze(frozen, true)?;
+        let without = voters_settle_on(lab, &rest).await?;
+        let replaced_after = froze.elapsed();
+        let record = duty_record(lab, frozen).await?;
+        ensure!(
+            record.fence == start.generation + 1,
+            "the frozen voter is fenced at the joint generation: {record:?}"
+        );
+        ctx.speakers.freeze(frozen, false)?;
+        // Its first write after the resume is refused (the fence changed the record); it
+        // reads the record again, drops its seat and says so.
+        wait_for(
+            "the resumed voter to say its seat ended",
+            Duration::from_secs(20),
+            || async {
+                let r = duty_record(lab, frozen).await.map_err(|e| e.to_string())?;
+                match r.mark {
+                    Some(m) if m.serves.is_none() && m.read >= without.generation => Ok(Some(())),
+                    _ => Err(format!("{r:?}")),
+                }
+            },
+        )
+        .await?;
+        let resumed = std::time::Instant::now();
+        let back = voters_settle_on(lab, &NODES).await?;
+        eprintln!(
+            "l2 voters change: {frozen} frozen, replaced after {:.1} s (its presence Lease lasts 40 s); resumed without its seat, a voter again after {:.1} s; generations {} -> {} -> {}",
+            replaced_after.as_secs_f64(),
+            resumed.elapsed().as_secs_f64(),
+            start.generation,
+            without.generation,
+            back.generation
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = ctx.speakers.freeze(frozen, false);
+    let asked = watch.stop();
+    outcome?;
+    eprintln!(
+        "l2 voters change: {} ARP/NDP requests through the freeze, none answered by two nodes",
+        asked?
+    );
+    for ip in &ips {
+        let node = answering_node(lab, ip).await?;
+        ensure!(node == owner, "{ip} answered by {node}, owner {owner}");
+    }
+    Ok(())
 }
 
 /// Decision 0023, *Changing the voters*: a voter's speaker stops, the controller takes it out
@@ -1052,28 +1176,7 @@ async fn voters_change_as_a_voter_goes_and_comes_back(ctx: Ctx) -> anyhow::Resul
     let start = voters_settle_on(lab, &NODES).await?;
     let gone = other_than(&owner);
     let rest: Vec<&str> = NODES.iter().copied().filter(|n| *n != gone).collect();
-    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    // Request by request on every IP while the voters change.
-    let watcher = {
-        let lab = lab.clone();
-        let ips = ips.clone();
-        let watching = watching.clone();
-        std::thread::spawn(move || -> anyhow::Result<u64> {
-            let mut asked = 0;
-            while watching.load(std::sync::atomic::Ordering::Relaxed) {
-                for ip in &ips {
-                    for macs in lab.l2_answers_by_request("client", ip)? {
-                        asked += 1;
-                        ensure!(
-                            macs.len() <= 1,
-                            "{ip} answered by {macs:?} while the voters changed"
-                        );
-                    }
-                }
-            }
-            Ok(asked)
-        })
-    };
+    let watch = OneAnswerWatch::start(lab, &ips);
     let outcome = async {
         // A clean stop deletes the presence Lease: the controller sees the speaker gone at
         // once and changes the voters after --voter-replace-after.
@@ -1086,13 +1189,7 @@ async fn voters_change_as_a_voter_goes_and_comes_back(ctx: Ctx) -> anyhow::Resul
             "one change (a joint phase and its end) from {start:?}, got {without:?}"
         );
         // The stopped voter wrote nothing through the change: it was fenced.
-        let records: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(lab.client().await?, ferrolb::NAMESPACE);
-        let record = records
-            .get_opt(&ferrolb_runtime::voters::record_name(VOTERS_OBJECT, gone))
-            .await?
-            .context("the stopped voter's duty record")?;
-        let record = ferrolb_runtime::voters::record_of(&record);
+        let record = duty_record(lab, gone).await?;
         ensure!(
             record.fence == start.generation + 1,
             "the stopped voter is fenced at the joint generation: {record:?}"
@@ -1119,16 +1216,12 @@ async fn voters_change_as_a_voter_goes_and_comes_back(ctx: Ctx) -> anyhow::Resul
         anyhow::Ok(())
     }
     .await;
-    watching.store(false, std::sync::atomic::Ordering::Relaxed);
-    let asked = watcher
-        .join()
-        .map_err(|_| anyhow::anyhow!("watcher panicked"))?;
+    let asked = watch.stop();
     if !ctx.speakers.is_running(gone) {
         ctx.speakers.start(gone)?;
     }
     outcome?;
     let asked = asked?;
-    ensure!(asked > 0, "no request was answered or asked");
     eprintln!("l2 voters change: {asked} ARP/NDP requests, none answered by two nodes");
     for ip in &ips {
         let node = answering_node(lab, ip).await?;
@@ -1591,6 +1684,14 @@ const TESTS: &[(&str, suite::LabBody<Ctx>)] = &[
         Box::pin(voters_change_as_a_voter_goes_and_comes_back(c))
     }),
     (
+        "a_frozen_voter_is_replaced_and_resumes_without_its_old_seat",
+        |c| {
+            Box::pin(a_frozen_voter_is_replaced_and_resumes_without_its_old_seat(
+                c,
+            ))
+        },
+    ),
+    (
         "a_speaker_with_its_clock_off_never_makes_a_second_owner",
         |c| Box::pin(a_speaker_with_its_clock_off_never_makes_a_second_owner(c)),
     ),
@@ -1615,10 +1716,14 @@ const VOTERS_TESTS: &[&str] = &[
     "rolling_restart_keeps_ips_on_their_nodes",
     "frozen_owner_resumes_without_a_second_answer",
     "voters_change_as_a_voter_goes_and_comes_back",
+    "a_frozen_voter_is_replaced_and_resumes_without_its_old_seat",
 ];
 
 /// Tests that only make sense with voters.
-const VOTERS_ONLY: &[&str] = &["voters_change_as_a_voter_goes_and_comes_back"];
+const VOTERS_ONLY: &[&str] = &[
+    "voters_change_as_a_voter_goes_and_comes_back",
+    "a_frozen_voter_is_replaced_and_resumes_without_its_old_seat",
+];
 
 /// The ConfigMap in which `l2_voters`' controller publishes the voters.
 const VOTERS_OBJECT: &str = "ferrolb-voters";

@@ -140,7 +140,12 @@ pub struct Steward {
     joint: Option<(u64, BTreeMap<String, Progress>)>,
     /// When every voter of the joint generation was seen moved on.
     moved_at: Option<Instant>,
+    /// Before the first configuration: the eligible nodes last seen, and since when.
+    first_seen: Option<(Vec<String>, Instant)>,
 }
+
+/// The longest the first configuration waits for the eligible nodes to stop changing.
+const FIRST_SETTLE: Duration = Duration::from_secs(10);
 
 impl Steward {
     /// A steward with `settings`.
@@ -173,6 +178,26 @@ impl Steward {
             let voters = spread(&eligible, self.target(eligible.len()));
             if voters.is_empty() {
                 return Ok(Plan::Idle);
+            }
+            // At install the speakers come up one by one: unless the count is already
+            // reached, wait until the eligible nodes stop changing, so the first voters are
+            // not one node for a whole `replace_after`.
+            let names: Vec<String> = eligible.into_iter().map(|(n, _)| n).collect();
+            let settle = self.settings.replace_after.min(FIRST_SETTLE);
+            if voters.len() < self.settings.count.clamp(1, MAX_VOTERS) {
+                match &self.first_seen {
+                    Some((seen, since)) if *seen == names => {
+                        if now.saturating_duration_since(*since) < settle {
+                            return Ok(Plan::Idle);
+                        }
+                    }
+                    _ => {
+                        self.first_seen = Some((names, now));
+                        if !settle.is_zero() {
+                            return Ok(Plan::Idle);
+                        }
+                    }
+                }
             }
             return Ok(Plan::Publish(
                 VoterConfig::new(1, voters, Vec::<String>::new())?,
@@ -460,6 +485,21 @@ mod tests {
             Steward::new(settings()).plan(None, &none, t),
             Ok(Plan::Idle)
         );
+        // Fewer eligible nodes than the count: the first waits until they stop changing.
+        let mut s = Steward::new(settings());
+        let one = nodes(&[("a", "", true), ("b", "", false)]);
+        let two = nodes(&[("a", "", true), ("b", "", true)]);
+        assert_eq!(s.plan(None, &one, t), Ok(Plan::Idle));
+        assert_eq!(
+            s.plan(None, &two, t + Duration::from_secs(8)),
+            Ok(Plan::Idle)
+        );
+        assert_eq!(
+            s.plan(None, &two, t + Duration::from_secs(17)),
+            Ok(Plan::Idle)
+        );
+        let (c, _) = publish(s.plan(None, &two, t + Duration::from_secs(18)).unwrap());
+        assert_eq!(c.current, ["a", "b"]);
     }
 
     #[test]
