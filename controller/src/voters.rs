@@ -3,9 +3,10 @@
 //! that is gone, and ends each change only once no voter serves the old generation. The rules
 //! are `ferrolb_layer2::voters::steward`; this is their I/O.
 //!
-//! * **Eligible nodes**: a Node whose speaker's presence Lease was renewed within its duration
-//!   (the speaker runs and reaches the API server; a Node NotReady whose speaker still runs can
-//!   still vote). The failure domain is `topology.kubernetes.io/zone`, else
+//! * **Eligible nodes**: a Node whose speaker's presence Lease this replica saw renewed within
+//!   the Lease's duration, by its own clock (a speaker's clock may be off; a Lease first seen
+//!   counts as renewed then): the speaker runs and reaches the API server. A Node NotReady
+//!   whose speaker still runs can still vote. The failure domain is `topology.kubernetes.io/zone`, else
 //!   `topology.kubernetes.io/region`, else none.
 //! * **Fenced writes**: the configuration is written only while this replica leads with at
 //!   least [`WRITE_MARGIN`] of its grant left, abandoned when the grant ends, and on the
@@ -33,6 +34,9 @@ use kube::runtime::watcher::{self, watcher};
 
 use crate::leader::Leadership;
 use crate::telemetry::Metrics;
+
+/// When each presence Lease (by name) was last seen changed: its version and the instant.
+type Renewals = Arc<std::sync::Mutex<std::collections::HashMap<String, (String, Instant)>>>;
 
 /// A write starts only with this much of the grant left.
 const WRITE_MARGIN: Duration = Duration::from_millis(500);
@@ -74,11 +78,30 @@ pub fn spawn(
         ferrolb_runtime::voters::PRESENCE_LABEL,
         settings.presence_group
     );
+    // When this replica saw each presence Lease change, by its own monotonic clock: a
+    // speaker's `renewTime` is its wall clock, which may be off (issue 33).
+    let renewals: Renewals = Arc::default();
+    let seen = renewals.clone();
     let lease_store = reflect(
         watcher(leases.clone(), watcher::Config::default().labels(&selector)),
         "presence leases (voters)",
         |l: &mut Lease| l.metadata.managed_fields = None,
-        |_| -> Continue { true },
+        move |change| -> Continue {
+            if let ferrolb_runtime::watch::Change::Object(lease) = change
+                && let (Some(name), Some(version)) = (
+                    lease.metadata.name.clone(),
+                    lease.metadata.resource_version.clone(),
+                )
+            {
+                let mut seen = seen
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if seen.get(&name).is_none_or(|(v, _)| *v != version) {
+                    seen.insert(name, (version, Instant::now()));
+                }
+            }
+            true
+        },
     );
     let task = Task {
         configs: Api::namespaced(client, &settings.namespace),
@@ -86,6 +109,7 @@ pub fn spawn(
         settings,
         nodes: node_store,
         presence: lease_store,
+        renewals,
         owner,
         metrics,
     };
@@ -98,6 +122,7 @@ struct Task {
     settings: Settings,
     nodes: Store<PartialObjectMeta<Node>>,
     presence: Store<Lease>,
+    renewals: Renewals,
     owner: OwnerCell,
     metrics: Arc<Metrics>,
 }
@@ -235,21 +260,24 @@ impl Task {
 
     /// Every Node, eligible while its speaker's presence Lease is fresh.
     fn candidates(&self) -> Vec<Candidate> {
-        let now = k8s_openapi::jiff::Timestamp::now();
+        let now = Instant::now();
+        let renewals = self
+            .renewals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let alive: std::collections::BTreeSet<String> = self
             .presence
             .state()
             .iter()
             .filter_map(|l| {
                 let spec = l.spec.as_ref()?;
-                let renewed = spec.renew_time.as_ref()?.0;
-                let seconds = i64::from(spec.lease_duration_seconds?);
-                let until = renewed
-                    .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
-                    .ok()?;
-                (until > now).then(|| spec.holder_identity.clone())?
+                let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
+                let (_, at) = renewals.get(l.metadata.name.as_deref()?)?;
+                let fresh = now.saturating_duration_since(*at) < Duration::from_secs(seconds);
+                fresh.then(|| spec.holder_identity.clone())?
             })
             .collect();
+        drop(renewals);
         let mut candidates: Vec<Candidate> = self
             .nodes
             .state()
