@@ -244,6 +244,44 @@ async fn deleting_the_service_withdraws(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--bgp-status-objects=false` (chart `speaker.serviceBGPStatus: false`; issue #40): a speaker
+/// SIGKILLed, so its ServiceBGPStatus stays behind, and restarted with it deletes that object
+/// and writes none while it advertises the Service again; restarted with the default, it
+/// writes it again.
+async fn bgp_status_objects_can_be_turned_off(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let (scope, _api, ip) = serve_web(lab, "bgp-no-status", &["node2"]).await?;
+    let ns = scope.namespace.clone();
+    wait_advertised_by(lab, &ip, &NODES).await?;
+    wait_statuses(lab, &ns, "web", &NODES).await?;
+    ctx.speakers.kill("node3");
+    ctx.speakers
+        .start_with("node3", &["--bgp-status-objects=false"])?;
+    let outcome = async {
+        wait_statuses(lab, &ns, "web", &["node1", "node2"])
+            .await
+            .context("the speaker started without status objects deletes its own")?;
+        wait_advertised_by(lab, &ip, &NODES).await?;
+        // Advertising again, and still no object: wait a few write rounds to be sure.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let have = bgp_statuses(lab, &ns, "web")?;
+        ensure!(
+            have.iter().all(|(node, _)| node != "node3"),
+            "node3 wrote a ServiceBGPStatus with --bgp-status-objects=false: {have:?}"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.stop("node3");
+    ctx.speakers.start("node3")?;
+    outcome?;
+    wait_advertised_by(lab, &ip, &NODES).await?;
+    wait_statuses(lab, &ns, "web", &NODES)
+        .await
+        .context("back with the default")?;
+    Ok(())
+}
+
 /// A SIGKILLed speaker's paths go (its connection closes, or at the latest the router's hold
 /// timer fires) and come back when it restarts; a frozen speaker (SIGSTOP: the connection stays
 /// open, no keepalives) is withdrawn by the router's hold timer, and back after SIGCONT.
@@ -1506,6 +1544,9 @@ fn main() -> std::process::ExitCode {
         })
         .test("dead_speaker_is_withdrawn", |c| {
             Box::pin(dead_speaker_is_withdrawn(c))
+        })
+        .test("bgp_status_objects_can_be_turned_off", |c| {
+            Box::pin(bgp_status_objects_can_be_turned_off(c))
         })
         .test("password_secret_signs_the_sessions", |c| {
             Box::pin(password_secret_signs_the_sessions(c))

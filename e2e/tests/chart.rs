@@ -731,6 +731,28 @@ fn speaker_membership_renders_the_voters_flags() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `speaker.serviceBGPStatus: false` turns the ServiceBGPStatus objects off (issue #40: a
+/// million objects at 100 nodes and 10,000 Services); on by default, as in MetalLB.
+fn speaker_service_bgp_status_can_be_turned_off() -> anyhow::Result<()> {
+    let env = |extra: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
+        let docs = render("ferrolb", "metallb-system", extra)?;
+        Ok(env_of(container(
+            find(&docs, "DaemonSet", "ferrolb-speaker")?,
+            "speaker",
+        )?))
+    };
+    ensure!(
+        !env(&[])?.contains_key("FERROLB_BGP_STATUS_OBJECTS"),
+        "ServiceBGPStatus is on by default, as in MetalLB"
+    );
+    let off = env(&["--set", "speaker.serviceBGPStatus=false"])?;
+    ensure!(
+        off.get("FERROLB_BGP_STATUS_OBJECTS").map(String::as_str) == Some("false"),
+        "{off:?}"
+    );
+    Ok(())
+}
+
 fn controller_is_highly_available_and_restricted() -> anyhow::Result<()> {
     let docs = render("ferrolb", "metallb-system", &[])?;
     let deploy = find(&docs, "Deployment", "ferrolb-controller")?;
@@ -2573,6 +2595,11 @@ fn main() -> std::process::ExitCode {
             "speaker_membership_renders_the_voters_flags",
             no_helm.clone(),
             speaker_membership_renders_the_voters_flags,
+        )
+        .offline(
+            "speaker_service_bgp_status_can_be_turned_off",
+            no_helm.clone(),
+            speaker_service_bgp_status_can_be_turned_off,
         )
         .offline(
             "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",

@@ -1044,10 +1044,10 @@ async fn voters_settle_on(lab: &Lab, voters: &[&str]) -> anyhow::Result<VoterCon
 }
 
 /// Asks for every IP of a Service, request by request, on a thread until stopped: never two
-/// MACs for one request.
+/// MACs for one request; it counts the requests nobody answered.
 struct OneAnswerWatch {
     watching: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
+    thread: std::thread::JoinHandle<anyhow::Result<(u64, u64)>>,
 }
 
 impl OneAnswerWatch {
@@ -1057,12 +1057,13 @@ impl OneAnswerWatch {
             let lab = lab.clone();
             let ips = ips.to_vec();
             let watching = watching.clone();
-            std::thread::spawn(move || -> anyhow::Result<u64> {
-                let mut asked = 0;
+            std::thread::spawn(move || -> anyhow::Result<(u64, u64)> {
+                let (mut asked, mut unanswered) = (0, 0);
                 while watching.load(std::sync::atomic::Ordering::Relaxed) {
                     for ip in &ips {
                         for macs in lab.l2_answers_by_request("client", ip)? {
                             asked += 1;
+                            unanswered += u64::from(macs.is_empty());
                             ensure!(
                                 macs.len() <= 1,
                                 "{ip} answered by {macs:?} while the voters changed"
@@ -1070,22 +1071,23 @@ impl OneAnswerWatch {
                         }
                     }
                 }
-                Ok(asked)
+                Ok((asked, unanswered))
             })
         };
         OneAnswerWatch { watching, thread }
     }
 
-    /// Stops it: how many requests were asked, or the first with two answers.
-    fn stop(self) -> anyhow::Result<u64> {
+    /// Stops it: how many requests were asked and how many went unanswered, or the first
+    /// with two answers.
+    fn stop(self) -> anyhow::Result<(u64, u64)> {
         self.watching
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        let asked = self
+        let (asked, unanswered) = self
             .thread
             .join()
             .map_err(|_| anyhow::anyhow!("the watch panicked"))??;
         ensure!(asked > 0, "no request was asked");
-        Ok(asked)
+        Ok((asked, unanswered))
     }
 }
 
@@ -1155,9 +1157,13 @@ async fn a_frozen_voter_is_replaced_and_resumes_without_its_old_seat(
     let _ = ctx.speakers.freeze(frozen, false);
     let asked = watch.stop();
     outcome?;
+    let (asked, unanswered) = asked?;
     eprintln!(
-        "l2 voters change: {} ARP/NDP requests through the freeze, none answered by two nodes",
-        asked?
+        "l2 voters change: {asked} ARP/NDP requests through the freeze, none answered by two nodes, {unanswered} unanswered"
+    );
+    ensure!(
+        unanswered == 0,
+        "{unanswered} of {asked} requests unanswered while a frozen voter was replaced"
     );
     for ip in &ips {
         let node = answering_node(lab, ip).await?;
@@ -1221,8 +1227,15 @@ async fn voters_change_as_a_voter_goes_and_comes_back(ctx: Ctx) -> anyhow::Resul
         ctx.speakers.start(gone)?;
     }
     outcome?;
-    let asked = asked?;
-    eprintln!("l2 voters change: {asked} ARP/NDP requests, none answered by two nodes");
+    let (asked, unanswered) = asked?;
+    eprintln!(
+        "l2 voters change: {asked} ARP/NDP requests, none answered by two nodes, {unanswered} unanswered"
+    );
+    // The owner keeps its quorum through both changes: nothing goes unanswered.
+    ensure!(
+        unanswered == 0,
+        "{unanswered} of {asked} requests unanswered while the voters changed"
+    );
     for ip in &ips {
         let node = answering_node(lab, ip).await?;
         ensure!(node == owner, "{ip} answered by {node}, owner {owner}");

@@ -126,6 +126,12 @@ pub struct Args {
     /// another BGP daemon (Calico's BIRD, FRR); the speaker always connects out itself.
     #[arg(long, env = "FERROLB_BGP_LISTEN", value_delimiter = ',')]
     pub bgp_listen: Vec<SocketAddr>,
+    /// Write a ServiceBGPStatus object per Service this node advertises over BGP (MetalLB's
+    /// status API). false: none, and the ones this node wrote before are deleted (a cluster
+    /// of 100 nodes and 10,000 Services would otherwise hold a million of them). Routes are
+    /// not affected.
+    #[arg(long, env = "FERROLB_BGP_STATUS_OBJECTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub bgp_status_objects: bool,
 }
 
 /// How the speakers decide who may own layer 2 IPs (`--membership`).

@@ -69,6 +69,9 @@ pub struct Bgp {
     announced: BTreeSet<AnnouncedLabels>,
     /// The ServiceBGPStatus writer.
     status: watch::Sender<bgp_status::Desired>,
+    /// Whether ServiceBGPStatus objects are written (`--bgp-status-objects`); if not, the
+    /// writer is kept with nothing wanted, which deletes what an earlier run wrote.
+    status_objects: bool,
     status_task: tokio::task::JoinHandle<()>,
     /// The sweeper of departed nodes' ServiceBGPStatus objects (fed only while this speaker is
     /// the sweeper).
@@ -79,7 +82,8 @@ pub struct Bgp {
 }
 
 impl Bgp {
-    /// No sessions yet; starts the ServiceBGPStatus writer in `scope`, and
+    /// No sessions yet; starts the ServiceBGPStatus writer in `scope` (writing objects only
+    /// with `status_objects`), and
     /// accepts peers' connections on `listen` (an address that cannot be bound is logged and
     /// left out: the speaker still connects out). An unnumbered peer found on its link
     /// notifies `changed`, so the work loop plans again.
@@ -88,6 +92,7 @@ impl Bgp {
         scope: crate::status_objects::Scope,
         listen: &[SocketAddr],
         changed: Arc<tokio::sync::Notify>,
+        status_objects: bool,
     ) -> Self {
         let (namespace, node, events) = (
             scope.namespace.clone(),
@@ -121,6 +126,7 @@ impl Bgp {
             metrics,
             announced: BTreeSet::new(),
             status,
+            status_objects,
             status_task,
             sweeper,
             sweeper_task,
@@ -354,7 +360,11 @@ impl Bgp {
             self.metrics.announced.get_or_create(labels).set(1);
         }
         self.announced = announced;
-        let desired = plan.services.clone();
+        let desired = if self.status_objects {
+            plan.services.clone()
+        } else {
+            bgp_status::Desired::new()
+        };
         self.status.send_if_modified(|current| {
             if *current == desired {
                 false

@@ -3,7 +3,8 @@
 //! configuration; a voter node also runs the duty loop (`ferrolb_layer2::voters::duty`).
 //!
 //! The duty loop runs while the node is a voter of the newest configuration read or holds a
-//! seat that has not retired, once a [`DUTY_EVERY`]: it reads the configuration afresh (a
+//! seat that has not retired, once a [`DUTY_EVERY`] and at once when the watch delivers a newer
+//! configuration (so the voters move together): it reads the configuration afresh (a
 //! quorum read: a GET without a resourceVersion), works out what the read means for the seat,
 //! writes the node's duty record on the version it last saw, and only once that write has
 //! landed acts on the read (start, move, retire or drop the seat; confirm its configuration as
@@ -91,7 +92,10 @@ impl Object {
         // The duty record as last read or written; `None`: read it first.
         let mut record: Option<Record> = None;
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = link.newer_config() => {}
+            }
             if !link.on_duty(Instant::now()) {
                 continue;
             }

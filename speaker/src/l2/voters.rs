@@ -93,6 +93,8 @@ pub struct Link {
     state: Mutex<State>,
     port: u16,
     changed: Arc<Notify>,
+    /// Woken when a newer voter configuration is read, so the duty loop reads it at once.
+    duty: Notify,
     metrics: Metrics,
 }
 
@@ -128,6 +130,7 @@ impl Link {
             }),
             port,
             changed,
+            duty: Notify::new(),
             metrics,
         }
     }
@@ -240,6 +243,17 @@ impl Link {
             self.changed.notify_one();
         }
         state.latest = Some(config);
+        // Every voter reads it afresh now rather than at its next tick: a voter that stays
+        // moves 1.5 failure timeouts after its read, and voters moving further apart than a
+        // failure timeout leave the members without a quorum in either generation for the
+        // difference (found in the lab: duty ticks a second apart cost a node its quorum at
+        // every change).
+        self.duty.notify_one();
+    }
+
+    /// Waits until a newer voter configuration is read ([`Link::adopt`]).
+    pub async fn newer_config(&self) {
+        self.duty.notified().await;
     }
 
     /// What a duty read of `config` means for this node's seat at `now`, its duty record

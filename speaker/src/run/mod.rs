@@ -164,8 +164,14 @@ async fn start(args: Args) -> anyhow::Result<Running> {
         stores,
         gossip: gossip.clone(),
         announcer: Announcer::new(metrics.clone(), args.garp_refresh),
-        bgp: Bgp::new(metrics.clone(), scope, &args.bgp_listen, changed.clone())
-            .reporting_to(live.clone()),
+        bgp: Bgp::new(
+            metrics.clone(),
+            scope,
+            &args.bgp_listen,
+            changed.clone(),
+            args.bgp_status_objects,
+        )
+        .reporting_to(live.clone()),
         events,
         namespace: args.common.namespace.clone(),
     };
