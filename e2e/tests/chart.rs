@@ -636,17 +636,20 @@ fn lease_policy_names_the_release_accounts_and_can_be_turned_off() -> anyhow::Re
     Ok(())
 }
 
+/// The speaker container's environment of release `ferrolb` rendered with `extra`.
+fn speaker_env(extra: &[&str]) -> anyhow::Result<BTreeMap<String, String>> {
+    let docs = render("ferrolb", "metallb-system", extra)?;
+    Ok(env_of(container(
+        find(&docs, "DaemonSet", "ferrolb-speaker")?,
+        "speaker",
+    )?))
+}
+
 /// `speaker.membership: voters` hands the speakers the voters membership and the voter list;
 /// without a list the controller publishes the voters in an object both are given; the default
 /// leaves all of it out.
 fn speaker_membership_renders_the_voters_flags() -> anyhow::Result<()> {
-    let env = |extra: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
-        let docs = render("ferrolb", "metallb-system", extra)?;
-        Ok(env_of(container(
-            find(&docs, "DaemonSet", "ferrolb-speaker")?,
-            "speaker",
-        )?))
-    };
+    let env = speaker_env;
     let default = env(&[])?;
     ensure!(
         !default.contains_key("FERROLB_MEMBERSHIP") && !default.contains_key("FERROLB_VOTERS"),
@@ -734,13 +737,7 @@ fn speaker_membership_renders_the_voters_flags() -> anyhow::Result<()> {
 /// `speaker.serviceBGPStatus: false` turns the ServiceBGPStatus objects off (issue #40: a
 /// million objects at 100 nodes and 10,000 Services); on by default, as in MetalLB.
 fn speaker_service_bgp_status_can_be_turned_off() -> anyhow::Result<()> {
-    let env = |extra: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
-        let docs = render("ferrolb", "metallb-system", extra)?;
-        Ok(env_of(container(
-            find(&docs, "DaemonSet", "ferrolb-speaker")?,
-            "speaker",
-        )?))
-    };
+    let env = speaker_env;
     ensure!(
         !env(&[])?.contains_key("FERROLB_BGP_STATUS_OBJECTS"),
         "ServiceBGPStatus is on by default, as in MetalLB"
