@@ -86,6 +86,8 @@ struct State {
     latest: Option<VoterConfig>,
     /// Seats started by this process, so that each has a boot of its own.
     seats_started: u64,
+    /// The speaker is shutting down ([`Link::leave`]): no seat starts again.
+    left: bool,
 }
 
 /// The voters membership of one speaker.
@@ -120,6 +122,7 @@ impl Link {
             state: Mutex::new(State {
                 latest: settings.config.clone(),
                 seats_started: 0,
+                left: false,
                 settings,
                 member: None,
                 seat: None,
@@ -298,7 +301,7 @@ impl Link {
                 let Some(member) = state.member.as_ref() else {
                     return;
                 };
-                if now.saturating_duration_since(started) > START_WITHIN {
+                if state.left || now.saturating_duration_since(started) > START_WITHIN {
                     return;
                 }
                 state.seats_started += 1;
@@ -333,6 +336,9 @@ impl Link {
     /// or holding a seat that has not retired.
     pub fn on_duty(&self, now: Instant) -> bool {
         let state = lock(&self.state);
+        if state.left {
+            return false;
+        }
         let seat = state.seat_state(now);
         state
             .latest
@@ -361,6 +367,8 @@ impl Link {
             m.leave(replaced);
         }
         state.seat = None;
+        // The duty loop runs on until the process ends: it must not start a seat again.
+        state.left = true;
     }
 
     /// Sends this node's beat to every voter (its own voter takes it directly), and ages the
@@ -726,5 +734,73 @@ mod tests {
         nodes[0].link.heard_legacy(Instant::now());
         let c = nodes[0].link.check(&addresses, &usable, Instant::now());
         assert_eq!(c, Checked::default());
+    }
+
+    /// With the controller's configuration: no member until one is read; the seat starts only
+    /// through a duty read, is confirmed as of the read, and never starts again once the
+    /// speaker is leaving.
+    #[test]
+    fn with_the_controllers_configuration_the_seat_follows_duty_reads_only() {
+        let settings = Settings {
+            node: "node-a".to_string(),
+            config: None,
+            timers: timers(),
+            boot: 7,
+        };
+        let (metrics, _) = Metrics::new();
+        let link = Link::new(settings, 7946, Arc::new(Notify::new()), metrics);
+        let nodes: BTreeMap<String, Vec<IpAddr>> = NAMES
+            .iter()
+            .map(|n| (n.to_string(), vec![IpAddr::from([127, 0, 0, 1])]))
+            .collect();
+        let usable = BTreeSet::from(["eth0".to_string()]);
+        let now = Instant::now();
+        assert_eq!(link.check(&nodes, &usable, now), Checked::default());
+        assert!(!link.on_duty(now), "no configuration read yet");
+        let config = VoterConfig::new(3, ["node-a", "node-b"], Vec::<&str>::new()).unwrap();
+        link.adopt(config.clone());
+        link.check(&nodes, &usable, now);
+        assert!(
+            lock(&link.state).member.is_some(),
+            "the member starts on the read"
+        );
+        assert!(
+            lock(&link.state).seat.is_none(),
+            "the seat waits for a duty read"
+        );
+        assert!(link.on_duty(now));
+        let Planned::Write {
+            mark,
+            action,
+            confirm,
+        } = link.duty_plan(&config, None, 0, now)
+        else {
+            panic!("a fresh read is never stale");
+        };
+        assert_eq!(mark.serves, Some(3));
+        assert_eq!(action, SeatAction::Start(3));
+        link.duty_apply(config.clone(), action, confirm, Instant::now());
+        assert_eq!(
+            lock(&link.state)
+                .seat
+                .as_ref()
+                .map(|s| s.serving().generation()),
+            Some(3)
+        );
+        // A check does not confirm the controller's configuration: only duty reads do.
+        let later = Instant::now() + Timers::default().confirm_within;
+        link.check(&nodes, &usable, later);
+        assert!(
+            lock(&link.state)
+                .seat
+                .as_ref()
+                .is_some_and(|s| s.serving().fenced(later)),
+            "unconfirmed past the window"
+        );
+        // Leaving: the seat ends and no duty read starts it again.
+        link.leave(true);
+        assert!(!link.on_duty(Instant::now()));
+        link.duty_apply(config, SeatAction::Start(3), true, Instant::now());
+        assert!(lock(&link.state).seat.is_none());
     }
 }
