@@ -1,4 +1,4 @@
-//! Configuration conformance with MetalLB: MetalLB v0.15.2's own configuration test cases
+//! Configuration conformance with MetalLB: MetalLB v0.15.2's own configuration test cases (and v0.16.1's additions)
 //! (`internal/config/*_test.go`, its webhooks' tests and its BGPPeer conversion tests; see
 //! [`TRANSLATED`]), translated into manifests in `tests/conformance/*.yaml`
 //! (see the README there), each run through ferrolb's validator, the code
@@ -70,6 +70,10 @@ const TRANSLATED: &[(&str, usize)] = &[
     // e2etest/webhookstests/webhooks.go (Ginkgo): one case per step of each test.
     ("e2e:Webhooks", 19),
     ("e2e:Webhooks namespace validation", 6),
+    // MetalLB v0.16.1's additions (tests/conformance/v0.16.yaml).
+    ("v0.16.1:TestServiceSelectors", 9),
+    ("v0.16.1:TestParse", 2),
+    ("v0.16.1:TestValidate", 1),
 ];
 
 fn default_from() -> String {
