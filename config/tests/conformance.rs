@@ -1,6 +1,6 @@
-//! Configuration conformance with MetalLB: MetalLB v0.15.2's own configuration test cases (and v0.16.1's additions)
-//! (`internal/config/*_test.go`, its webhooks' tests and its BGPPeer conversion tests; see
-//! [`TRANSLATED`]), translated into manifests in `tests/conformance/*.yaml`
+//! Configuration conformance with MetalLB: MetalLB v0.15.2's own configuration test cases
+//! (`internal/config/*_test.go`, its webhooks' tests and its BGPPeer conversion tests) and the
+//! ones v0.16.1 added (see [`TRANSLATED`]), translated into manifests in `tests/conformance/*.yaml`
 //! (see the README there), each run through ferrolb's validator, the code
 //! `ferrolb-controller check-config` runs. ferrolb must reach MetalLB's verdict, and a reject
 //! must name the object at fault, unless the case records a deliberate difference that
