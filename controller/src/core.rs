@@ -12,6 +12,8 @@ use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
 use k8s_openapi::api::core::v1::Service;
 
+use crate::node_addresses::served_by_node_addresses;
+
 /// The old annotation prefix's name of the pool annotation (also cleared when we clear): the
 /// controller's one spelling of it (ferrolb-config has the prefix, not this name under it).
 pub const DEPRECATED_POOL_ANNOTATION: &str = "metallb.universe.tf/ip-allocated-from-pool";
@@ -41,6 +43,13 @@ pub enum Desired {
     },
     /// No IP: clear the ingress and our annotation.
     Cleared,
+    /// Served by node addresses (decision 0024): `status.loadBalancer.ingress` should be exactly
+    /// these node addresses, the Service marked as served by them (once it has any), with no pool
+    /// annotation and without k3s ServiceLB's finalizer.
+    NodeAddresses {
+        /// The addresses, in the order ServiceLB writes them.
+        ips: Vec<IpAddr>,
+    },
 }
 
 /// The outcome of reconciling one Service.
@@ -74,13 +83,32 @@ pub fn key_of(service: &Service) -> ServiceKey {
 
 /// Whether a Service already matches what is desired (no write needed).
 pub fn matches(service: &Service, desired: &Desired) -> bool {
+    let marked = served_by_node_addresses(service);
     match desired {
         Desired::Untouched => true,
         Desired::Assigned { ips, pool } => {
-            current_ips(service) == *ips && current_pool(service) == Some(pool.as_str())
+            current_ips(service) == *ips && current_pool(service) == Some(pool.as_str()) && !marked
         }
-        Desired::Cleared => current_ips(service).is_empty() && current_pool(service).is_none(),
+        Desired::Cleared => {
+            current_ips(service).is_empty() && current_pool(service).is_none() && !marked
+        }
+        Desired::NodeAddresses { ips } => {
+            current_ips(service) == *ips
+                && current_pool(service).is_none()
+                && (marked || ips.is_empty())
+                && !has_servicelb_finalizer(service)
+        }
     }
+}
+
+/// Whether the Service still carries k3s ServiceLB's finalizer.
+pub fn has_servicelb_finalizer(service: &Service) -> bool {
+    service
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == ferrolb_config::node_addresses::SERVICELB_FINALIZER)
 }
 
 /// The allocation core of the controller.
@@ -138,16 +166,39 @@ impl Core {
 
     /// Decides what a Service should carry, allocating or releasing as needed.
     pub fn reconcile(&mut self, service: &Service, namespace_labels: &Labels) -> Outcome {
+        match self.reconcile_or_fall_back(service, namespace_labels, false) {
+            Some(outcome) => outcome,
+            // Without a fall-back every failure is an outcome.
+            None => Outcome {
+                desired: Desired::Untouched,
+                notes: Vec::new(),
+            },
+        }
+    }
+
+    /// Like [`Self::reconcile`], but when no pool serves the Service (its request parses and
+    /// cannot be met) it releases what it held and returns `None`, recording no failure: the
+    /// Service falls back to node addresses (decision 0024).
+    pub fn try_pools(&mut self, service: &Service, namespace_labels: &Labels) -> Option<Outcome> {
+        self.reconcile_or_fall_back(service, namespace_labels, true)
+    }
+
+    fn reconcile_or_fall_back(
+        &mut self,
+        service: &Service,
+        namespace_labels: &Labels,
+        fall_back: bool,
+    ) -> Option<Outcome> {
         let key = key_of(service);
         if !is_ours(service, self.lb_class.as_deref()) {
-            return self.let_go(&key, service);
+            return Some(self.let_go(&key, service));
         }
         let mut notes = Vec::new();
         let parsed = match ServiceRequest::from_service(service, namespace_labels) {
             Ok(parsed) => parsed,
             Err(e) => {
                 self.allocator.release(&key);
-                return self.failed(&key, service, e.to_string(), notes);
+                return Some(self.failed(&key, service, e.to_string(), notes));
             }
         };
         let request = parsed.request;
@@ -201,9 +252,14 @@ impl Core {
                         ),
                     });
                 }
-                Outcome { desired, notes }
+                Some(Outcome { desired, notes })
             }
-            Err(e) => self.failed(&key, service, e.to_string(), notes),
+            Err(_) if fall_back => {
+                self.allocator.release(&key);
+                self.last_failure.remove(&key);
+                None
+            }
+            Err(e) => Some(self.failed(&key, service, e.to_string(), notes)),
         }
     }
 
@@ -221,7 +277,8 @@ impl Core {
             .spec
             .as_ref()
             .is_some_and(|s| s.type_.as_deref() == Some("LoadBalancer"));
-        if !load_balancer && current_pool(service).is_some() {
+        if !load_balancer && (current_pool(service).is_some() || served_by_node_addresses(service))
+        {
             return Outcome {
                 desired: Desired::Cleared,
                 notes: vec![Note {

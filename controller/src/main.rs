@@ -7,7 +7,9 @@ mod check_config;
 mod core;
 mod gossip_secret;
 mod leader;
+mod node_addresses;
 mod owner;
+mod presence;
 mod run;
 mod schedule;
 mod slim;
@@ -131,6 +133,12 @@ struct RunArgs {
     /// See --heartbeat-interval.
     #[arg(long, env = "FERROLB_FAILURE_TIMEOUT", default_value = "500ms", value_parser = ferrolb_runtime::args::duration)]
     failure_timeout: Duration,
+    /// Node addresses (decision record 0024, k3s ServiceLB's job): a LoadBalancer Service that
+    /// no pool serves, or that asks for them (class `ferrolb.io/node-addresses`, annotation
+    /// `ferrolb.io/node-addresses: "true"`), gets the addresses of the Ready nodes whose speaker
+    /// is alive (--presence-group), by ServiceLB's rules. Works with no pool at all.
+    #[arg(long, env = "FERROLB_NODE_ADDRESSES")]
+    node_addresses: bool,
 }
 
 /// The Lease's election, started unless `--leader-elect=false` (then this replica always
@@ -237,6 +245,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity,
         failpoints: ferrolb_runtime::failpoint::Failpoints::new(args.failpoints.clone()),
         owner,
+        node_addresses: args.node_addresses.then(|| args.presence_group.clone()),
     };
     let mut controller = tokio::spawn(run::run(
         client,

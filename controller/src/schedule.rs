@@ -115,6 +115,11 @@ pub trait Decide {
     fn waiting(&self) -> Vec<ServiceKey>;
     /// How many Services hold IPs.
     fn held(&self) -> usize;
+    /// Services whose decision changed because of the decisions just made (node addresses: a
+    /// Service's ports can take an address from another); decided again in the same step.
+    fn follow_ups(&mut self) -> Vec<ServiceKey> {
+        Vec::new()
+    }
 }
 
 /// What the driver must do, in this order.
@@ -326,6 +331,7 @@ impl<W> Schedule<W> {
             if freed || core.held() < held_before {
                 self.dirty.extend(core.waiting());
             }
+            self.dirty.extend(core.follow_ups());
         }
     }
 

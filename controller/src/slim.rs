@@ -19,8 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 
-fn is_metallb_annotation(key: &str) -> bool {
-    key.starts_with(ANNOTATION_PREFIX) || key.starts_with(DEPRECATED_ANNOTATION_PREFIX)
+/// The annotations the controller reads: MetalLB's (both prefixes) and ferrolb's own
+/// (`ferrolb.io/node-addresses`, `ferrolb.io/served-by`).
+fn is_kept_annotation(key: &str) -> bool {
+    key.starts_with(ANNOTATION_PREFIX)
+        || key.starts_with(DEPRECATED_ANNOTATION_PREFIX)
+        || key.starts_with(crate::node_addresses::ANNOTATION_PREFIX)
 }
 
 /// Strings that recur in nearly every Service (types, policies, families, protocols, the
@@ -74,7 +78,7 @@ struct Spec {
 }
 
 /// A Service as the controller caches it: exactly what allocation reads (name, namespace, uid for
-/// Events, labels, the metallb annotations, type and class, families, requested IP, ports'
+/// Events, creation time, labels, the metallb and ferrolb annotations, ServiceLB's finalizer, type and class, families, requested IP, ports'
 /// numbers and protocols, traffic policy and, with `Local`, the selector, and the IPs of the
 /// ingress), in compact form. A trimmed `k8s_openapi` Service would still cost over 2 KiB (the
 /// structs' fixed size, a B-tree node for one annotation, the cache's key); this costs a
@@ -93,12 +97,24 @@ pub struct CachedService {
     spec: Option<Spec>,
     /// The ingress IPs (entries without a valid IP are never read).
     ips: Box<[IpAddr]>,
+    /// `metadata.creationTimestamp`: node addresses go to earlier Services first.
+    created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// `metadata.finalizers`, kept only when k3s ServiceLB's is among them (it is removed, and a
+    /// merge patch writes the whole list).
+    finalizers: Option<Box<[String]>>,
 }
 
 impl CachedService {
     /// Keeps what the controller reads of `service`.
     pub fn new(service: Service) -> Self {
         let meta = service.metadata;
+        let finalizers = meta
+            .finalizers
+            .filter(|f| {
+                f.iter()
+                    .any(|f| f == ferrolb_config::node_addresses::SERVICELB_FINALIZER)
+            })
+            .map(Vec::into_boxed_slice);
         let key = ServiceKey::new(
             meta.namespace.unwrap_or_default(),
             meta.name.unwrap_or_default(),
@@ -107,7 +123,7 @@ impl CachedService {
             .annotations
             .into_iter()
             .flatten()
-            .filter(|(k, _)| is_metallb_annotation(k))
+            .filter(|(k, _)| is_kept_annotation(k))
             .map(|(k, v)| (text(k), v.into_boxed_str()))
             .collect();
         let spec = service.spec.map(|spec| {
@@ -144,6 +160,8 @@ impl CachedService {
             annotations,
             spec,
             ips,
+            created: meta.creation_timestamp,
+            finalizers,
         }
     }
 
@@ -174,6 +192,8 @@ impl CachedService {
                 uid: self.uid.as_deref().map(str::to_string),
                 resource_version: self.resource_version.as_deref().map(str::to_string),
                 labels: self.labels.clone(),
+                creation_timestamp: self.created.clone(),
+                finalizers: self.finalizers.as_ref().map(|f| f.to_vec()),
                 annotations: (!self.annotations.is_empty()).then(|| {
                     self.annotations
                         .iter()
@@ -602,7 +622,7 @@ mod tests {
         let slim = slimmed(&full("web").build());
         let m = &slim.metadata;
         assert!(m.managed_fields.is_none() && m.finalizers.is_none());
-        assert!(m.creation_timestamp.is_none() && m.generation.is_none());
+        assert!(m.generation.is_none());
         let keys: Vec<&str> = m
             .annotations
             .iter()

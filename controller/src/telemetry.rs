@@ -36,6 +36,8 @@ pub struct Metrics {
     pub allocation_seconds: Histogram,
     /// Services holding IPs.
     pub services_assigned: Gauge,
+    /// Services served by node addresses (`--node-addresses`).
+    pub node_address_services: Gauge,
     /// Events dropped because the Event queue was full.
     pub events_dropped: Counter,
     /// Service writes that did not happen, by `reason`: `conflict` (the Service changed since the
@@ -74,6 +76,7 @@ impl Metrics {
             leader: Gauge::default(),
             allocation_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             services_assigned: Gauge::default(),
+            node_address_services: Gauge::default(),
             events_dropped: Counter::default(),
             writes_failed: Family::default(),
             writes_waiting_retry: Gauge::default(),
@@ -134,6 +137,11 @@ impl Metrics {
             "ferrolb_controller_services_assigned",
             "Services holding IPs",
             m.services_assigned.clone(),
+        );
+        registry.register(
+            "ferrolb_controller_node_address_services",
+            "Services served by node addresses (--node-addresses)",
+            m.node_address_services.clone(),
         );
         registry.register(
             "ferrolb_controller_events_dropped",

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrolb_config::allocator::{ServiceKey, is_ours};
+use ferrolb_config::allocator::{ServiceKey, ServiceRequest, is_ours};
 use ferrolb_config::crd::{BFDProfile, BGPPeer, IPAddressPoolStatus};
 use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
@@ -15,7 +15,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::ObjectRef;
 
 use super::watches::Stores;
-use crate::core::{Core, Outcome, matches};
+use crate::core::{Core, Desired, Outcome, current_ips, current_pool, matches};
+use crate::node_addresses::{self, Engine as NodeAddresses, Route};
 use crate::schedule::{Decide, Decision};
 use crate::slim::{CachedService, ServiceCache};
 use crate::telemetry::Metrics;
@@ -34,6 +35,8 @@ pub(super) struct Decider {
     pub(super) report: Option<ConfigReport>,
     /// The term the allocations were rebuilt for (writes carry it).
     term: u64,
+    /// Node addresses (`--node-addresses`), when on.
+    pub(super) node_addresses: Option<NodeAddresses>,
 }
 
 /// A validated configuration to report, with what its BFDProfile finalizers are decided from.
@@ -76,6 +79,95 @@ impl Decider {
             applied_pools: None,
             report: None,
             term: 0,
+            node_addresses: None,
+        }
+    }
+
+    /// Turns node addresses on (decision 0024).
+    pub(super) fn with_node_addresses(mut self) -> Self {
+        self.node_addresses = Some(NodeAddresses::default());
+        self
+    }
+
+    /// Node addresses' inputs changed (`change` applied them): the Services whose decision
+    /// changed, to decide again.
+    pub(super) fn node_inputs(
+        &mut self,
+        change: impl FnOnce(&mut NodeAddresses),
+    ) -> Vec<ServiceKey> {
+        match &mut self.node_addresses {
+            Some(engine) => {
+                change(engine);
+                engine.take_changed()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether `ip` is in a pool applied now.
+    fn in_a_pool(&self, ip: std::net::IpAddr) -> bool {
+        self.applied_pools
+            .iter()
+            .flatten()
+            .any(|p| p.ranges.iter().any(|r| r.contains(ip)))
+    }
+
+    /// Decides `service` with node addresses on: its route, then the pools or the node
+    /// addresses. `None` when node addresses are off.
+    fn decide_with_node_addresses(
+        &mut self,
+        key: &ServiceKey,
+        service: &Service,
+        labels: &Labels,
+    ) -> Option<Outcome> {
+        let engine = self.node_addresses.as_ref()?;
+        let request = ServiceRequest::from_service(service, labels)
+            .ok()
+            .map(|p| p.request);
+        let ips = current_ips(service);
+        let adoptable = current_pool(service).is_none()
+            && !ips.is_empty()
+            && ips
+                .iter()
+                .all(|ip| engine.is_node_address(*ip) && !self.in_a_pool(*ip));
+        let ours = is_ours(service, self.lb_class.as_deref());
+        let route = node_addresses::route(service, ours, request.as_ref(), adoptable);
+        let by_nodes = |me: &mut Self, request: &ServiceRequest| {
+            me.core.forget(key);
+            let engine = me.node_addresses.as_mut()?;
+            engine.set_member(key, Some((service, request)));
+            let (ips, notes) = engine.decide(key).unwrap_or_default();
+            Some(Outcome {
+                desired: Desired::NodeAddresses { ips },
+                notes,
+            })
+        };
+        let not_by_nodes = |me: &mut Self| {
+            if let Some(engine) = me.node_addresses.as_mut() {
+                engine.set_member(key, None);
+            }
+        };
+        match (route, request.as_ref()) {
+            (Some(Route::NodeAddresses), Some(request)) => by_nodes(self, request),
+            (Some(Route::PoolsThenNodeAddresses), Some(request)) => {
+                match self.core.try_pools(service, labels) {
+                    Some(outcome) => {
+                        not_by_nodes(self);
+                        Some(outcome)
+                    }
+                    None => by_nodes(self, request),
+                }
+            }
+            _ => {
+                not_by_nodes(self);
+                let mut outcome = self.core.reconcile(service, labels);
+                if !matches(service, &outcome.desired) {
+                    outcome
+                        .notes
+                        .extend(node_addresses::ignored_opt_in(service, request.as_ref()));
+                }
+                Some(outcome)
+            }
         }
     }
 
@@ -197,6 +289,10 @@ impl Decide for Decider {
     /// Decides what one Service should carry (allocating or releasing in the core).
     fn decide(&mut self, key: &ServiceKey) -> Decision<ServiceWrite> {
         let Some(cached) = self.services.get(key).cloned() else {
+            // Services it held ports from are decided again through `follow_ups`.
+            if let Some(engine) = &mut self.node_addresses {
+                engine.set_member(key, None);
+            }
             return if self.core.forget(key) {
                 Decision::Freed
             } else {
@@ -204,12 +300,19 @@ impl Decide for Decider {
             };
         };
         let service = cached.to_service();
-        let outcome = self
-            .core
-            .reconcile(&service, &self.namespace_labels(&service));
+        let labels = self.namespace_labels(&service);
+        let outcome = match self.decide_with_node_addresses(key, &service, &labels) {
+            Some(outcome) => outcome,
+            None => self.core.reconcile(&service, &labels),
+        };
         self.metrics
             .services_assigned
             .set(i64::try_from(self.core.allocator().len()).unwrap_or(i64::MAX));
+        if let Some(engine) = &self.node_addresses {
+            self.metrics
+                .node_address_services
+                .set(i64::try_from(engine.members()).unwrap_or(i64::MAX));
+        }
         if matches(&service, &outcome.desired) && outcome.notes.is_empty() {
             Decision::Nothing
         } else {
@@ -229,7 +332,12 @@ impl Decide for Decider {
             .iter()
             .filter(|s| {
                 let service = s.to_service();
-                if !is_ours(&service, self.lb_class.as_deref()) {
+                if !is_ours(&service, self.lb_class.as_deref())
+                    || self
+                        .node_addresses
+                        .as_ref()
+                        .is_some_and(|e| e.is_member(s.key()))
+                {
                     return false;
                 }
                 match self.core.allocator().assignment(s.key()) {
@@ -243,6 +351,10 @@ impl Decide for Decider {
 
     fn held(&self) -> usize {
         self.core.allocator().len()
+    }
+
+    fn follow_ups(&mut self) -> Vec<ServiceKey> {
+        self.node_inputs(|_| {})
     }
 }
 

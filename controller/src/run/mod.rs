@@ -49,6 +49,9 @@ pub struct Settings {
     /// Owner of ConfigurationState `controller` (the controller's ServiceAccount, once known),
     /// so that it goes with the release.
     pub owner: ferrolb_runtime::owner::OwnerCell,
+    /// Node addresses (`--node-addresses`, decision 0024): the speakers' presence Lease group
+    /// whose live speakers make their nodes' addresses eligible; `None`: off.
+    pub node_addresses: Option<String>,
 }
 
 /// One Service's write in flight, with its key.
@@ -65,6 +68,8 @@ struct Driver<W: Writes> {
     in_flight: FuturesUnordered<KeyedWrite>,
     /// The term whose fresh read is in the cache: a term acts only after one.
     fresh_for: Option<u64>,
+    /// The speakers' presence (node addresses on).
+    presence: Option<crate::presence::Presence>,
 }
 
 impl<W: Writes> Driver<W> {
@@ -75,6 +80,22 @@ impl<W: Writes> Driver<W> {
             writes,
             in_flight: FuturesUnordered::new(),
             fresh_for: None,
+            presence: None,
+        }
+    }
+
+    /// Node addresses' inputs changed: decide again the Services whose outcome changed.
+    fn node_inputs(&mut self, change: impl FnOnce(&mut crate::node_addresses::Engine)) {
+        for key in self.decider.node_inputs(change) {
+            self.schedule.handle(Input::ServiceChanged(key));
+        }
+    }
+
+    /// Reads which speakers are alive now (node addresses on).
+    fn check_presence(&mut self) {
+        if let Some(presence) = &self.presence {
+            let alive = presence.alive(Instant::now());
+            self.node_inputs(|engine| engine.set_alive(alive));
         }
     }
 
@@ -105,6 +126,9 @@ impl<W: Writes> Driver<W> {
                 }
             }
             Work::Synced(kind) => self.schedule.handle(Input::Listed(kind)),
+            Work::Node(event) => self.node_inputs(|engine| engine.node_event(event)),
+            Work::Slice(event) => self.node_inputs(|engine| engine.slice_event(event)),
+            Work::Presence => self.check_presence(),
         }
     }
 
@@ -262,7 +286,13 @@ pub async fn run(
     let mut beat = tokio::time::interval(PULSE_EVERY);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let started = watches::start(&client, &settings.namespace, &tx, &settings.failpoints);
+    let started = watches::start(
+        &client,
+        &settings.namespace,
+        settings.node_addresses.as_deref(),
+        &tx,
+        &settings.failpoints,
+    );
     let writes = ApiWrites::new(
         client.clone(),
         settings.namespace.clone(),
@@ -271,17 +301,21 @@ pub async fn run(
         leadership.clone(),
         Arc::clone(&metrics),
     );
-    let decider = Decider::new(
+    let mut decider = Decider::new(
         settings.namespace,
         settings.lb_class,
         started.stores,
         Arc::clone(&metrics),
     );
+    if settings.node_addresses.is_some() {
+        decider = decider.with_node_addresses();
+    }
     // Each replica its own jitter.
     let schedule = Schedule::new(started.watches, Instant::now()).seeded(
         std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8),
     );
     let mut driver = Driver::new(schedule, decider, writes);
+    driver.presence = started.presence;
     let failpoints = settings.failpoints;
     loop {
         failpoints.hold("controller-loop").await;
@@ -307,6 +341,8 @@ pub async fn run(
             _ = shutdown.changed() => break,
             _ = beat.tick() => {
                 pulse.beat();
+                // A presence Lease ages out without an event.
+                driver.check_presence();
                 // A new term whose fresh read failed tries again.
                 if leadership.term().is_none_or(|t| driver.fresh_for == Some(t)) {
                     continue;
@@ -350,6 +386,8 @@ mod driver_tests {
     /// Writes that only log what they would write; Service writes find this replica leading or not.
     struct Logged {
         log: RefCell<Vec<String>>,
+        /// Events recorded, as `key: reason`.
+        notes: RefCell<Vec<String>>,
         leading: Cell<bool>,
     }
 
@@ -366,6 +404,11 @@ mod driver_tests {
                 write.service.key(),
                 write.outcome.desired
             ));
+            for note in &write.outcome.notes {
+                self.notes
+                    .borrow_mut()
+                    .push(format!("{}: {}", write.service.key(), note.reason));
+            }
             let applied = if self.leading.get() {
                 Applied::Done
             } else {
@@ -410,14 +453,22 @@ mod driver_tests {
 
     /// A driver whose watches have all listed, with pool `p` of `range` and no Services.
     fn driver_with_pool(range: &str) -> Driver<Logged> {
+        driver_with(Some(range), false)
+    }
+
+    /// A driver whose watches have all listed, with pool `p` of `range` if any, node addresses
+    /// on or off, and no Services.
+    fn driver_with(range: Option<&str>, node_addresses: bool) -> Driver<Logged> {
         let (pools, mut writer) = reflector::store();
-        let pool: IPAddressPool = serde_json::from_value(serde_json::json!({
-            "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
-            "metadata": {"name": "p", "namespace": NAMESPACE},
-            "spec": {"addresses": [range]},
-        }))
-        .unwrap();
-        writer.apply_watcher_event(&Event::Apply(pool));
+        if let Some(range) = range {
+            let pool: IPAddressPool = serde_json::from_value(serde_json::json!({
+                "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+                "metadata": {"name": "p", "namespace": NAMESPACE},
+                "spec": {"addresses": [range]},
+            }))
+            .unwrap();
+            writer.apply_watcher_event(&Event::Apply(pool));
+        }
         let stores = Stores {
             namespaces: reflector::store().0,
             nodes: reflector::store().0,
@@ -431,11 +482,16 @@ mod driver_tests {
                 refused: Default::default(),
             },
         };
+        let mut decider = Decider::new(NAMESPACE.into(), None, stores, Arc::new(Metrics::new().0));
+        if node_addresses {
+            decider = decider.with_node_addresses();
+        }
         let mut driver = Driver::new(
             Schedule::new(LISTED.len(), Instant::now()),
-            Decider::new(NAMESPACE.into(), None, stores, Arc::new(Metrics::new().0)),
+            decider,
             Logged {
                 log: RefCell::default(),
+                notes: RefCell::default(),
                 leading: Cell::new(true),
             },
         );
@@ -533,5 +589,309 @@ mod driver_tests {
                 .get(at_version("b", "1").key())
                 .is_some()
         );
+    }
+
+    mod node_addresses {
+        use super::*;
+        use crate::node_addresses::NodeFacts;
+        use ferrolb_config::allocator::ServiceKey;
+        use ferrolb_config::node_addresses::ENABLE_LB_LABEL;
+        use ferrolb_config::selector::Labels;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+        /// Node `name` with InternalIP `ip`, Ready, its speaker alive once [`alive`] says so.
+        fn node(name: &str, ip: &str, labels: &[(&str, &str)]) -> Work {
+            let facts = NodeFacts {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<Labels>(),
+                internal: vec![ip.parse().unwrap()],
+                external: Vec::new(),
+                ready: true,
+            };
+            Work::Node(Event::Apply((
+                ServiceKey::new(String::new(), name.to_string()),
+                facts,
+            )))
+        }
+
+        fn alive(driver: &mut Driver<Logged>, nodes: &[&str]) {
+            let set = nodes.iter().map(|n| n.to_string()).collect();
+            driver.node_inputs(|e| e.set_alive(set));
+        }
+
+        /// LoadBalancer Service `name` on port 80/TCP created at `second`.
+        fn svc(name: &str, second: i64) -> objects::ServiceBuilder {
+            objects::service(name)
+                .namespace("default")
+                .port(80, "TCP")
+                .with(|s| {
+                    s.metadata.creation_timestamp = Some(Time(
+                        k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+                    ))
+                })
+        }
+
+        fn apply(driver: &mut Driver<Logged>, service: k8s_openapi::api::core::v1::Service) {
+            driver.take(Work::Service(Box::new(Event::Apply(CachedService::new(
+                service,
+            )))));
+        }
+
+        /// Two nodes, both alive, and a driver with node addresses on and pool `range` if any.
+        fn two_nodes(range: Option<&str>) -> Driver<Logged> {
+            let mut driver = driver_with(range, true);
+            driver.take(node("n1", "198.18.0.11", &[]));
+            driver.take(node("n2", "198.18.0.12", &[]));
+            alive(&mut driver, &["n1", "n2"]);
+            driver
+        }
+
+        async fn settle(driver: &mut Driver<Logged>) -> Vec<String> {
+            driver.step(Some(1)).await;
+            while !driver.in_flight.is_empty() {
+                finish_one(driver).await;
+                driver.step(Some(1)).await;
+            }
+            driver
+                .writes
+                .take()
+                .into_iter()
+                .filter(|l| l.starts_with("write"))
+                .collect()
+        }
+
+        const BOTH: &str = "NodeAddresses { ips: [198.18.0.11, 198.18.0.12] }";
+
+        #[tokio::test]
+        async fn with_no_pool_a_service_gets_the_addresses_of_nodes_whose_speaker_is_alive() {
+            let mut driver = two_nodes(None);
+            apply(&mut driver, svc("a", 1).build());
+            assert_eq!(
+                settle(&mut driver).await,
+                [format!("write default/a: {BOTH}")]
+            );
+            assert_eq!(
+                driver.writes.notes.take(),
+                ["default/a: UpdatedLoadBalancer"]
+            );
+            // A speaker gone: its node leaves the list.
+            apply(
+                &mut driver,
+                svc("a", 1)
+                    .ingress(&["198.18.0.11", "198.18.0.12"])
+                    .annotation("ferrolb.io/served-by", "node-addresses")
+                    .build(),
+            );
+            alive(&mut driver, &["n2"]);
+            assert_eq!(
+                settle(&mut driver).await,
+                ["write default/a: NodeAddresses { ips: [198.18.0.12] }"]
+            );
+        }
+
+        #[tokio::test]
+        async fn pools_come_first_and_node_addresses_take_what_no_pool_serves() {
+            let mut driver = two_nodes(Some("198.18.200.0/32"));
+            apply(&mut driver, svc("a", 1).build());
+            apply(&mut driver, svc("b", 2).port(443, "TCP").build());
+            assert_eq!(
+                settle(&mut driver).await,
+                [
+                    "write default/a: Assigned { ips: [198.18.200.0], pool: \"p\" }".to_string(),
+                    format!("write default/b: {BOTH}"),
+                ]
+            );
+        }
+
+        #[tokio::test]
+        async fn a_port_held_by_an_earlier_service_keeps_the_later_one_off_that_address() {
+            let mut driver = two_nodes(None);
+            apply(&mut driver, svc("later", 20).build());
+            apply(&mut driver, svc("early", 10).build());
+            let writes = settle(&mut driver).await;
+            assert!(
+                writes.contains(&format!("write default/early: {BOTH}")),
+                "{writes:?}"
+            );
+            assert!(
+                writes.contains(&"write default/later: NodeAddresses { ips: [] }".to_string()),
+                "{writes:?}"
+            );
+            let notes = driver.writes.notes.take();
+            assert!(
+                notes.contains(&"default/later: NodeAddressPortHeld".to_string()),
+                "{notes:?}"
+            );
+            // The holder goes: the later Service gets the addresses, with no second decision
+            // of its own asked for.
+            driver.take(Work::Service(Box::new(Event::Delete(CachedService::new(
+                svc("early", 10).build(),
+            )))));
+            assert_eq!(
+                settle(&mut driver).await,
+                [format!("write default/later: {BOTH}")]
+            );
+        }
+
+        #[tokio::test]
+        async fn the_enablelb_label_restricts_every_service_to_labelled_nodes() {
+            let mut driver = two_nodes(None);
+            apply(&mut driver, svc("a", 1).build());
+            settle(&mut driver).await;
+            apply(
+                &mut driver,
+                svc("a", 1)
+                    .ingress(&["198.18.0.11", "198.18.0.12"])
+                    .annotation("ferrolb.io/served-by", "node-addresses")
+                    .build(),
+            );
+            driver.take(node("n2", "198.18.0.12", &[(ENABLE_LB_LABEL, "true")]));
+            assert_eq!(
+                settle(&mut driver).await,
+                ["write default/a: NodeAddresses { ips: [198.18.0.12] }"]
+            );
+        }
+
+        #[tokio::test]
+        async fn opting_out_or_a_metallb_request_never_falls_back_to_node_addresses() {
+            let mut driver = two_nodes(None);
+            apply(
+                &mut driver,
+                svc("out", 1)
+                    .annotation("ferrolb.io/node-addresses", "false")
+                    .build(),
+            );
+            apply(
+                &mut driver,
+                svc("pool", 2)
+                    .annotation("metallb.io/address-pool", "p")
+                    .build(),
+            );
+            // Written: nothing but the Events.
+            assert_eq!(
+                settle(&mut driver).await,
+                [
+                    "write default/out: Untouched",
+                    "write default/pool: Untouched"
+                ]
+            );
+            let notes = driver.writes.notes.take();
+            assert_eq!(
+                notes,
+                [
+                    "default/out: AllocationFailed",
+                    "default/pool: AllocationFailed"
+                ]
+            );
+        }
+
+        #[tokio::test]
+        async fn the_class_asks_for_node_addresses_even_where_a_pool_has_room() {
+            let mut driver = two_nodes(Some("198.18.200.0/30"));
+            apply(
+                &mut driver,
+                svc("a", 1)
+                    .load_balancer_class("ferrolb.io/node-addresses")
+                    .build(),
+            );
+            assert_eq!(
+                settle(&mut driver).await,
+                [format!("write default/a: {BOTH}")]
+            );
+        }
+
+        #[tokio::test]
+        async fn a_service_servicelb_served_keeps_its_addresses_next_to_a_pool() {
+            // The status k3s ServiceLB wrote, no ferrolb annotation: adopted, not moved to the
+            // pool; the only write adds the mark (the ingress is unchanged) and no Event.
+            let mut driver = two_nodes(Some("198.18.200.0/30"));
+            apply(
+                &mut driver,
+                svc("traefik", 1)
+                    .ingress(&["198.18.0.11", "198.18.0.12"])
+                    .build(),
+            );
+            assert_eq!(
+                settle(&mut driver).await,
+                [format!("write default/traefik: {BOTH}")]
+            );
+            assert!(driver.writes.notes.take().is_empty());
+            let marked = svc("traefik", 1)
+                .ingress(&["198.18.0.11", "198.18.0.12"])
+                .annotation("ferrolb.io/served-by", "node-addresses")
+                .build();
+            apply(&mut driver, marked);
+            assert!(settle(&mut driver).await.is_empty());
+        }
+
+        #[tokio::test]
+        async fn with_local_traffic_only_nodes_with_a_ready_endpoint_are_listed() {
+            use crate::node_addresses::SliceFacts;
+            let mut driver = two_nodes(None);
+            apply(
+                &mut driver,
+                svc("a", 1).external_traffic_policy("Local").build(),
+            );
+            // No endpoint anywhere: no address, and nothing to write on a new Service.
+            assert!(settle(&mut driver).await.is_empty());
+            let slice = ServiceKey::new("default".to_string(), "a-x1".to_string());
+            driver.take(Work::Slice(Event::Apply((
+                slice.clone(),
+                SliceFacts {
+                    slice,
+                    service: Some(ServiceKey::new("default".to_string(), "a".to_string())),
+                    ready_nodes: ["n2".to_string()].into(),
+                },
+            ))));
+            assert_eq!(
+                settle(&mut driver).await,
+                ["write default/a: NodeAddresses { ips: [198.18.0.12] }"]
+            );
+        }
+
+        #[tokio::test]
+        async fn servicelb_s_finalizer_is_removed_and_an_ignored_opt_in_is_reported() {
+            let mut driver = two_nodes(None);
+            let with_finalizer = svc("a", 1)
+                .ingress(&["198.18.0.11", "198.18.0.12"])
+                .annotation("ferrolb.io/served-by", "node-addresses")
+                .with(|s| {
+                    s.metadata.finalizers =
+                        Some(vec!["svccontroller.k3s.cattle.io/daemonset".into()])
+                })
+                .build();
+            apply(&mut driver, with_finalizer);
+            assert_eq!(
+                settle(&mut driver).await,
+                [format!("write default/a: {BOTH}")]
+            );
+            let mut driver = two_nodes(Some("198.18.200.0/30"));
+            apply(
+                &mut driver,
+                svc("b", 1)
+                    .annotation("ferrolb.io/node-addresses", "true")
+                    .annotation("metallb.io/loadBalancerIPs", "198.18.200.1")
+                    .build(),
+            );
+            assert_eq!(
+                settle(&mut driver).await,
+                ["write default/b: Assigned { ips: [198.18.200.1], pool: \"p\" }"]
+            );
+            let notes = driver.writes.notes.take();
+            assert!(
+                notes.contains(&"default/b: NodeAddressesIgnored".to_string()),
+                "{notes:?}"
+            );
+        }
+
+        #[tokio::test]
+        async fn node_addresses_off_leave_a_service_without_a_pool_pending() {
+            let mut driver = driver_with(None, false);
+            apply(&mut driver, svc("a", 1).build());
+            assert_eq!(settle(&mut driver).await, ["write default/a: Untouched"]);
+            assert_eq!(driver.writes.notes.take(), ["default/a: AllocationFailed"]);
+        }
     }
 }

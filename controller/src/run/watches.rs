@@ -15,7 +15,11 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use crate::node_addresses::{NodeFacts, SliceFacts};
+use crate::presence::Presence;
 use crate::slim::{self, CachedService};
+use ferrolb_config::allocator::ServiceKey;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// Work items the watches produce.
 #[derive(Debug)]
@@ -28,6 +32,12 @@ pub(super) enum Work {
     Namespace(String),
     /// The watch of this kind has its initial list (or a re-list).
     Synced(&'static str),
+    /// A Node's addresses, labels or readiness (node addresses only).
+    Node(Event<(ServiceKey, NodeFacts)>),
+    /// An EndpointSlice's ready nodes (node addresses only).
+    Slice(Event<(ServiceKey, SliceFacts)>),
+    /// A speaker's presence Lease changed (node addresses only).
+    Presence,
 }
 
 /// The watches' caches, but for Services, which the work loop keeps itself.
@@ -44,6 +54,8 @@ pub(super) struct Stores {
 pub(super) struct Started {
     /// The caches the watches fill.
     pub(super) stores: Stores,
+    /// The speakers' presence, watched when node addresses are on.
+    pub(super) presence: Option<Presence>,
     /// Counted as the watches start, so that a watch added can never be missing from it.
     pub(super) watches: usize,
 }
@@ -52,10 +64,12 @@ pub(super) struct Started {
 /// decoded, so it sets the peak above the caches.
 const PAGE_SIZE: u32 = 100;
 
-/// Starts every watch, sending what they hear on `tx`.
+/// Starts every watch, sending what they hear on `tx`. With `presence_group` (node addresses
+/// on) also full Nodes, EndpointSlices and that group's presence Leases.
 pub(super) fn start(
     client: &Client,
     namespace: &str,
+    presence_group: Option<&str>,
     tx: &mpsc::UnboundedSender<Work>,
     failpoints: &Failpoints,
 ) -> Started {
@@ -72,8 +86,21 @@ pub(super) fn start(
         nodes: starter.metadata::<Node>("nodes", |_| Work::Config),
         config: starter.config(namespace),
     };
+    let presence = presence_group.map(|group| {
+        starter.facts::<Node, _>("nodes (addresses)", NodeFacts::of, Work::Node);
+        starter.facts::<EndpointSlice, _>(
+            "endpointslices",
+            |s| {
+                let facts = SliceFacts::of(s);
+                Some((facts.slice.clone(), facts))
+            },
+            Work::Slice,
+        );
+        starter.presence(namespace, group)
+    });
     Started {
         stores,
+        presence,
         watches: starter.started,
     }
 }
@@ -150,6 +177,64 @@ impl Starter<'_> {
                 Change::Listed => send(&tx, Work::Synced(kind)),
             },
         )
+    }
+
+    /// Watches every object of kind `K`, keeping only what `read` takes of each (keyed by
+    /// namespace and name) and sending it on as `wrap` makes it.
+    fn facts<K, T>(
+        &mut self,
+        kind: &'static str,
+        read: fn(&K) -> Option<(ServiceKey, T)>,
+        wrap: fn(Event<(ServiceKey, T)>) -> Work,
+    ) where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        T: Send + 'static,
+    {
+        self.started += 1;
+        let client = self.client.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let stream = watcher(
+                Api::<K>::all(client),
+                watcher::Config::default().page_size(PAGE_SIZE),
+            )
+            .backoff(ferrolb_runtime::watch::WatchBackoff::default());
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let event = match event {
+                    Ok(Event::Apply(o)) => read(&o).map(Event::Apply),
+                    Ok(Event::Delete(o)) => read(&o).map(Event::Delete),
+                    Ok(Event::InitApply(o)) => read(&o).map(Event::InitApply),
+                    Ok(Event::Init) => Some(Event::Init),
+                    Ok(Event::InitDone) => Some(Event::InitDone),
+                    Err(e) => {
+                        tracing::warn!(error = %e, watch = kind, "watch failed; retrying");
+                        None
+                    }
+                };
+                let Some(event) = event else { continue };
+                let done = matches!(event, Event::InitDone);
+                if tx.send(wrap(event)).is_err() || (done && tx.send(Work::Synced(kind)).is_err()) {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Watches the speakers' presence Leases of `group` in `namespace`.
+    fn presence(&mut self, namespace: &str, group: &str) -> Presence {
+        self.started += 1;
+        let tx = self.tx.clone();
+        Presence::watch(self.client, namespace, group, move |change| match change {
+            Change::Object(_) => send(&tx, Work::Presence),
+            Change::Listed => send(&tx, Work::Synced("presence leases")),
+        })
     }
 
     /// Watches the configuration objects of `namespace`, one watch per kind.

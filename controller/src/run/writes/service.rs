@@ -1,5 +1,5 @@
-//! One Service's write: its status and pool annotation in one fenced merge patch, then its
-//! Events. Owns what it needs, so that writes run while the work loop goes on.
+//! One Service's write: its status and the controller's annotations (pool, or node addresses)
+//! in one fenced merge patch, then its Events. Owns what it needs, so that writes run while the work loop goes on.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,9 +11,13 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource};
 
 use super::Applied;
-use crate::core::{DEPRECATED_POOL_ANNOTATION, Desired, Note, Outcome, matches};
+use crate::core::{
+    DEPRECATED_POOL_ANNOTATION, Desired, Note, Outcome, has_servicelb_finalizer, matches,
+};
 use crate::leader::Leadership;
+use crate::node_addresses::{SERVED_BY_ANNOTATION, SERVED_BY_NODE_ADDRESSES};
 use crate::telemetry::Metrics;
+use ferrolb_config::node_addresses::SERVICELB_FINALIZER;
 
 /// A write starts only with at least this much of the leadership grant left: less, and it would
 /// likely be abandoned half-way (every write is abandoned when the grant ends).
@@ -91,42 +95,81 @@ impl Writer {
         let ns = service.metadata.namespace.as_deref().unwrap_or_default();
         let name = service.metadata.name.as_deref().unwrap_or_default();
         let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-        let (ingress, pool) = match desired {
+        let ingress_of = |ips: &[std::net::IpAddr]| {
+            if ips.is_empty() {
+                return serde_json::Value::Null;
+            }
+            serde_json::Value::Array(
+                ips.iter()
+                    .map(|ip| serde_json::json!({"ip": ip.to_string(), "ipMode": "VIP"}))
+                    .collect(),
+            )
+        };
+        let (ingress, pool, marker) = match desired {
             Desired::Untouched => return Ok(()),
             Desired::Assigned { ips, pool } => (
-                serde_json::Value::Array(
-                    ips.iter()
-                        .map(|ip| serde_json::json!({"ip": ip.to_string(), "ipMode": "VIP"}))
-                        .collect(),
-                ),
+                ingress_of(ips),
                 serde_json::Value::String(pool.clone()),
+                serde_json::Value::Null,
             ),
-            Desired::Cleared => (serde_json::Value::Null, serde_json::Value::Null),
+            Desired::Cleared => (
+                serde_json::Value::Null,
+                serde_json::Value::Null,
+                serde_json::Value::Null,
+            ),
+            Desired::NodeAddresses { ips } => (
+                ingress_of(ips),
+                serde_json::Value::Null,
+                if ips.is_empty() {
+                    // Kept as it is: a Service that had node addresses keeps its choice.
+                    serde_json::Value::Bool(false)
+                } else {
+                    serde_json::Value::String(SERVED_BY_NODE_ADDRESSES.into())
+                },
+            ),
+        };
+        let has = |key: &str| {
+            service
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(key))
         };
         let mut annotations = serde_json::Map::new();
         annotations.insert(IP_ALLOCATED_FROM_POOL.into(), pool);
-        if service
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(DEPRECATED_POOL_ANNOTATION))
-        {
+        if has(DEPRECATED_POOL_ANNOTATION) {
             annotations.insert(DEPRECATED_POOL_ANNOTATION.into(), serde_json::Value::Null);
         }
-        // One write for the IP and the pool annotation: the status subresource of Services takes
-        // metadata too (their status strategy resets only the spec), which halves the writes of
-        // an allocation and lets the controller do without write access to Services themselves.
-        // A resourceVersion in a merge patch is a precondition the API server checks (409
-        // Conflict when the Service has changed since).
+        match marker {
+            serde_json::Value::Bool(_) => {}
+            serde_json::Value::Null if !has(SERVED_BY_ANNOTATION) => {}
+            marker => {
+                annotations.insert(SERVED_BY_ANNOTATION.into(), marker);
+            }
+        }
+        let mut metadata = serde_json::json!({
+            "annotations": annotations,
+            "resourceVersion": service.metadata.resource_version,
+        });
+        if matches!(desired, Desired::NodeAddresses { .. }) && has_servicelb_finalizer(service) {
+            // k3s ServiceLB's finalizer, left by a ServiceLB that is gone, would hold the
+            // Service's deletion for ever. A merge patch replaces the whole list; the
+            // resourceVersion precondition makes sure it is the list read.
+            let kept: Vec<&String> = service
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .filter(|f| f.as_str() != SERVICELB_FINALIZER)
+                .collect();
+            metadata["finalizers"] = serde_json::json!(kept);
+        }
         let written = api
             .patch_status(
                 name,
                 &PatchParams::default(),
                 &Patch::Merge(&serde_json::json!({
-                    "metadata": {
-                        "annotations": annotations,
-                        "resourceVersion": service.metadata.resource_version,
-                    },
+                    "metadata": metadata,
                     "status": {"loadBalancer": {"ingress": ingress}},
                 })),
             )
