@@ -281,33 +281,27 @@ impl Engine {
         self.dirty |= self.nodes.apply(event);
     }
 
-    /// Takes an EndpointSlice watch event in.
+    /// Takes an EndpointSlice watch event in. Only slices of node-address Services with
+    /// `externalTrafficPolicy: Local` change a decision.
     pub fn slice_event(&mut self, event: Event<(ServiceKey, SliceFacts)>) {
-        // Slices of Services not served by node addresses with Local change nothing decided.
+        let members = &self.members;
         let relevant = |s: &SliceFacts| {
             s.service
                 .as_ref()
-                .and_then(|k| self.members.get(k))
+                .and_then(|k| members.get(k))
                 .is_some_and(|m| m.local)
         };
         let touches = match &event {
             Event::Apply((key, s)) => {
-                relevant(s)
-                    || self
-                        .slices
-                        .current
-                        .get(key)
-                        .is_some_and(|old| relevant(old))
+                relevant(s) || self.slices.current.get(key).is_some_and(relevant)
             }
-            Event::Delete((key, _)) => self
-                .slices
-                .current
-                .get(key)
-                .is_some_and(|old| relevant(old)),
-            _ => false,
+            Event::Delete((key, _)) => self.slices.current.get(key).is_some_and(relevant),
+            // A re-list may change any slice.
+            Event::InitDone => members.values().any(|m| m.local),
+            Event::Init | Event::InitApply(_) => false,
         };
         let changed = self.slices.apply(event);
-        self.dirty |= changed && (touches || self.members.values().any(|m| m.local));
+        self.dirty |= changed && touches;
     }
 
     /// Sets the nodes whose speaker is alive.

@@ -750,6 +750,31 @@ fn speaker_service_bgp_status_can_be_turned_off() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `controller.nodeAddresses.enabled` turns node addresses on and tells the controller whose
+/// speakers' presence to read; off by default, so a MetalLB migration behaves as before.
+fn controller_node_addresses_value() -> anyhow::Result<()> {
+    let env = |extra: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
+        let docs = render("ferrolb", "metallb-system", extra)?;
+        Ok(env_of(container(
+            find(&docs, "Deployment", "ferrolb-controller")?,
+            "controller",
+        )?))
+    };
+    let default = env(&[])?;
+    ensure!(
+        !default.contains_key("FERROLB_NODE_ADDRESSES")
+            && !default.contains_key("FERROLB_PRESENCE_GROUP"),
+        "{default:?}"
+    );
+    let on = env(&["--set", "controller.nodeAddresses.enabled=true"])?;
+    ensure!(
+        on.get("FERROLB_NODE_ADDRESSES").map(String::as_str) == Some("true")
+            && on.get("FERROLB_PRESENCE_GROUP").map(String::as_str) == Some("ferrolb-speaker"),
+        "{on:?}"
+    );
+    Ok(())
+}
+
 fn controller_is_highly_available_and_restricted() -> anyhow::Result<()> {
     let docs = render("ferrolb", "metallb-system", &[])?;
     let deploy = find(&docs, "Deployment", "ferrolb-controller")?;
@@ -2592,6 +2617,11 @@ fn main() -> std::process::ExitCode {
             "speaker_membership_renders_the_voters_flags",
             no_helm.clone(),
             speaker_membership_renders_the_voters_flags,
+        )
+        .offline(
+            "controller_node_addresses_value",
+            no_helm.clone(),
+            controller_node_addresses_value,
         )
         .offline(
             "speaker_service_bgp_status_can_be_turned_off",

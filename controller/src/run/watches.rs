@@ -200,11 +200,9 @@ impl Starter<'_> {
         let client = self.client.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let stream = watcher(
-                Api::<K>::all(client),
-                watcher::Config::default().page_size(PAGE_SIZE),
-            )
-            .backoff(ferrolb_runtime::watch::WatchBackoff::default());
+            let api = Api::<K>::all(client);
+            let stream = watcher(api, watcher::Config::default().page_size(PAGE_SIZE))
+                .backoff(ferrolb_runtime::watch::WatchBackoff::default());
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
                 let event = match event {

@@ -129,6 +129,39 @@ pub const CALLS: &[Call] = &[
         file: "controller/src/run/watches.rs",
         call: "Api::<PartialObjectMeta<K>>::all(self.client.clone())",
     },
+    // Node addresses (controller.nodeAddresses): Nodes' addresses and readiness, and which
+    // nodes hold a Service's ready endpoints.
+    Call {
+        by: C,
+        scope: Scope::Cluster,
+        group: "",
+        resources: &["nodes"],
+        verbs: LIST_WATCH,
+        name: None,
+        file: "controller/src/run/watches.rs",
+        call: "Api::<K>::all(client)",
+    },
+    Call {
+        by: C,
+        scope: Scope::Cluster,
+        group: "discovery.k8s.io",
+        resources: &["endpointslices"],
+        verbs: LIST_WATCH,
+        name: None,
+        file: "controller/src/run/watches.rs",
+        call: "Api::<K>::all(client)",
+    },
+    // Which speakers are alive (node addresses): their presence Leases.
+    Call {
+        by: C,
+        scope: Scope::Release,
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: LIST_WATCH,
+        name: None,
+        file: "controller/src/presence.rs",
+        call: "watcher(api, watcher::Config::default().labels(&selector))",
+    },
     Call {
         by: C,
         scope: Scope::Release,
