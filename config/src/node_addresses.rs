@@ -46,6 +46,20 @@ use crate::address::Family;
 use crate::allocator::{ProtocolPort, ServiceKey};
 use crate::selector::Labels;
 
+/// Prefix of ferrolb's own Service annotations.
+pub const ANNOTATION_PREFIX: &str = "ferrolb.io/";
+/// A Service's own choice: `"true"` for node addresses, `"false"` for pools only (never the
+/// fallback).
+pub const OPT_ANNOTATION: &str = "ferrolb.io/node-addresses";
+/// Written by the controller with the status of a Service it serves by node addresses (even with
+/// no node to list), valued [`SERVED_BY_NODE_ADDRESSES`]: with addresses, the choice sticks, so a
+/// pool that frees up later never moves the Service's address.
+pub const SERVED_BY_ANNOTATION: &str = "ferrolb.io/served-by";
+/// The value of [`SERVED_BY_ANNOTATION`].
+pub const SERVED_BY_NODE_ADDRESSES: &str = "node-addresses";
+/// The LoadBalancerClass that asks for node addresses, never a pool.
+pub const CLASS: &str = "ferrolb.io/node-addresses";
+
 /// Node label that, once present on any node, restricts ServiceLB to nodes where it is `"true"`
 /// (k3s L41, L584-L592, L634-L641).
 pub const ENABLE_LB_LABEL: &str = "svccontroller.k3s.cattle.io/enablelb";

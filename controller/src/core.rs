@@ -44,8 +44,8 @@ pub enum Desired {
     /// No IP: clear the ingress and our annotation.
     Cleared,
     /// Served by node addresses (decision 0024): `status.loadBalancer.ingress` should be exactly
-    /// these node addresses, the Service marked as served by them (once it has any), with no pool
-    /// annotation and without k3s ServiceLB's finalizer.
+    /// these node addresses (none when no node can serve it), the Service marked as served by
+    /// them, with no pool annotation and without k3s ServiceLB's finalizer.
     NodeAddresses {
         /// The addresses, in the order ServiceLB writes them.
         ips: Vec<IpAddr>,
@@ -95,7 +95,7 @@ pub fn matches(service: &Service, desired: &Desired) -> bool {
         Desired::NodeAddresses { ips } => {
             current_ips(service) == *ips
                 && current_pool(service).is_none()
-                && (marked || ips.is_empty())
+                && marked
                 && !has_servicelb_finalizer(service)
         }
     }

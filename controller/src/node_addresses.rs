@@ -22,19 +22,9 @@ use kube::runtime::watcher::Event;
 
 use crate::core::Note;
 
-/// Prefix of ferrolb's own Service annotations (the controller's cache keeps them).
-pub const ANNOTATION_PREFIX: &str = "ferrolb.io/";
-/// A Service's own choice: `"true"` for node addresses, `"false"` for pools only (never the
-/// fallback).
-pub const OPT_ANNOTATION: &str = "ferrolb.io/node-addresses";
-/// Written by the controller with the status of a Service it serves by node addresses, valued
-/// [`SERVED_BY_NODE_ADDRESSES`]: the choice sticks, so a pool that frees up later never moves
-/// the Service's address.
-pub const SERVED_BY_ANNOTATION: &str = "ferrolb.io/served-by";
-/// The value of [`SERVED_BY_ANNOTATION`].
-pub const SERVED_BY_NODE_ADDRESSES: &str = "node-addresses";
-/// The LoadBalancerClass that asks for node addresses, never a pool.
-pub const CLASS: &str = "ferrolb.io/node-addresses";
+pub use ferrolb_config::node_addresses::{
+    ANNOTATION_PREFIX, CLASS, OPT_ANNOTATION, SERVED_BY_ANNOTATION, SERVED_BY_NODE_ADDRESSES,
+};
 /// Reason of the Warning recorded when the opt-in annotation is ignored for a MetalLB request.
 pub const IGNORED_REASON: &str = "NodeAddressesIgnored";
 
@@ -97,7 +87,10 @@ pub fn route(
         Some("false") => return Some(Route::Pools),
         _ => {}
     }
-    if served_by_node_addresses(service) || adoptable {
+    // Marked and holding addresses: the choice sticks (a pool freeing up later must not move
+    // a running Service's address). Marked with none, a pool may still serve it.
+    let holding = !crate::core::current_ips(service).is_empty();
+    if (served_by_node_addresses(service) && holding) || adoptable {
         return Some(Route::NodeAddresses);
     }
     Some(Route::PoolsThenNodeAddresses)

@@ -22,6 +22,9 @@ use crate::topology::Options;
 
 const DEMO_NS: &str = "demo";
 
+/// Ports of the ServiceLB demo's Service, as k3s's traefik Service has them.
+const SERVICELB_PORTS: [u16; 2] = [80, 443];
+
 /// Which demonstration to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -31,6 +34,8 @@ pub enum Mode {
     Bgp,
     /// Layer 2 mode on kubelet nodes, ferrolb installed with its Helm chart (`demo --helm`).
     Helm,
+    /// Node addresses, k3s ServiceLB's job, with no pool at all (`demo --servicelb`).
+    ServiceLb,
 }
 
 /// Runs the demonstration; leaves the lab up for a look (`e2e/lab down` removes it).
@@ -38,7 +43,11 @@ pub async fn run(lab_exe: &Path, mode: Mode) -> anyhow::Result<()> {
     if mode == Mode::Helm {
         return crate::helm_demo::run(lab_exe).await;
     }
-    let lab = start(lab_exe).await?;
+    if mode == Mode::ServiceLb {
+        let lab = start(lab_exe, &["--node-addresses"]).await?;
+        return run_servicelb(&lab).await;
+    }
+    let lab = start(lab_exe, &[]).await?;
     if mode == Mode::Bgp {
         run_bgp(&lab).await
     } else {
@@ -46,8 +55,9 @@ pub async fn run(lab_exe: &Path, mode: Mode) -> anyhow::Result<()> {
     }
 }
 
-/// The lab up, ferrolb-controller and a speaker on every node (replacing an earlier demo's).
-async fn start(lab_exe: &Path) -> anyhow::Result<Lab> {
+/// The lab up, ferrolb-controller (with `controller_args`) and a speaker on every node
+/// (replacing an earlier demo's).
+async fn start(lab_exe: &Path, controller_args: &[&str]) -> anyhow::Result<Lab> {
     println!("==> bringing the lab up (3 nodes, kube-proxy iptables, dual-stack)");
     let lab = Lab::up(Options::default(), lab_exe).await?;
     println!(
@@ -61,7 +71,7 @@ async fn start(lab_exe: &Path) -> anyhow::Result<Lab> {
         lab.stop_process(&format!("speaker@{node}"))?;
     }
     // Both tracked by the lab: they keep running after the demo, until `e2e/lab down`.
-    ferrolb::start_controller(&lab, &kubeconfig, "demo", 7472)?;
+    ferrolb::start_controller_with(&lab, &kubeconfig, "demo", 7472, controller_args)?;
     let credentials = ferrolb::install_speaker(&lab)?;
     for node in &nodes {
         ferrolb::start_speaker(&lab, &credentials, node, &[])?;
@@ -289,6 +299,166 @@ pub(crate) async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
         lab.dir.join("logs").display()
     );
     println!("\ndemo: every LoadBalancer IP answered");
+    Ok(())
+}
+
+/// Node addresses (decision 0024): no pool at all; a Service like k3s's traefik (ports 80 and
+/// 443) gets the addresses of the nodes, as ServiceLB would give them, and the client reaches
+/// it on every address and both ports; explain says why each node is listed.
+async fn run_servicelb(lab: &Lab) -> anyhow::Result<()> {
+    let client = lab.client().await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = "demo-servicelb";
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::apply("ferrolb-demo").force(),
+            &Patch::Apply(&namespace),
+        )
+        .await?;
+    println!(
+        "==> no IPAddressPool at all; ferrolb-controller runs with --node-addresses (chart: controller.nodeAddresses.enabled=true)"
+    );
+    println!(
+        "==> two pods of app=web on node1 and node2, and a LoadBalancer Service on ports 80 and 443"
+    );
+    let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+    for (i, node) in ["node1", "node2"].iter().enumerate() {
+        let name = format!("web-{i}");
+        let running = crate::lab::State::load(&lab.dir)?
+            .is_some_and(|s| s.pods.iter().any(|p| p.namespace == ns && p.name == name));
+        if !running {
+            lab.add_pod(ns, &name, node, &labels).await?;
+        }
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let svc = crate::service::lb_service("web")
+        .named_port("https", 443, 8080, "TCP")
+        .ip_family_policy("PreferDualStack")
+        .selector("app", "web")
+        .build();
+    services
+        .patch(
+            "web",
+            &PatchParams::apply("ferrolb-demo").force(),
+            &Patch::Apply(&svc),
+        )
+        .await?;
+    let nodes = lab.topology.nodes().count();
+    let ips = wait_for(
+        &format!("ferrolb-controller to give Service {ns}/web the nodes' addresses"),
+        Duration::from_secs(60),
+        || {
+            let services = services.clone();
+            async move {
+                let s = services.get("web").await.map_err(|e| e.to_string())?;
+                let ips = crate::service::ingress_ips(&s);
+                // Every node, both families.
+                if ips.len() >= 2 * nodes {
+                    Ok(Some(ips))
+                } else {
+                    Err(format!("ingress {ips:?}"))
+                }
+            }
+        },
+    )
+    .await?;
+    println!(
+        "\nService {ns}/web got every node's address, IPv4 then IPv6, each sorted as ServiceLB sorts them:\n  {}",
+        ips.join(", ")
+    );
+    let v4 = ips
+        .iter()
+        .find(|ip| !ip.contains(':'))
+        .cloned()
+        .context("no IPv4 address")?;
+    let node = lab
+        .topology
+        .nodes()
+        .find(|h| h.interfaces[0].ipv4.to_string() == v4)
+        .map(|h| h.name.clone())
+        .context("no node has the first address")?;
+    wait_for(
+        &format!("kube-proxy on {node} to program {v4}"),
+        Duration::from_secs(30),
+        || {
+            let rules = lab
+                .exec(&node, "iptables-save", &["-t", "nat"])
+                .unwrap_or_default();
+            let ok = rules.contains(&format!("-d {v4}/32"));
+            async move {
+                if ok {
+                    Ok(Some(()))
+                } else {
+                    Err("not yet".into())
+                }
+            }
+        },
+    )
+    .await?;
+    let rules = lab.exec(&node, "iptables-save", &["-t", "nat"])?;
+    println!(
+        "\nkube-proxy's rules on {node} for its own address {v4} (iptables-save -t nat): the same DNAT a pool IP gets"
+    );
+    for line in rules
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains(&format!("-d {v4}/32")))
+    {
+        println!("  {line}");
+    }
+    println!(
+        "\nRequests from the client host to every address on both ports (each answer: pod name, source seen):"
+    );
+    let mut unanswered = Vec::new();
+    for ip in &ips {
+        for port in SERVICELB_PORTS {
+            let host = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.clone()
+            };
+            let url = format!("http://{host}:{port}/");
+            let answered = (0..20).any(|_| {
+                let out =
+                    lab.exec_output("client", "curl", &["-sS", "--max-time", "3", "-g", &url]);
+                match out {
+                    Ok(out) if out.status.success() => {
+                        println!(
+                            "  curl {url:32} -> {}",
+                            String::from_utf8_lossy(&out.stdout).trim()
+                        );
+                        true
+                    }
+                    _ => {
+                        std::thread::sleep(Duration::from_millis(500));
+                        false
+                    }
+                }
+            });
+            if !answered {
+                println!("  curl {url:32} -> no answer");
+                unanswered.push(url);
+            }
+        }
+    }
+    explain(lab, &format!("{ns}/web"))?;
+    println!(
+        "\nThe lab stays up: `sudo e2e/lab kubectl get svc -A`, `sudo e2e/lab down`. docs/k3s.md says how a k3s cluster switches."
+    );
+    anyhow::ensure!(
+        unanswered.is_empty(),
+        "no answer from {} (logs: {})",
+        unanswered.join(" and "),
+        lab.dir.join("logs").display()
+    );
+    println!("\ndemo: every node address answered on every port");
     Ok(())
 }
 

@@ -63,6 +63,13 @@ pub enum Code {
     PeerNotEstablished,
     /// A live speaker's report could not be read.
     SpeakerUnreachable,
+    /// Node addresses: the status differs from what the nodes give now.
+    NodeAddressesBehind,
+    /// Node addresses: no node can serve the Service.
+    NoNodeAddress,
+    /// Node addresses: an address in the status that no kube-proxy rule serves (no node's
+    /// address, or `ipMode: Proxy`).
+    NotANodeAddress,
 }
 
 impl fmt::Display for Code {

@@ -7,6 +7,7 @@ pub mod allocation;
 pub mod diagnosis;
 pub mod kube_proxy;
 pub mod live;
+pub mod node_addresses;
 pub mod service;
 pub mod speaker_report;
 pub mod status;

@@ -34,6 +34,10 @@ pub struct NodeFacts {
     pub unschedulable: bool,
     /// Condition `Ready` is not `True`.
     pub not_ready: bool,
+    /// `InternalIP` addresses (node addresses, decision 0024).
+    pub internal: Vec<std::net::IpAddr>,
+    /// `ExternalIP` addresses.
+    pub external: Vec<std::net::IpAddr>,
 }
 
 impl NodeFacts {
@@ -57,6 +61,8 @@ impl NodeFacts {
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
             not_ready: !is("Ready", "True"),
+            internal: addresses(node, "InternalIP"),
+            external: addresses(node, "ExternalIP"),
             labels,
         })
     }
@@ -65,6 +71,18 @@ impl NodeFacts {
     pub fn may_announce(&self) -> bool {
         !self.excluded && !self.network_unavailable
     }
+}
+
+/// The Node's addresses of type `kind` that parse.
+fn addresses(node: &Node, kind: &str) -> Vec<std::net::IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == kind)
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
 }
 
 /// One speaker: its presence, and its live report when it could be read.

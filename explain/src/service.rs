@@ -171,6 +171,9 @@ pub struct ServiceReport {
     pub diagnoses: Vec<Diagnosis>,
     /// Things worth knowing that are not faults.
     pub notes: Vec<String>,
+    /// Served by node addresses (decision 0024): which nodes are listed, and why others not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_addresses: Option<crate::node_addresses::NodeAddressReport>,
 }
 
 /// The key of the Service holding `ip` in its status, if one does.
@@ -178,7 +181,10 @@ pub fn service_of_ip(snapshot: &Snapshot, ip: IpAddr) -> Option<ServiceKey> {
     snapshot
         .services
         .iter()
-        .filter(|s| ferrolb_config::allocator::is_ours(s, snapshot.lb_class.as_deref()))
+        .filter(|s| {
+            ferrolb_config::allocator::is_ours(s, snapshot.lb_class.as_deref())
+                || crate::node_addresses::served(s)
+        })
         .find_map(|s| {
             allocation::status_ips(s)
                 .contains(&ip)
@@ -320,6 +326,13 @@ impl<'a> Explainer<'a> {
 
     /// Explains Service `key`.
     pub fn explain(&mut self, key: &ServiceKey) -> ServiceReport {
+        if let Some(service) = self.snapshot.services.iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(key.namespace())
+                && s.metadata.name.as_deref() == Some(key.name())
+                && crate::node_addresses::served(s)
+        }) {
+            return self.explain_node_addresses(key, service);
+        }
         let input = self.index.services.get(key).map(|&i| &self.inputs[i]);
         let ips = input
             .map(|i| allocation::status_ips(i.service))
@@ -337,6 +350,29 @@ impl<'a> Explainer<'a> {
             input.map(|i| i.service),
             allocation,
         )
+    }
+}
+
+impl Explainer<'_> {
+    /// A Service served by node addresses: no pool, no advertisement, no announcement (the
+    /// nodes answer for their own addresses); which nodes are listed and why the others not.
+    fn explain_node_addresses(&self, key: &ServiceKey, service: &Service) -> ServiceReport {
+        let (report, diagnoses) = crate::node_addresses::explain(self.snapshot, service);
+        let allocation = Allocation {
+            ips: allocation::status_ips(service),
+            pool: None,
+            rule: None,
+            sharing_key: None,
+            shared_with: Vec::new(),
+            diagnoses,
+        };
+        let mut r = explain_allocated(self.snapshot, &self.index, key, Some(service), allocation);
+        r.notes.insert(
+            0,
+            "served by node addresses (k3s ServiceLB's rules, decision 0024): each listed node receives the traffic for its own address, and kube-proxy there forwards it; nothing is announced".into(),
+        );
+        r.node_addresses = Some(report);
+        r
     }
 }
 
@@ -425,6 +461,7 @@ fn explain_allocated(
         kube_proxy,
         diagnoses,
         notes,
+        node_addresses: None,
     }
 }
 
@@ -761,17 +798,21 @@ fn port_chains(index: &Index<'_>, key: &ServiceKey, service: &Service) -> Vec<Po
 pub fn render_text(r: &ServiceReport) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "Service {}", r.service);
-    write_allocation(&mut t, r);
-    let _ = writeln!(
-        t,
-        "2. Advertised:   {}",
-        if r.advertisements.is_empty() {
-            "nothing".to_string()
-        } else {
-            r.advertisements.join(", ")
-        }
-    );
-    write_announcements(&mut t, r);
+    if let Some(na) = &r.node_addresses {
+        write_node_addresses(&mut t, r, na);
+    } else {
+        write_allocation(&mut t, r);
+        let _ = writeln!(
+            t,
+            "2. Advertised:   {}",
+            if r.advertisements.is_empty() {
+                "nothing".to_string()
+            } else {
+                r.advertisements.join(", ")
+            }
+        );
+        write_announcements(&mut t, r);
+    }
     write_traffic(&mut t, r);
     write_kube_proxy(&mut t, r);
     render_problems(&mut t, &r.diagnoses);
@@ -779,6 +820,44 @@ pub fn render_text(r: &ServiceReport) -> String {
         let _ = writeln!(t, "Note: {n}");
     }
     t
+}
+
+/// Steps 1 to 3 of a Service served by node addresses: the nodes listed and why the others not.
+fn write_node_addresses(
+    t: &mut String,
+    r: &ServiceReport,
+    na: &crate::node_addresses::NodeAddressReport,
+) {
+    let ips: Vec<String> = r.allocation.ips.iter().map(IpAddr::to_string).collect();
+    let _ = writeln!(
+        t,
+        "  IPs:            {}",
+        if ips.is_empty() {
+            "none".to_string()
+        } else {
+            ips.join(", ")
+        }
+    );
+    let _ = writeln!(
+        t,
+        "1. Node addresses: {} of the nodes that can serve it (k3s ServiceLB's rules)",
+        na.kind.unwrap_or("none")
+    );
+    for (node, addresses) in &na.listed {
+        let list: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
+        let _ = writeln!(t, "   {node}: listed, {}", list.join(", "));
+    }
+    for (node, why) in &na.excluded {
+        let _ = writeln!(t, "   {node}: not listed: {why}");
+    }
+    let _ = writeln!(
+        t,
+        "2. Advertised:   not needed (each node answers for its own address)"
+    );
+    let _ = writeln!(
+        t,
+        "3. Announced:    by each listed node, for its own address"
+    );
 }
 
 /// The IPs and step 1: the pool, the rule that chose it, sharing.

@@ -97,6 +97,10 @@ pub struct StatusReport {
     pub services: usize,
     /// Those holding at least one address.
     pub services_with_ips: usize,
+    /// Services served by node addresses (decision 0024): `namespace/name` and the addresses
+    /// in their status.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_addresses: Vec<(String, Vec<std::net::IpAddr>)>,
     /// The speakers' presence.
     pub speakers: Vec<Speaker>,
     /// Every problem found: the configuration's once, then each Service's own.
@@ -110,7 +114,16 @@ pub fn status(snapshot: &Snapshot) -> StatusReport {
     let ours: Vec<_> = snapshot
         .services
         .iter()
-        .filter(|s| is_ours(s, snapshot.lb_class.as_deref()))
+        .filter(|s| is_ours(s, snapshot.lb_class.as_deref()) || crate::node_addresses::served(s))
+        .collect();
+    let node_addresses = ours
+        .iter()
+        .filter(|s| crate::node_addresses::served(s))
+        .filter_map(|s| {
+            let ns = s.metadata.namespace.as_deref()?;
+            let name = s.metadata.name.as_deref()?;
+            Some((format!("{ns}/{name}"), status_ips(s)))
+        })
         .collect();
     // Usage as the controller counts it: every Service's addresses claimed again.
     let mut allocator = Allocator::new(snapshot.config.pools.values().cloned().collect());
@@ -174,6 +187,7 @@ pub fn status(snapshot: &Snapshot) -> StatusReport {
         pools,
         services: ours.len(),
         services_with_ips: ours.iter().filter(|s| !status_ips(s).is_empty()).count(),
+        node_addresses,
         speakers,
         diagnoses,
     }
@@ -216,6 +230,21 @@ pub fn render_text(r: &StatusReport) -> String {
         "Services: {} LoadBalancer, {} with addresses",
         r.services, r.services_with_ips
     );
+    if !r.node_addresses.is_empty() {
+        let _ = writeln!(t, "Served by node addresses:");
+        for (service, ips) in &r.node_addresses {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                t,
+                "  {service:<32} {}",
+                if ips.is_empty() {
+                    "no node".to_string()
+                } else {
+                    ips.join(", ")
+                }
+            );
+        }
+    }
     if r.speakers.is_empty() {
         let _ = writeln!(t, "Speakers: none");
     } else {

@@ -45,8 +45,12 @@ enum Command {
         bgp: bool,
         /// The way an operator deploys: kubelet nodes, ferrolb's images imported into them,
         /// `helm install` of charts/ferrolb, and pods that the kubelets run.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "servicelb")]
         helm: bool,
+        /// k3s ServiceLB's job: no pool at all, the controller with node addresses on, and a
+        /// Service reached on every node's address (docs/k3s.md).
+        #[arg(long, conflicts_with = "bgp")]
+        servicelb: bool,
     },
     /// Take the lab down: every namespace, link, route and process it made.
     Down,
@@ -454,11 +458,16 @@ fn run(command: Command) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
-        Command::Demo { bgp, helm } => {
-            let mode = match (bgp, helm) {
-                (true, _) => ferrolb_e2e::demo::Mode::Bgp,
-                (false, true) => ferrolb_e2e::demo::Mode::Helm,
-                (false, false) => ferrolb_e2e::demo::Mode::Layer2,
+        Command::Demo {
+            bgp,
+            helm,
+            servicelb,
+        } => {
+            let mode = match (bgp, helm, servicelb) {
+                (true, _, _) => ferrolb_e2e::demo::Mode::Bgp,
+                (_, true, _) => ferrolb_e2e::demo::Mode::Helm,
+                (_, _, true) => ferrolb_e2e::demo::Mode::ServiceLb,
+                _ => ferrolb_e2e::demo::Mode::Layer2,
             };
             rt.block_on(ferrolb_e2e::demo::run(&exe()?, mode))
                 .map(|_| 0)

@@ -120,12 +120,7 @@ impl Writer {
             Desired::NodeAddresses { ips } => (
                 ingress_of(ips),
                 serde_json::Value::Null,
-                if ips.is_empty() {
-                    // Kept as it is: a Service that had node addresses keeps its choice.
-                    serde_json::Value::Bool(false)
-                } else {
-                    serde_json::Value::String(SERVED_BY_NODE_ADDRESSES.into())
-                },
+                serde_json::Value::String(SERVED_BY_NODE_ADDRESSES.into()),
             ),
         };
         let has = |key: &str| {
@@ -140,12 +135,8 @@ impl Writer {
         if has(DEPRECATED_POOL_ANNOTATION) {
             annotations.insert(DEPRECATED_POOL_ANNOTATION.into(), serde_json::Value::Null);
         }
-        match marker {
-            serde_json::Value::Bool(_) => {}
-            serde_json::Value::Null if !has(SERVED_BY_ANNOTATION) => {}
-            marker => {
-                annotations.insert(SERVED_BY_ANNOTATION.into(), marker);
-            }
+        if !(marker.is_null() && !has(SERVED_BY_ANNOTATION)) {
+            annotations.insert(SERVED_BY_ANNOTATION.into(), marker);
         }
         let mut metadata = serde_json::json!({
             "annotations": annotations,
