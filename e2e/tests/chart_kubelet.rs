@@ -316,6 +316,69 @@ async fn install_serves_with_the_security_context_enforced(lab: &Lab) -> anyhow:
     check_security_context(lab, NET_RAW)
 }
 
+/// A user with no spare addresses installs the chart with one value, and a LoadBalancer Service
+/// with no pool anywhere gets its nodes' addresses and answers on them (docs/k3s.md): the
+/// controller and speaker pods as the chart runs them, presence group and RBAC included.
+async fn node_addresses_serve_with_no_pool_from_one_value(lab: &Lab) -> anyhow::Result<()> {
+    let _release = Release::install(lab, &["--set", "controller.nodeAddresses.enabled=true"])?;
+    helm_demo::running_and_ready(lab).await?;
+    lab.kubectl(&[
+        "delete",
+        "ipaddresspools",
+        "--all",
+        "-n",
+        NAMESPACE,
+        "--ignore-not-found",
+    ])?;
+    let namespace = "chart-k-nodes";
+    let mut app = TestScope::new(lab, namespace).await?;
+    app.deploy("web", &["node1", "node2"]).await?;
+    lab.apply(
+        &json!(
+            lb_service("web")
+                .namespace(namespace)
+                .selector("app", "web")
+                .build()
+        )
+        .to_string(),
+    )?;
+    let mut want: Vec<String> = lab
+        .topology
+        .nodes()
+        .map(|h| h.interfaces[0].ipv4.to_string())
+        .collect();
+    want.sort();
+    let ips = wait_for(
+        &format!("Service {namespace}/web to list every node's address"),
+        Duration::from_secs(90),
+        || async {
+            let ips = lab
+                .kubectl(&[
+                    "get",
+                    "service",
+                    "-n",
+                    namespace,
+                    "web",
+                    "-o",
+                    "jsonpath={.status.loadBalancer.ingress[*].ip}",
+                ])
+                .map_err(|e| e.to_string())?;
+            let ips: Vec<String> = ips.split_whitespace().map(str::to_string).collect();
+            if ips == want {
+                Ok(Some(ips))
+            } else {
+                Err(format!("ingress {ips:?}"))
+            }
+        },
+    )
+    .await?;
+    for ip in &ips {
+        let who = answers(lab, ip).await?;
+        ensure!(who.starts_with("web-"), "{ip} answered by {who:?}");
+    }
+    Ok(())
+}
+
 /// `helm upgrade` to a new image tag (and BGP listening): the Deployment and the DaemonSet roll
 /// every pod, one speaker at a time; the IP stays and keeps answering, the outage is measured;
 /// the gossip key stays; the new speakers hold NET_BIND_SERVICE too and listen on 179.
@@ -808,6 +871,14 @@ fn main() -> std::process::ExitCode {
         .test(
             "upgrade_to_a_new_tag_rolls_every_pod_keeps_the_ip_and_measures_the_outage",
             |lab| Box::pin(async move { upgrade_rolls_every_pod_and_keeps_the_ip(&lab).await }),
+        )
+        .test(
+            "node_addresses_serve_a_service_with_no_pool_from_one_chart_value",
+            |lab| {
+                Box::pin(
+                    async move { node_addresses_serve_with_no_pool_from_one_value(&lab).await },
+                )
+            },
         )
         .test(
             "a_deleted_speaker_pod_is_recreated_by_the_daemonset_and_the_ip_stays",
