@@ -56,6 +56,13 @@ impl Presence {
         Self { leases, renewals }
     }
 
+    /// Waits until the first list of the Leases is in.
+    pub async fn wait_until_ready(
+        &self,
+    ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+        self.leases.wait_until_ready().await
+    }
+
     /// The nodes whose speaker is alive at `now`: a Lease held by the node, seen renewed within
     /// its duration of the newest renewal seen of any Lease.
     pub fn alive(&self, now: Instant) -> BTreeSet<String> {

@@ -3,9 +3,10 @@
 //! that is gone, and ends each change only once no voter serves the old generation. The rules
 //! are `ferrolb_layer2::voters::steward`; this is their I/O.
 //!
-//! * **Eligible nodes**: a Node whose speaker's presence Lease this replica saw renewed within
-//!   the Lease's duration, by its own clock (a speaker's clock may be off; a Lease first seen
-//!   counts as renewed then): the speaker runs and reaches the API server. A Node NotReady
+//! * **Eligible nodes**: a Node whose speaker is alive (`crate::presence`: its presence Lease
+//!   seen renewed within the Lease's duration of the newest renewal seen, by this replica's own
+//!   clock; a speaker's clock may be off, and a Lease first seen counts as renewed then): the
+//!   speaker runs and reaches the API server. A Node NotReady
 //!   whose speaker still runs can still vote. The failure domain is `topology.kubernetes.io/zone`, else
 //!   `topology.kubernetes.io/region`, else none.
 //! * **Fenced writes**: the configuration is written only while this replica leads with at
@@ -23,7 +24,7 @@ use ferrolb_layer2::voters::VoterConfig;
 use ferrolb_layer2::voters::steward::{Candidate, DutyRead, Plan, Settings as Rules, Steward, Why};
 use ferrolb_runtime::owner::OwnerCell;
 use ferrolb_runtime::voters::{
-    Record, config_object, config_of, record_name, record_object, record_of,
+    Record, config_object, config_of, record_name, record_object, record_of, timed,
 };
 use ferrolb_runtime::watch::{Continue, reflect};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -33,17 +34,13 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, watcher};
 
 use crate::leader::Leadership;
+use crate::presence::Presence;
 use crate::telemetry::Metrics;
-
-/// When each presence Lease (by name) was last seen changed: its version and the instant.
-type Renewals = Arc<std::sync::Mutex<std::collections::HashMap<String, (String, Instant)>>>;
 
 /// A write starts only with this much of the grant left.
 const WRITE_MARGIN: Duration = Duration::from_millis(500);
 /// How often the leader looks again (each look reads the configuration afresh).
 const EVERY: Duration = Duration::from_secs(1);
-/// How long one read may take before it counts as failed.
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the voters' task needs.
 pub struct Settings {
@@ -73,43 +70,20 @@ pub fn spawn(
         |_| -> Continue { true },
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
-    let selector = format!(
-        "{}={}",
-        ferrolb_runtime::voters::PRESENCE_LABEL,
-        settings.presence_group
-    );
-    // When this replica saw each presence Lease change, by its own monotonic clock: a
-    // speaker's `renewTime` is its wall clock, which may be off (issue 33).
-    let renewals: Renewals = Arc::default();
-    let seen = renewals.clone();
-    let lease_store = reflect(
-        watcher(leases.clone(), watcher::Config::default().labels(&selector)),
-        "presence leases (voters)",
-        |l: &mut Lease| l.metadata.managed_fields = None,
-        move |change| -> Continue {
-            if let ferrolb_runtime::watch::Change::Object(lease) = change
-                && let (Some(name), Some(version)) = (
-                    lease.metadata.name.clone(),
-                    lease.metadata.resource_version.clone(),
-                )
-            {
-                let mut seen = seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if seen.get(&name).is_none_or(|(v, _)| *v != version) {
-                    seen.insert(name, (version, Instant::now()));
-                }
-            }
-            true
-        },
+    // Which speakers are alive, aged by this replica's own clock (a speaker's `renewTime` is its
+    // wall clock, which may be off: issue 33).
+    let presence = Presence::watch(
+        &client,
+        &settings.namespace,
+        &settings.presence_group,
+        |_| -> Continue { true },
     );
     let task = Task {
         configs: Api::namespaced(client, &settings.namespace),
         records: leases,
         settings,
         nodes: node_store,
-        presence: lease_store,
-        renewals,
+        presence,
         owner,
         metrics,
     };
@@ -121,8 +95,7 @@ struct Task {
     records: Api<Lease>,
     settings: Settings,
     nodes: Store<PartialObjectMeta<Node>>,
-    presence: Store<Lease>,
-    renewals: Renewals,
+    presence: Presence,
     owner: OwnerCell,
     metrics: Arc<Metrics>,
 }
@@ -260,24 +233,7 @@ impl Task {
 
     /// Every Node, eligible while its speaker's presence Lease is fresh.
     fn candidates(&self) -> Vec<Candidate> {
-        let now = Instant::now();
-        let renewals = self
-            .renewals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let alive: std::collections::BTreeSet<String> = self
-            .presence
-            .state()
-            .iter()
-            .filter_map(|l| {
-                let spec = l.spec.as_ref()?;
-                let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
-                let (_, at) = renewals.get(l.metadata.name.as_deref()?)?;
-                let fresh = now.saturating_duration_since(*at) < Duration::from_secs(seconds);
-                fresh.then(|| spec.holder_identity.clone())?
-            })
-            .collect();
-        drop(renewals);
+        let alive = self.presence.alive(Instant::now());
         let mut candidates: Vec<Candidate> = self
             .nodes
             .state()
@@ -406,10 +362,4 @@ fn is_conflict(e: &anyhow::Error) -> bool {
         e.downcast_ref::<kube::Error>(),
         Some(kube::Error::Api(s)) if s.code == 409
     )
-}
-
-async fn timed<T>(call: impl Future<Output = kube::Result<T>>) -> anyhow::Result<T> {
-    Ok(tokio::time::timeout(READ_TIMEOUT, call)
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer within {READ_TIMEOUT:?}"))??)
 }

@@ -140,6 +140,18 @@ pub fn record_object(object: &str, namespace: &str, node: &str, record: &Record)
     }
 }
 
+/// How long one API call of the voters' protocol (a read of the configuration or of a duty
+/// record, a fenced write) may take before it counts as failed: a late answer is worse than
+/// none, as the protocol acts on what it read.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `call` within [`CALL_TIMEOUT`], its error or the timeout as an error.
+pub async fn timed<T>(call: impl Future<Output = kube::Result<T>>) -> anyhow::Result<T> {
+    Ok(tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))??)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

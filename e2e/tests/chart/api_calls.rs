@@ -151,7 +151,7 @@ pub const CALLS: &[Call] = &[
         file: "controller/src/run/watches.rs",
         call: "Api::<K>::all(client)",
     },
-    // Which speakers are alive (node addresses): their presence Leases.
+    // Which speakers are alive (node addresses, layer 2 voters): their presence Leases.
     Call {
         by: C,
         scope: Scope::Release,
@@ -321,16 +321,6 @@ pub const CALLS: &[Call] = &[
         name: None,
         file: "controller/src/voters.rs",
         call: "watcher(nodes, watcher::Config::default().page_size(500))",
-    },
-    Call {
-        by: C,
-        scope: Scope::Release,
-        group: "coordination.k8s.io",
-        resources: &["leases"],
-        verbs: LIST_WATCH,
-        name: None,
-        file: "controller/src/voters.rs",
-        call: "watcher(leases.clone(), watcher::Config::default().labels(&selector))",
     },
     Call {
         by: C,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrolb_layer2::voters::duty::Planned;
-use ferrolb_runtime::voters::{Record, config_of, record_name, record_object, record_of};
+use ferrolb_runtime::voters::{Record, config_of, record_name, record_object, record_of, timed};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -27,8 +27,6 @@ use crate::l2::gossip::Gossip;
 
 /// How often a voter node reads the configuration afresh and writes its duty record.
 pub const DUTY_EVERY: Duration = Duration::from_secs(1);
-/// How long one read or write of the loop may take before it counts as failed.
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where the voter configuration and this node's duty record are.
 #[derive(Clone)]
@@ -173,10 +171,4 @@ impl Object {
             .resource_version
             .ok_or_else(|| anyhow::anyhow!("the written duty record has no resourceVersion"))
     }
-}
-
-async fn timed<T>(call: impl Future<Output = kube::Result<T>>) -> anyhow::Result<T> {
-    Ok(tokio::time::timeout(CALL_TIMEOUT, call)
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))??)
 }

@@ -135,7 +135,7 @@ impl Writer {
         if has(DEPRECATED_POOL_ANNOTATION) {
             annotations.insert(DEPRECATED_POOL_ANNOTATION.into(), serde_json::Value::Null);
         }
-        if !(marker.is_null() && !has(SERVED_BY_ANNOTATION)) {
+        if !marker.is_null() || has(SERVED_BY_ANNOTATION) {
             annotations.insert(SERVED_BY_ANNOTATION.into(), marker);
         }
         let mut metadata = serde_json::json!({
