@@ -772,6 +772,17 @@ fn controller_node_addresses_value() -> anyhow::Result<()> {
             && on.get("FERROLB_PRESENCE_GROUP").map(String::as_str) == Some("ferrolb-speaker"),
         "{on:?}"
     );
+    // Without speakers no node could ever be listed: refused with the reason, not rendered.
+    let refused = render_error(&[
+        "--set",
+        "controller.nodeAddresses.enabled=true",
+        "--set",
+        "speaker.enabled=false",
+    ])?;
+    ensure!(
+        refused.contains("controller.nodeAddresses.enabled needs speaker.enabled"),
+        "{refused}"
+    );
     Ok(())
 }
 

@@ -326,8 +326,9 @@ async fn a_stopped_speaker_or_a_not_ready_node_leaves_the_list(ctx: Ctx) -> anyh
     create(&api, lb_service("a").build()).await?;
     wait_ingress(&api, "a", &all).await?;
     let speakers = &ctx.deployment.speakers;
-    speakers.stop("node3");
+    // From the stop's start: the speaker deletes its presence Lease as it stops cleanly.
     let started = std::time::Instant::now();
+    speakers.stop("node3");
     let restarted = async {
         wait_ingress(&api, "a", &without3).await?;
         let left = started.elapsed();
@@ -342,11 +343,18 @@ async fn a_stopped_speaker_or_a_not_ready_node_leaves_the_list(ctx: Ctx) -> anyh
     let left = restarted?;
     eprintln!("a stopped speaker's node left the list in {left:?}");
     let client = lab.client().await?;
+    let started = std::time::Instant::now();
     cluster::set_node_ready(&client, &lab.topology, "node3", false).await?;
     let not_ready = wait_ingress(&api, "a", &without3).await;
+    let left = started.elapsed();
+    let started = std::time::Instant::now();
     cluster::set_node_ready(&client, &lab.topology, "node3", true).await?;
     not_ready?;
     wait_ingress(&api, "a", &all).await?;
+    eprintln!(
+        "a NotReady node left the list in {left:?}, and was back {:?} after it was Ready",
+        started.elapsed()
+    );
     Ok(())
 }
 

@@ -124,6 +124,9 @@ says what to do, rather than ignore a setting the user relies on.
 {{- if .Values.speaker.memberlist.mlBindAddrOverride }}
 {{- fail "speaker.memberlist.mlBindAddrOverride: not supported; the speakers use the node's addresses" }}
 {{- end }}
+{{- if and .Values.controller.nodeAddresses.enabled (not .Values.speaker.enabled) }}
+{{- fail "controller.nodeAddresses.enabled needs speaker.enabled: a node's address is listed only while ferrolb's speaker runs on it (docs/k3s.md)" }}
+{{- end }}
 {{- if .Values.speaker.ignoreExcludeLB }}
 {{- fail "speaker.ignoreExcludeLB: not supported; nodes labelled node.kubernetes.io/exclude-from-external-load-balancers never announce" }}
 {{- end }}

@@ -1,0 +1,78 @@
+//! The node-address decision (decision 0024) over a grid of cluster sizes: how long deciding
+//! every Service served by node addresses takes, which the controller does once per change of
+//! its inputs (a Node's addresses, labels or readiness, a speaker coming or going, a member
+//! Service or, with `Local`, its endpoints).
+//!
+//! Run: `cargo bench -p ferrolb-config --bench node_addresses -- --warm-up-time 1 --measurement-time 3`
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use ferrolb_config::address::Family;
+use ferrolb_config::allocator::{ProtocolPort, ServiceKey};
+use ferrolb_config::node_addresses::{Node, Nodes, Service, TrafficPolicy, compute};
+use ferrolb_config::selector::Labels;
+
+/// `n` Ready nodes with a live speaker, each with a dual-stack Internal IP.
+fn nodes(n: u32) -> Nodes {
+    Nodes::new((0..n).map(|i| Node {
+        name: format!("node-{i:05}"),
+        labels: Labels::new(),
+        internal: vec![
+            IpAddr::V4(Ipv4Addr::from(0xC612_0000 + i)),
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, i as u16)),
+        ],
+        external: Vec::new(),
+        ready: true,
+        speaker_alive: true,
+    }))
+    .unwrap()
+}
+
+/// `s` dual-stack Services, each on a port of its own (none is refused a node), one in ten with
+/// `externalTrafficPolicy: Local` and endpoints on three nodes.
+fn services(s: u32) -> Vec<Service> {
+    (0..s)
+        .map(|i| Service {
+            key: ServiceKey::new("bench", format!("svc-{i:05}")),
+            created: i64::from(i),
+            labels: Labels::new(),
+            ip_families: vec![Family::V4, Family::V6],
+            ports: vec![ProtocolPort::tcp(1024 + (i % 60_000) as u16)],
+            traffic: if i % 10 == 0 {
+                TrafficPolicy::Local {
+                    ready_endpoint_nodes: (0..3).map(|k| format!("node-{k:05}")).collect(),
+                }
+            } else {
+                TrafficPolicy::Cluster
+            },
+            current_ingress: Vec::new(),
+        })
+        .collect()
+}
+
+fn decide_all(c: &mut Criterion) {
+    let mut group = c.benchmark_group("node_addresses/compute");
+    group.sample_size(10);
+    for n in [3u32, 100, 1_000] {
+        let nodes = nodes(n);
+        for s in [1_000u32, 10_000] {
+            let services = services(s);
+            group.throughput(Throughput::Elements(u64::from(s)));
+            group.bench_with_input(
+                BenchmarkId::new(format!("{n}_nodes"), s),
+                &services,
+                |b, services| b.iter(|| black_box(compute(&nodes, services).unwrap())),
+            );
+        }
+    }
+    group.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    decide_all(&mut c);
+    c.final_summary();
+}
