@@ -264,6 +264,8 @@ pub struct Engine {
     dirty: bool,
     /// Services whose outcome changed in a computation and that were not decided since.
     changed: BTreeSet<ServiceKey>,
+    /// Services asked for while an input had changed: decided again after the computation.
+    deferred: BTreeSet<ServiceKey>,
     /// The port-held Events last recorded per Service (recorded again only when they change).
     reported: BTreeMap<ServiceKey, Vec<Note>>,
 }
@@ -336,16 +338,23 @@ impl Engine {
             None => {
                 self.reported.remove(key);
                 self.outcomes.remove(key);
+                self.deferred.remove(key);
                 self.members.remove(key).is_some()
             }
         };
         self.dirty |= changed;
     }
 
-    /// The outcome for member `key` (computed afresh if an input changed), with its Events:
-    /// port-held Warnings only when they differ from those last recorded.
+    /// The outcome for member `key`, with its Events: port-held Warnings only when they differ
+    /// from those last recorded. `None` while an input changed since the last computation: the
+    /// Service is deferred to [`Self::take_changed`], so that a pass deciding many Services (a
+    /// burst of new ones) computes once, not once per Service; or when the computation failed
+    /// (logged).
     pub fn decide(&mut self, key: &ServiceKey) -> Option<(Vec<IpAddr>, Vec<Note>)> {
-        self.compute();
+        if self.dirty {
+            self.deferred.insert(key.clone());
+            return None;
+        }
         self.changed.remove(key);
         let outcome = self.outcomes.get(key)?;
         let mut notes: Vec<Note> = outcome
@@ -367,11 +376,13 @@ impl Engine {
         Some((outcome.ingress.clone(), notes))
     }
 
-    /// The Services whose outcome changed since they were last decided (computing afresh if an
-    /// input changed).
+    /// The Services to decide again: those whose outcome changed since they were last decided,
+    /// and those deferred (computing afresh if an input changed).
     pub fn take_changed(&mut self) -> Vec<ServiceKey> {
         self.compute();
-        std::mem::take(&mut self.changed).into_iter().collect()
+        let mut keys = std::mem::take(&mut self.changed);
+        keys.extend(std::mem::take(&mut self.deferred));
+        keys.into_iter().collect()
     }
 
     /// How many Services are served by node addresses.

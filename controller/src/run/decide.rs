@@ -136,10 +136,16 @@ impl Decider {
             me.core.forget(key);
             let engine = me.node_addresses.as_mut()?;
             engine.set_member(key, Some((service, request)));
-            let (ips, notes) = engine.decide(key).unwrap_or_default();
-            Some(Outcome {
-                desired: Desired::NodeAddresses { ips },
-                notes,
+            Some(match engine.decide(key) {
+                Some((ips, notes)) => Outcome {
+                    desired: Desired::NodeAddresses { ips },
+                    notes,
+                },
+                // Decided again once the decision is computed (`follow_ups`).
+                None => Outcome {
+                    desired: Desired::Untouched,
+                    notes: Vec::new(),
+                },
             })
         };
         let not_by_nodes = |me: &mut Self| {
@@ -332,12 +338,14 @@ impl Decide for Decider {
             .iter()
             .filter(|s| {
                 let service = s.to_service();
-                if !is_ours(&service, self.lb_class.as_deref())
-                    || self
+                // A Service served by node addresses waits for nothing while it holds them (the
+                // choice sticks); with none, a pool that frees up may serve it.
+                let holds_node_addresses = !current_ips(&service).is_empty()
+                    && self
                         .node_addresses
                         .as_ref()
-                        .is_some_and(|e| e.is_member(s.key()))
-                {
+                        .is_some_and(|e| e.is_member(s.key()));
+                if !is_ours(&service, self.lb_class.as_deref()) || holds_node_addresses {
                     return false;
                 }
                 match self.core.allocator().assignment(s.key()) {

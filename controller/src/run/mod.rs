@@ -895,6 +895,50 @@ mod driver_tests {
         }
 
         #[tokio::test]
+        async fn a_burst_of_services_each_gets_its_addresses() {
+            let mut driver = two_nodes(None);
+            for i in 0..50 {
+                apply(
+                    &mut driver,
+                    svc(&format!("s{i:02}"), i)
+                        .port(1000 + i as i32, "TCP")
+                        .build(),
+                );
+            }
+            let writes = settle(&mut driver).await;
+            assert_eq!(writes.len(), 50, "{writes:?}");
+            assert!(writes.iter().all(|w| w.ends_with(BOTH)), "{writes:?}");
+        }
+
+        #[tokio::test]
+        async fn a_service_left_without_a_node_takes_a_pool_address_that_frees_up() {
+            let mut driver = two_nodes(Some("198.18.200.0/32"));
+            apply(&mut driver, svc("holder", 1).build());
+            settle(&mut driver).await;
+            // Every speaker gone: b gets no node, and is marked.
+            alive(&mut driver, &[]);
+            apply(&mut driver, svc("b", 2).port(443, "TCP").build());
+            assert_eq!(
+                settle(&mut driver).await,
+                ["write default/b: NodeAddresses { ips: [] }"]
+            );
+            apply(
+                &mut driver,
+                svc("b", 2)
+                    .port(443, "TCP")
+                    .annotation("ferrolb.io/served-by", "node-addresses")
+                    .build(),
+            );
+            driver.take(Work::Service(Box::new(Event::Delete(CachedService::new(
+                svc("holder", 1).build(),
+            )))));
+            assert_eq!(
+                settle(&mut driver).await,
+                ["write default/b: Assigned { ips: [198.18.200.0], pool: \"p\" }"]
+            );
+        }
+
+        #[tokio::test]
         async fn node_addresses_off_leave_a_service_without_a_pool_pending() {
             let mut driver = driver_with(None, false);
             apply(&mut driver, svc("a", 1).build());
