@@ -88,31 +88,8 @@ async fn serve(
     annotations: &[(&str, &str)],
 ) -> anyhow::Result<(Service, Vec<String>, String)> {
     let client = lab.client().await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .patch(
-            ns,
-            &PatchParams::apply("ferrolb-demo").force(),
-            &Patch::Apply(&namespace),
-        )
-        .await?;
     println!("==> two pods of app=demo on node1 and node2, and a LoadBalancer Service");
-    let labels = BTreeMap::from([("app".to_string(), "demo".to_string())]);
-    for (i, node) in ["node1", "node2"].iter().enumerate() {
-        let name = format!("demo-{i}");
-        let running = crate::lab::State::load(&lab.dir)?
-            .is_some_and(|s| s.pods.iter().any(|p| p.namespace == ns && p.name == name));
-        if !running {
-            lab.add_pod(ns, &name, node, &labels).await?;
-        }
-    }
+    namespace_with_pods(lab, ns, "demo").await?;
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let svc = crate::service::lb_service("demo")
         .annotations(annotations.iter().copied())
@@ -167,6 +144,36 @@ async fn serve(
         ips.join(" and ")
     );
     Ok((svc, ips, pool))
+}
+
+/// Namespace `ns` with two pods of `app` (`<app>-0` on node1, `<app>-1` on node2), made only
+/// where an earlier demo did not leave them.
+async fn namespace_with_pods(lab: &Lab, ns: &str, app: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(lab.client().await?);
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::apply("ferrolb-demo").force(),
+            &Patch::Apply(&namespace),
+        )
+        .await?;
+    let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
+    for (i, node) in ["node1", "node2"].iter().enumerate() {
+        let name = format!("{app}-{i}");
+        let running = crate::lab::State::load(&lab.dir)?
+            .is_some_and(|s| s.pods.iter().any(|p| p.namespace == ns && p.name == name));
+        if !running {
+            lab.add_pod(ns, &name, node, &labels).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs `kubectl ferrolb explain service KEY` (the `ferrolb` binary, with the lab's admin
@@ -307,37 +314,14 @@ pub(crate) async fn run_l2(lab: &Lab) -> anyhow::Result<()> {
 /// it on every address and both ports; explain says why each node is listed.
 async fn run_servicelb(lab: &Lab) -> anyhow::Result<()> {
     let client = lab.client().await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns = "demo-servicelb";
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .patch(
-            ns,
-            &PatchParams::apply("ferrolb-demo").force(),
-            &Patch::Apply(&namespace),
-        )
-        .await?;
     println!(
         "==> no IPAddressPool at all; ferrolb-controller runs with --node-addresses (chart: controller.nodeAddresses.enabled=true)"
     );
     println!(
         "==> two pods of app=web on node1 and node2, and a LoadBalancer Service on ports 80 and 443"
     );
-    let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
-    for (i, node) in ["node1", "node2"].iter().enumerate() {
-        let name = format!("web-{i}");
-        let running = crate::lab::State::load(&lab.dir)?
-            .is_some_and(|s| s.pods.iter().any(|p| p.namespace == ns && p.name == name));
-        if !running {
-            lab.add_pod(ns, &name, node, &labels).await?;
-        }
-    }
+    namespace_with_pods(lab, ns, "web").await?;
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let svc = crate::service::lb_service("web")
         .named_port("https", 443, 8080, "TCP")

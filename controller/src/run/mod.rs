@@ -898,12 +898,16 @@ mod driver_tests {
         async fn a_burst_of_services_each_gets_its_addresses() {
             let mut driver = two_nodes(None);
             for i in 0..50 {
-                apply(
-                    &mut driver,
-                    svc(&format!("s{i:02}"), i)
-                        .port(1000 + i as i32, "TCP")
-                        .build(),
-                );
+                // A port of its own (no port 80 as `svc` gives): nobody's port is held.
+                let own_port = objects::service(&format!("s{i:02}"))
+                    .namespace("default")
+                    .port(1000 + i as i32, "TCP")
+                    .with(|s| {
+                        s.metadata.creation_timestamp =
+                            Some(Time(k8s_openapi::jiff::Timestamp::from_second(i).unwrap()))
+                    })
+                    .build();
+                apply(&mut driver, own_port);
             }
             let writes = settle(&mut driver).await;
             assert_eq!(writes.len(), 50, "{writes:?}");
