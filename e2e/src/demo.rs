@@ -321,9 +321,30 @@ async fn run_servicelb(lab: &Lab) -> anyhow::Result<()> {
     println!(
         "==> two pods of app=web on node1 and node2, and a LoadBalancer Service on ports 80 and 443"
     );
+    // Pools come first: where an earlier demo left one on this lab, the Service asks for node
+    // addresses itself (those demos' Services keep their pool IPs, so their ports hold no node
+    // address).
+    let pools = lab.kubectl(&[
+        "get",
+        "ipaddresspools",
+        "-n",
+        ferrolb::NAMESPACE,
+        "-o",
+        "name",
+    ])?;
+    let annotations: &[(&str, &str)] = if pools.trim().is_empty() {
+        &[]
+    } else {
+        println!(
+            "==> an earlier demo left pools ({}): this Service asks for node addresses with ferrolb.io/node-addresses: \"true\"",
+            pools.split_whitespace().collect::<Vec<_>>().join(", ")
+        );
+        &[("ferrolb.io/node-addresses", "true")]
+    };
     namespace_with_pods(lab, ns, "web").await?;
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let svc = crate::service::lb_service("web")
+        .annotations(annotations.iter().copied())
         .named_port("https", 443, 8080, "TCP")
         .ip_family_policy("PreferDualStack")
         .selector("app", "web")
