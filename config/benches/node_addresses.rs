@@ -12,7 +12,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ferrolb_config::address::Family;
 use ferrolb_config::allocator::{ProtocolPort, ServiceKey};
-use ferrolb_config::node_addresses::{Node, Nodes, Service, TrafficPolicy, compute};
+use ferrolb_config::node_addresses::{
+    HeldPorts, Node, Nodes, Service, TrafficPolicy, compute, compute_service_brief, priority,
+};
 use ferrolb_config::selector::Labels;
 
 /// `n` Ready nodes with a live speaker, each with a dual-stack Internal IP.
@@ -53,6 +55,21 @@ fn services(s: u32) -> Vec<Service> {
         .collect()
 }
 
+/// The controller's loop (`controller/src/node_addresses.rs`): every Service in priority order,
+/// without the per-node detail.
+fn brief(nodes: &Nodes, services: &[Service]) -> usize {
+    let mut order: Vec<&Service> = services.iter().collect();
+    order.sort_by(|a, b| priority(a, b));
+    let mut held = HeldPorts::new();
+    let mut listed = 0;
+    for service in order {
+        let outcome = compute_service_brief(nodes, service, &held).unwrap();
+        held.hold(service, &outcome.ingress);
+        listed += outcome.ingress.len();
+    }
+    listed
+}
+
 fn decide_all(c: &mut Criterion) {
     let mut group = c.benchmark_group("node_addresses/compute");
     group.sample_size(10);
@@ -65,6 +82,12 @@ fn decide_all(c: &mut Criterion) {
                 BenchmarkId::new(format!("{n}_nodes"), s),
                 &services,
                 |b, services| b.iter(|| black_box(compute(&nodes, services).unwrap())),
+            );
+            // As the controller runs it: without the per-node detail.
+            group.bench_with_input(
+                BenchmarkId::new(format!("{n}_nodes_brief"), s),
+                &services,
+                |b, services| b.iter(|| black_box(brief(&nodes, services))),
             );
         }
     }

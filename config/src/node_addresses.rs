@@ -38,7 +38,7 @@
 //!    (L304-L319). ferrolb adds [`PORT_HELD_REASON`] (Warning) for each address lost to a holder.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -315,6 +315,10 @@ impl ServiceOutcome {
 pub struct Nodes {
     by_name: BTreeMap<String, Node>,
     enable_lb_in_effect: bool,
+    /// Every node address by its rank in Go's `sort.Strings` order of their texts, and its
+    /// text: computed once, so that no Service's decision formats or compares strings per node.
+    rank: HashMap<IpAddr, u32>,
+    text: Vec<String>,
 }
 
 impl Nodes {
@@ -331,10 +335,39 @@ impl Nodes {
         let enable_lb_in_effect = by_name
             .values()
             .any(|n| n.labels.contains_key(ENABLE_LB_LABEL));
+        let mut all: Vec<(String, IpAddr)> = by_name
+            .values()
+            .flat_map(|n| n.internal.iter().chain(&n.external))
+            .map(|a| (a.to_string(), *a))
+            .collect();
+        all.sort();
+        all.dedup();
+        let rank = all
+            .iter()
+            .enumerate()
+            .map(|(i, (_, a))| (*a, u32::try_from(i).unwrap_or(u32::MAX)))
+            .collect();
+        let text = all.into_iter().map(|(t, _)| t).collect();
         Ok(Self {
             by_name,
             enable_lb_in_effect,
+            rank,
+            text,
         })
+    }
+
+    /// Sorts node addresses as Go's `sort.Strings` sorts their texts (k3s L390-L391), by the
+    /// ranks computed once.
+    fn sort_as_strings(&self, addresses: &mut [IpAddr]) {
+        addresses.sort_by_key(|a| self.rank.get(a).copied().unwrap_or(u32::MAX));
+    }
+
+    /// The text of a node address (its status string).
+    fn text_of(&self, address: &IpAddr) -> Option<&str> {
+        let rank = *self.rank.get(address)?;
+        self.text
+            .get(usize::try_from(rank).ok()?)
+            .map(String::as_str)
     }
 
     /// Some node carries [`ENABLE_LB_LABEL`] (any value), so only `"true"` nodes are eligible.
@@ -393,11 +426,17 @@ pub fn priority(a: &Service, b: &Service) -> Ordering {
 }
 
 /// The (address, port) pairs held so far, and by whom: what a Service's decision needs to know
-/// of the Services before it in [`priority`] order.
+/// of the Services before it in [`priority`] order. Kept per port as the holders with the
+/// addresses each holds, not per pair: a Service holds its ports on all its addresses, so holding
+/// costs its ports, not its ports times the nodes.
 #[derive(Clone, Debug, Default)]
 pub struct HeldPorts {
-    held: BTreeMap<(IpAddr, ProtocolPort), ServiceKey>,
+    /// Per port, the holders in the order they took it.
+    held: HashMap<ProtocolPort, Vec<Holder>>,
 }
+
+/// A Service holding a port, with the addresses it holds it on (sorted; shared by its ports).
+type Holder = (ServiceKey, std::sync::Arc<[IpAddr]>);
 
 impl HeldPorts {
     /// Nothing held.
@@ -405,31 +444,55 @@ impl HeldPorts {
         Self::default()
     }
 
-    /// Who holds `port` on `address`, if anyone.
+    /// Who holds `port` on `address`, if anyone: the first to take it.
     pub fn holder(&self, address: IpAddr, port: ProtocolPort) -> Option<&ServiceKey> {
-        self.held.get(&(address, port))
+        self.held
+            .get(&port)?
+            .iter()
+            .find(|(_, addresses)| addresses.binary_search(&address).is_ok())
+            .map(|(key, _)| key)
     }
 
     /// Record that `service` holds every one of its ports on each of `ingress`. A pair already
     /// held stays with its holder: the first to hold keeps it.
     pub fn hold(&mut self, service: &Service, ingress: &[IpAddr]) {
-        for &address in ingress {
-            for &port in &service.ports {
-                self.held
-                    .entry((address, port))
-                    .or_insert_with(|| service.key.clone());
-            }
+        if ingress.is_empty() {
+            return;
+        }
+        let mut addresses = ingress.to_vec();
+        addresses.sort_unstable();
+        addresses.dedup();
+        let addresses: std::sync::Arc<[IpAddr]> = addresses.into();
+        let mut ports = service.ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        for port in ports {
+            self.held
+                .entry(port)
+                .or_default()
+                .push((service.key.clone(), addresses.clone()));
         }
     }
 
     /// Forget everything `service` holds (for a caller that recomputes it).
     pub fn release(&mut self, service: &ServiceKey) {
-        self.held.retain(|_, holder| holder != service);
+        for holders in self.held.values_mut() {
+            holders.retain(|(holder, _)| holder != service);
+        }
+        self.held.retain(|_, holders| !holders.is_empty());
     }
 
     /// Every held pair, in (address, port) order.
     pub fn iter(&self) -> impl Iterator<Item = (IpAddr, ProtocolPort, &ServiceKey)> {
-        self.held.iter().map(|(&(a, p), k)| (a, p, k))
+        let mut pairs: BTreeMap<(IpAddr, ProtocolPort), &ServiceKey> = BTreeMap::new();
+        for (&port, holders) in &self.held {
+            for (key, addresses) in holders {
+                for &address in addresses.iter() {
+                    pairs.entry((address, port)).or_insert(key);
+                }
+            }
+        }
+        pairs.into_iter().map(|((a, p), k)| (a, p, k))
     }
 }
 
@@ -441,6 +504,26 @@ pub fn compute_service(
     nodes: &Nodes,
     service: &Service,
     held: &HeldPorts,
+) -> Result<ServiceOutcome, InputError> {
+    decide_service(nodes, service, held, true)
+}
+
+/// [`compute_service`] without the per-node detail: `listed` and `excluded` are left empty
+/// (everything else is the same). For a caller that keeps the outcomes of many Services and
+/// needs only the status and the Events: the detail is Services × nodes.
+pub fn compute_service_brief(
+    nodes: &Nodes,
+    service: &Service,
+    held: &HeldPorts,
+) -> Result<ServiceOutcome, InputError> {
+    decide_service(nodes, service, held, false)
+}
+
+fn decide_service(
+    nodes: &Nodes,
+    service: &Service,
+    held: &HeldPorts,
+    detail: bool,
 ) -> Result<ServiceOutcome, InputError> {
     let mut ports: Vec<ProtocolPort> = service.ports.clone();
     ports.sort();
@@ -462,10 +545,11 @@ pub fn compute_service(
     let mut eligible = Vec::new();
     for node in nodes.iter() {
         match nodes.ineligibility(node, service) {
-            Some(reason) => excluded.push(Excluded {
+            Some(reason) if detail => excluded.push(Excluded {
                 node: node.name.clone(),
                 reason,
             }),
+            Some(_) => {}
             None => eligible.push(node),
         }
     }
@@ -491,10 +575,12 @@ pub fn compute_service(
                 AddressKind::Internal => &node.internal,
             };
             if addresses.is_empty() && kind == AddressKind::External {
-                excluded.push(Excluded {
-                    node: node.name.clone(),
-                    reason: Exclusion::NoExternalAddress,
-                });
+                if detail {
+                    excluded.push(Excluded {
+                        node: node.name.clone(),
+                        reason: Exclusion::NoExternalAddress,
+                    });
+                }
                 continue;
             }
             let mut mine: Vec<IpAddr> = addresses
@@ -502,13 +588,15 @@ pub fn compute_service(
                 .copied()
                 .filter(|a| families.contains(&Family::of(*a)))
                 .collect();
-            sort_as_strings(&mut mine);
+            nodes.sort_as_strings(&mut mine);
             mine.dedup();
             if mine.is_empty() {
-                excluded.push(Excluded {
-                    node: node.name.clone(),
-                    reason: Exclusion::NoAddressOfFamilies { kind },
-                });
+                if detail {
+                    excluded.push(Excluded {
+                        node: node.name.clone(),
+                        reason: Exclusion::NoAddressOfFamilies { kind },
+                    });
+                }
                 continue;
             }
             for address in mine {
@@ -522,18 +610,22 @@ pub fn compute_service(
                 match taken {
                     Some((port, holder)) => {
                         port_events.insert((address, port), holder.clone());
-                        excluded.push(Excluded {
-                            node: node.name.clone(),
-                            reason: Exclusion::PortHeld {
-                                address,
-                                port,
-                                holder,
-                            },
-                        });
+                        if detail {
+                            excluded.push(Excluded {
+                                node: node.name.clone(),
+                                reason: Exclusion::PortHeld {
+                                    address,
+                                    port,
+                                    holder,
+                                },
+                            });
+                        }
                     }
                     None => {
                         accepted.insert(address);
-                        listed.entry(node.name.clone()).or_default().push(address);
+                        if detail {
+                            listed.entry(node.name.clone()).or_default().push(address);
+                        }
                     }
                 }
             }
@@ -547,17 +639,29 @@ pub fn compute_service(
             .copied()
             .filter(|a| Family::of(*a) == *family)
             .collect();
-        sort_as_strings(&mut of_family);
+        nodes.sort_as_strings(&mut of_family);
         ingress.extend(of_family);
     }
     for addresses in listed.values_mut() {
-        // A node's addresses in ingress order.
-        addresses.sort_by_key(|a| ingress.iter().position(|i| i == a));
+        // A node's addresses in ingress order: by family as the Service lists them, then as
+        // strings (not by looking each up in ingress, which would cost N per node).
+        addresses.sort_by_key(|a| {
+            (
+                families.iter().position(|f| *f == Family::of(*a)),
+                nodes.rank.get(a).copied(),
+            )
+        });
     }
 
     let mut events = Vec::new();
-    let new_strings: Vec<String> = ingress.iter().map(IpAddr::to_string).collect();
-    if new_strings != service.current_ingress {
+    // Compared by the texts computed once; formatted only when the status changes.
+    let unchanged = ingress.len() == service.current_ingress.len()
+        && ingress
+            .iter()
+            .zip(&service.current_ingress)
+            .all(|(a, current)| nodes.text_of(a) == Some(current.as_str()));
+    if !unchanged {
+        let new_strings: Vec<String> = ingress.iter().map(IpAddr::to_string).collect();
         if ingress.is_empty() {
             events.push(Event {
                 event_type: EventType::Warning,
@@ -618,12 +722,6 @@ pub fn compute(
         out.insert(service.key.clone(), outcome);
     }
     Ok(out)
-}
-
-/// Sort as Go's `sort.Strings` sorts address strings (k3s L390-L391): by the text, so that the
-/// list is the one ServiceLB wrote. Rust prints IPv6 in RFC 5952 form, as Go and the kubelet do.
-fn sort_as_strings(addresses: &mut [IpAddr]) {
-    addresses.sort_by_cached_key(IpAddr::to_string);
 }
 
 /// A list as Go's `%v` prints a `[]string`: `[a b c]` (k3s L316).

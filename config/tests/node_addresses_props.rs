@@ -10,7 +10,7 @@ use ferrolb_config::address::Family;
 use ferrolb_config::allocator::{Protocol, ProtocolPort, ServiceKey};
 use ferrolb_config::node_addresses::{
     ENABLE_LB_LABEL, Exclusion, HeldPorts, LB_POOL_LABEL, Node, Nodes, Service, ServiceOutcome,
-    TrafficPolicy, compute, compute_service, priority,
+    TrafficPolicy, compute, compute_service, compute_service_brief, priority,
 };
 use ferrolb_config::selector::Labels;
 use proptest::prelude::*;
@@ -247,6 +247,25 @@ proptest! {
         }
         if let Some(first) = services.iter().min_by(|a, b| priority(a, b)) {
             prop_assert_eq!(&out[&first.key].ingress, &servicelb_reference(&nodes, first));
+        }
+    }
+
+    /// The brief decision (the controller's: no per-node detail, holders kept per port) is the
+    /// full one without `listed` and `excluded`, Service by Service in priority order.
+    #[test]
+    fn the_brief_decision_is_the_full_one_without_its_detail(nodes in nodes(), services in services()) {
+        let index = Nodes::new(nodes).unwrap();
+        let full = compute(&index, &services).unwrap();
+        let mut order: Vec<&Service> = services.iter().collect();
+        order.sort_by(|a, b| priority(a, b));
+        let mut held = HeldPorts::new();
+        for s in order {
+            let brief = compute_service_brief(&index, s, &held).unwrap();
+            held.hold(s, &brief.ingress);
+            let mut expected = full[&s.key].clone();
+            expected.listed.clear();
+            expected.excluded.clear();
+            prop_assert_eq!(brief, expected);
         }
     }
 

@@ -444,19 +444,31 @@ impl Engine {
                 current_ingress: m.current_ingress.clone(),
             })
             .collect();
-        match rules::compute(&nodes, &services) {
-            Ok(outcomes) => {
-                for (key, outcome) in &outcomes {
-                    if self.outcomes.get(key) != Some(outcome) {
-                        self.changed.insert(key.clone());
-                    }
+        // `rules::compute`'s loop, keeping of each outcome only what the status and the Events
+        // need: the per-node detail (`listed`, `excluded`) is Services × nodes, hundreds of
+        // megabytes at a thousand nodes, and `explain` computes it again when asked.
+        let mut order: Vec<&rules::Service> = services.iter().collect();
+        order.sort_by(|a, b| rules::priority(a, b));
+        let mut held = rules::HeldPorts::new();
+        let mut outcomes = BTreeMap::new();
+        for service in order {
+            match rules::compute_service_brief(&nodes, service, &held) {
+                Ok(outcome) => {
+                    held.hold(service, &outcome.ingress);
+                    outcomes.insert(service.key.clone(), outcome);
                 }
-                self.outcomes = outcomes;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "node addresses: cannot decide; keeping the last decision");
+                Err(e) => {
+                    tracing::warn!(error = %e, "node addresses: cannot decide; keeping the last decision");
+                    return;
+                }
             }
         }
+        for (key, outcome) in &outcomes {
+            if self.outcomes.get(key) != Some(outcome) {
+                self.changed.insert(key.clone());
+            }
+        }
+        self.outcomes = outcomes;
     }
 }
 
