@@ -77,8 +77,7 @@ pub fn route(
     if !ours {
         return None;
     }
-    let metallb_request = request.is_some_and(|r| r.pool.is_some() || !r.requested_ips.is_empty());
-    if metallb_request || request.is_none() {
+    if request.is_none_or(asks_for_a_pool) {
         // A request that cannot be parsed fails as it does today, on the pool path.
         return Some(Route::Pools);
     }
@@ -96,10 +95,16 @@ pub fn route(
     Some(Route::PoolsThenNodeAddresses)
 }
 
+/// Whether the request names a pool or IPs (MetalLB's annotations or `spec.loadBalancerIP`):
+/// it is served from a pool, never by node addresses.
+fn asks_for_a_pool(request: &ServiceRequest) -> bool {
+    request.pool.is_some() || !request.requested_ips.is_empty()
+}
+
 /// The Warning for an opt-in annotation next to a MetalLB request, if there is one.
 pub fn ignored_opt_in(service: &Service, request: Option<&ServiceRequest>) -> Option<Note> {
-    let metallb_request = request.is_some_and(|r| r.pool.is_some() || !r.requested_ips.is_empty());
-    (metallb_request && annotation(service, OPT_ANNOTATION) == Some("true")).then(|| Note {
+    (request.is_some_and(asks_for_a_pool) && annotation(service, OPT_ANNOTATION) == Some("true"))
+        .then(|| Note {
         warning: true,
         reason: IGNORED_REASON,
         message: format!(

@@ -70,6 +70,8 @@ struct Driver<W: Writes> {
     fresh_for: Option<u64>,
     /// The speakers' presence (node addresses on).
     presence: Option<crate::presence::Presence>,
+    /// A presence Lease changed since who is alive was last read.
+    presence_seen: bool,
 }
 
 impl<W: Writes> Driver<W> {
@@ -81,6 +83,7 @@ impl<W: Writes> Driver<W> {
             in_flight: FuturesUnordered::new(),
             fresh_for: None,
             presence: None,
+            presence_seen: false,
         }
     }
 
@@ -93,6 +96,7 @@ impl<W: Writes> Driver<W> {
 
     /// Reads which speakers are alive now (node addresses on).
     fn check_presence(&mut self) {
+        self.presence_seen = false;
         if let Some(presence) = &self.presence {
             let alive = presence.alive(Instant::now());
             self.node_inputs(|engine| engine.set_alive(alive));
@@ -133,7 +137,9 @@ impl<W: Writes> Driver<W> {
             }
             Work::Node(event) => self.node_inputs(|engine| engine.node_event(event)),
             Work::Slice(event) => self.node_inputs(|engine| engine.slice_event(event)),
-            Work::Presence => self.check_presence(),
+            // Read once the pending work is taken in: every speaker renews every 10 s, and a
+            // read per renewal would go over every Lease each time.
+            Work::Presence => self.presence_seen = true,
         }
     }
 
@@ -337,6 +343,7 @@ pub async fn run(
                 let Some(work) = work else { break };
                 driver.take(work);
                 while let Ok(w) = rx.try_recv() { driver.take(w); }
+                if driver.presence_seen { driver.check_presence(); }
             }
             Some((key, result)) = driver.in_flight.next(), if !driver.in_flight.is_empty() => {
                 driver.finished(key, result);
@@ -628,9 +635,14 @@ mod driver_tests {
 
         /// LoadBalancer Service `name` on port 80/TCP created at `second`.
         fn svc(name: &str, second: i64) -> objects::ServiceBuilder {
+            svc_on(name, second, 80)
+        }
+
+        /// LoadBalancer Service `name` on `port`/TCP created at `second`.
+        fn svc_on(name: &str, second: i64, port: i32) -> objects::ServiceBuilder {
             objects::service(name)
                 .namespace("default")
-                .port(80, "TCP")
+                .port(port, "TCP")
                 .with(|s| {
                     s.metadata.creation_timestamp = Some(Time(
                         k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
@@ -898,16 +910,11 @@ mod driver_tests {
         async fn a_burst_of_services_each_gets_its_addresses() {
             let mut driver = two_nodes(None);
             for i in 0..50 {
-                // A port of its own (no port 80 as `svc` gives): nobody's port is held.
-                let own_port = objects::service(&format!("s{i:02}"))
-                    .namespace("default")
-                    .port(1000 + i as i32, "TCP")
-                    .with(|s| {
-                        s.metadata.creation_timestamp =
-                            Some(Time(k8s_openapi::jiff::Timestamp::from_second(i).unwrap()))
-                    })
-                    .build();
-                apply(&mut driver, own_port);
+                // A port of its own: nobody's port is held.
+                apply(
+                    &mut driver,
+                    svc_on(&format!("s{i:02}"), i, 1000 + i as i32).build(),
+                );
             }
             let writes = settle(&mut driver).await;
             assert_eq!(writes.len(), 50, "{writes:?}");
