@@ -9,6 +9,7 @@ pub mod allocator;
 pub mod crd;
 pub mod manifest;
 pub mod model;
+pub mod node_address_inputs;
 pub mod node_addresses;
 pub mod selector;
 pub mod validate;

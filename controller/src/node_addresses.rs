@@ -12,6 +12,7 @@ use std::net::IpAddr;
 
 use ferrolb_config::address::Family;
 use ferrolb_config::allocator::{Backend, ServiceKey, ServiceRequest};
+use ferrolb_config::node_address_inputs::{node_addresses, ready_pod_nodes};
 use ferrolb_config::node_addresses::{
     self as rules, EventType, PORT_HELD_REASON, ServiceOutcome, TrafficPolicy,
 };
@@ -23,7 +24,7 @@ use kube::runtime::watcher::Event;
 use crate::core::Note;
 
 pub use ferrolb_config::node_addresses::{
-    ANNOTATION_PREFIX, CLASS, OPT_ANNOTATION, SERVED_BY_ANNOTATION, SERVED_BY_NODE_ADDRESSES,
+    ANNOTATION_PREFIX, OPT_ANNOTATION, SERVED_BY_ANNOTATION, SERVED_BY_NODE_ADDRESSES,
 };
 /// Reason of the Warning recorded when the opt-in annotation is ignored for a MetalLB request.
 pub const IGNORED_REASON: &str = "NodeAddressesIgnored";
@@ -39,10 +40,7 @@ pub enum Route {
     PoolsThenNodeAddresses,
 }
 
-/// Whether `service` carries the controller's mark of a Service served by node addresses.
-pub fn served_by_node_addresses(service: &Service) -> bool {
-    annotation(service, SERVED_BY_ANNOTATION) == Some(SERVED_BY_NODE_ADDRESSES)
-}
+pub use ferrolb_config::node_address_inputs::{has_class, marked as served_by_node_addresses};
 
 fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
     service
@@ -51,14 +49,6 @@ fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
         .as_ref()?
         .get(key)
         .map(String::as_str)
-}
-
-/// Whether the Service's class is [`CLASS`] (and it is a LoadBalancer).
-pub fn has_class(service: &Service) -> bool {
-    service.spec.as_ref().is_some_and(|s| {
-        s.type_.as_deref() == Some("LoadBalancer")
-            && s.load_balancer_class.as_deref() == Some(CLASS)
-    })
 }
 
 /// How a Service is served with node addresses turned on (decision 0024, *How a Service
@@ -131,15 +121,6 @@ impl NodeFacts {
     pub fn of(node: &Node) -> Option<(ServiceKey, Self)> {
         let name = node.metadata.name.clone()?;
         let status = node.status.as_ref();
-        let addresses = |kind: &str| -> Vec<IpAddr> {
-            status
-                .and_then(|s| s.addresses.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|a| a.type_ == kind)
-                .filter_map(|a| a.address.parse().ok())
-                .collect()
-        };
         let ready = status
             .and_then(|s| s.conditions.as_ref())
             .into_iter()
@@ -149,8 +130,8 @@ impl NodeFacts {
             ServiceKey::new(String::new(), name),
             Self {
                 labels: node.metadata.labels.clone().unwrap_or_default(),
-                internal: addresses("InternalIP"),
-                external: addresses("ExternalIP"),
+                internal: node_addresses(node, "InternalIP"),
+                external: node_addresses(node, "ExternalIP"),
                 ready,
             },
         ))
@@ -179,15 +160,7 @@ impl SliceFacts {
             .as_ref()
             .and_then(|l| l.get("kubernetes.io/service-name"))
             .map(|name| ServiceKey::new(namespace.clone(), name.clone()));
-        let ready_nodes = slice
-            .endpoints
-            .iter()
-            .filter(|e| {
-                e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
-                    && e.target_ref.as_ref().and_then(|t| t.kind.as_deref()) == Some("Pod")
-            })
-            .filter_map(|e| e.node_name.clone())
-            .collect();
+        let ready_nodes = ready_pod_nodes(slice).cloned().collect();
         Self {
             slice: ServiceKey::new(namespace, slice.metadata.name.clone().unwrap_or_default()),
             service,

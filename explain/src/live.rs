@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, Pool};
+use ferrolb_config::node_address_inputs::node_addresses;
 use ferrolb_config::selector::{Labels, any_matches};
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
@@ -61,8 +62,8 @@ impl NodeFacts {
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
             not_ready: !is("Ready", "True"),
-            internal: addresses(node, "InternalIP"),
-            external: addresses(node, "ExternalIP"),
+            internal: node_addresses(node, "InternalIP"),
+            external: node_addresses(node, "ExternalIP"),
             labels,
         })
     }
@@ -71,18 +72,6 @@ impl NodeFacts {
     pub fn may_announce(&self) -> bool {
         !self.excluded && !self.network_unavailable
     }
-}
-
-/// The Node's addresses of type `kind` that parse.
-fn addresses(node: &Node, kind: &str) -> Vec<std::net::IpAddr> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|a| a.type_ == kind)
-        .filter_map(|a| a.address.parse().ok())
-        .collect()
 }
 
 /// One speaker: its presence, and its live report when it could be read.

@@ -8,10 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ferrolb_config::allocator::{Backend, ServiceKey, ServiceRequest};
-use ferrolb_config::node_addresses::{
-    self as rules, AddressKind, CLASS, SERVED_BY_ANNOTATION, SERVED_BY_NODE_ADDRESSES,
-    TrafficPolicy,
-};
+use ferrolb_config::node_address_inputs::{has_class, marked, ready_pod_nodes};
+use ferrolb_config::node_addresses::{self as rules, AddressKind, TrafficPolicy};
 use k8s_openapi::api::core::v1::Service;
 use serde::Serialize;
 
@@ -35,17 +33,7 @@ pub struct NodeAddressReport {
 /// Whether `service` is served by node addresses: it carries the controller's mark, or asks by
 /// its class.
 pub fn served(service: &Service) -> bool {
-    let marked = service
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SERVED_BY_ANNOTATION))
-        .is_some_and(|v| v == SERVED_BY_NODE_ADDRESSES);
-    let classed = service.spec.as_ref().is_some_and(|s| {
-        s.type_.as_deref() == Some("LoadBalancer")
-            && s.load_balancer_class.as_deref() == Some(CLASS)
-    });
-    marked || classed
+    marked(service) || has_class(service)
 }
 
 fn key_of(service: &Service) -> Option<ServiceKey> {
@@ -101,12 +89,8 @@ fn ready_endpoint_nodes(snapshot: &Snapshot, key: &ServiceKey) -> BTreeSet<Strin
                     .and_then(|l| l.get("kubernetes.io/service-name"))
                     .is_some_and(|n| n == key.name())
         })
-        .flat_map(|s| s.endpoints.iter())
-        .filter(|e| {
-            e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
-                && e.target_ref.as_ref().and_then(|t| t.kind.as_deref()) == Some("Pod")
-        })
-        .filter_map(|e| e.node_name.clone())
+        .flat_map(ready_pod_nodes)
+        .cloned()
         .collect()
 }
 
@@ -239,6 +223,7 @@ mod tests {
     use super::*;
     use crate::live::{LiveSpeaker, NodeFacts};
     use crate::service::{Explainer, render_text};
+    use ferrolb_config::node_addresses::{CLASS, SERVED_BY_ANNOTATION, SERVED_BY_NODE_ADDRESSES};
 
     fn node(name: &str, ip: &str, ready: bool) -> NodeFacts {
         NodeFacts {
