@@ -56,6 +56,8 @@ pub struct Metrics {
     pub presence_renewed: Gauge,
     /// IPs this node took over (became owner of).
     pub takeovers: Counter,
+    /// Services the layer 2 planner planned again (`l2::planner`): at rest it stays still.
+    pub replanned: Counter,
     /// 1 when the configuration was read.
     pub config_loaded: Gauge,
     /// 1 when some configuration objects are left out.
@@ -202,6 +204,11 @@ impl Metrics {
             "ferrolb_layer2_takeovers",
             "IPs this node became the owner of",
             self.takeovers.clone(),
+        );
+        r.register(
+            "ferrolb_layer2_replanned_services",
+            "Services whose layer 2 owner was computed again because an input changed",
+            self.replanned.clone(),
         );
     }
 

@@ -9,7 +9,9 @@
 //!   reloads; [`gate`]: who may own IPs and until when this node may answer.
 //! - [`voters`]: with `--membership=voters`, beats to a few voter nodes and their reports in
 //!   place of the heartbeats (on gossip's socket and keys; the presence set is the Nodes).
-//! - [`plan`]: which node owns each IP (rendezvous hashing over the live members); [`step`]:
+//! - [`plan`]: which node owns each IP (rendezvous hashing over the live members);
+//!   [`planner`]: that plan kept between steps and replanned only where a change can move an
+//!   owner; [`step`]:
 //!   the work loop's layer 2 step as pure code; [`readiness`]: what `/readyz` says (it paces
 //!   rolling updates); [`restart`]: whether a stopping speaker is being replaced.
 //!
@@ -26,6 +28,7 @@ pub(crate) mod gossip;
 pub mod interfaces;
 pub(crate) mod keys;
 pub mod plan;
+pub mod planner;
 pub mod presence;
 pub mod readiness;
 pub mod restart;

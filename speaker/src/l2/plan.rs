@@ -43,15 +43,14 @@ pub enum ServiceOutcome {
 }
 
 /// The plan: what this node announces, and each layer 2 Service's owner in the whole cluster.
+/// The takeover order is not kept here: [`takeover`] computes it when the live report is
+/// asked for, so a step costs no O(Services × nodes) memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// IPs this node answers for.
     pub announce: BTreeMap<IpAddr, Announcement>,
     /// Every Service in layer 2 mode (covered by an L2Advertisement) and its outcome.
     pub services: BTreeMap<ServiceKey, ServiceOutcome>,
-    /// For each announced Service, the nodes that may own its IPs in the order they would:
-    /// the owner first, then who takes over if it goes (`ferrolb_layer2::owner::rank`).
-    pub takeover: BTreeMap<ServiceKey, Vec<String>>,
 }
 
 /// Everything planning reads.
@@ -69,9 +68,23 @@ pub struct Inputs<'a> {
 }
 
 /// A Service in layer 2 mode, with the advertisements that cover it.
-struct Covered<'a> {
-    service: &'a ServiceView,
+pub(crate) struct Covered<'a> {
+    pub(crate) service: &'a ServiceView,
     advertisements: Vec<&'a L2Advertisement>,
+}
+
+/// What one sharing group (Services connected by shared IPs) comes to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GroupPlan {
+    /// Each Service's outcome.
+    pub outcomes: Vec<(ServiceKey, ServiceOutcome)>,
+    /// The owner of the group's IPs, when its serving Services have one.
+    pub owner: Option<String>,
+    /// The key the owner was chosen by (the serving Services' lowest IP); `None` when no
+    /// Service of the group serves.
+    pub key: Option<String>,
+    /// What this node announces for the group (empty unless it owns it).
+    pub announce: BTreeMap<IpAddr, Announcement>,
 }
 
 /// Computes the plan.
@@ -83,50 +96,97 @@ pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a Servi
     let mut plan = Plan::default();
     for group in sharing_groups(&covered) {
         let members: Vec<&Covered<'_>> = group.iter().map(|&i| &covered[i]).collect();
-        let serving: Vec<&Covered<'_>> = members
-            .iter()
-            .copied()
-            .filter(|c| c.service.any_serving)
-            .collect();
-        for c in members.iter().filter(|c| !c.service.any_serving) {
-            plan.services.insert(
-                c.service.key.clone(),
-                ServiceOutcome::Unannounced(Unannounced::NoServingEndpoints),
-            );
-        }
-        if serving.is_empty() {
-            continue;
-        }
-        let ranked = ranked_owners(inputs, &serving);
-        let Some(owner) = ranked.first().copied() else {
-            for c in &serving {
-                plan.services.insert(
-                    c.service.key.clone(),
-                    ServiceOutcome::Unannounced(Unannounced::NoEligibleNode),
-                );
-            }
-            continue;
-        };
-        let ranked: Vec<String> = ranked.iter().map(|n| n.to_string()).collect();
-        for c in &serving {
-            plan.services.insert(
-                c.service.key.clone(),
-                ServiceOutcome::Owner(owner.to_string()),
-            );
-            plan.takeover.insert(c.service.key.clone(), ranked.clone());
-        }
-        if owner == inputs.me {
-            announce(&mut plan.announce, inputs, &serving);
-        }
+        let g = plan_group(inputs, &members);
+        plan.services.extend(g.outcomes);
+        plan.announce.extend(g.announce);
     }
-    // An IP whose owner has no interface left for it would be a silent black hole; the
-    // candidate rules make it impossible, and this keeps the plan honest if they change.
-    plan.announce.retain(|_, a| !a.interfaces.is_empty());
     plan
 }
 
+/// The plan of one sharing group: who owns its IPs, and what this node announces of them.
+pub(crate) fn plan_group(inputs: Inputs<'_>, members: &[&Covered<'_>]) -> GroupPlan {
+    let mut out = GroupPlan::default();
+    let serving: Vec<&Covered<'_>> = members
+        .iter()
+        .copied()
+        .filter(|c| c.service.any_serving)
+        .collect();
+    for c in members.iter().filter(|c| !c.service.any_serving) {
+        out.outcomes.push((
+            c.service.key.clone(),
+            ServiceOutcome::Unannounced(Unannounced::NoServingEndpoints),
+        ));
+    }
+    if serving.is_empty() {
+        return out;
+    }
+    let key = group_key(&serving);
+    let common = common_candidates(inputs, &serving);
+    let owner = owner::choose(&key, common.iter().copied());
+    out.key = Some(key);
+    let Some(owner) = owner else {
+        for c in &serving {
+            out.outcomes.push((
+                c.service.key.clone(),
+                ServiceOutcome::Unannounced(Unannounced::NoEligibleNode),
+            ));
+        }
+        return out;
+    };
+    for c in &serving {
+        out.outcomes.push((
+            c.service.key.clone(),
+            ServiceOutcome::Owner(owner.to_string()),
+        ));
+    }
+    if owner == inputs.me {
+        announce(&mut out.announce, inputs, &serving);
+        // An IP whose owner has no interface left for it would be a silent black hole; the
+        // candidate rules make it impossible, and this keeps the plan honest if they change.
+        out.announce.retain(|_, a| !a.interfaces.is_empty());
+    }
+    out.owner = Some(owner.to_string());
+    out
+}
+
+/// For each announced Service, the nodes that may own its IPs in the order they would: the
+/// owner first, then who takes over if it goes (`ferrolb_layer2::owner::rank`). What the live
+/// report shows; computed when asked for, since it costs a score per node and Service.
+pub fn takeover<'a>(
+    inputs: Inputs<'_>,
+    services: impl IntoIterator<Item = &'a ServiceView>,
+) -> BTreeMap<ServiceKey, Vec<String>> {
+    let covered: Vec<Covered<'_>> = services
+        .into_iter()
+        .filter_map(|service| covering(inputs.config, service))
+        .collect();
+    let mut out = BTreeMap::new();
+    for group in sharing_groups(&covered) {
+        let serving: Vec<&Covered<'_>> = group
+            .iter()
+            .map(|&i| &covered[i])
+            .filter(|c| c.service.any_serving)
+            .collect();
+        if serving.is_empty() {
+            continue;
+        }
+        let common = common_candidates(inputs, &serving);
+        let ranked: Vec<String> = owner::rank(&group_key(&serving), common.iter().copied())
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if ranked.is_empty() {
+            continue;
+        }
+        for c in &serving {
+            out.insert(c.service.key.clone(), ranked.clone());
+        }
+    }
+    out
+}
+
 /// The Service with the L2Advertisements that cover it; none when it is not in layer 2 mode.
-fn covering<'a>(config: &'a Config, service: &'a ServiceView) -> Option<Covered<'a>> {
+pub(crate) fn covering<'a>(config: &'a Config, service: &'a ServiceView) -> Option<Covered<'a>> {
     let pool = pool_of(config, service)?;
     let advertisements: Vec<&L2Advertisement> = config
         .l2_advertisements
@@ -139,12 +199,12 @@ fn covering<'a>(config: &'a Config, service: &'a ServiceView) -> Option<Covered<
     })
 }
 
-/// The nodes that may own the IPs of a group of serving Services sharing them, in the order
-/// they would: the owner first, then who takes over if it goes.
-fn ranked_owners<'a>(inputs: Inputs<'a>, serving: &[&Covered<'_>]) -> Vec<&'a str> {
+/// The nodes that may own the IPs of a group of serving Services sharing them: those eligible
+/// for all of them, or, when none is, for any.
+fn common_candidates<'a>(inputs: Inputs<'a>, serving: &[&Covered<'_>]) -> BTreeSet<&'a str> {
     let sets: Vec<BTreeSet<&str>> = serving.iter().map(|c| candidates(inputs, c)).collect();
     let mut common = sets.first().cloned().unwrap_or_default();
-    for set in &sets[1..] {
+    for set in sets.iter().skip(1) {
         common = common.intersection(set).copied().collect();
     }
     if common.is_empty() {
@@ -152,15 +212,18 @@ fn ranked_owners<'a>(inputs: Inputs<'a>, serving: &[&Covered<'_>]) -> Vec<&'a st
         // them still keeps the IP reachable, and one owner still serves the whole group.
         common = sets.iter().flatten().copied().collect();
     }
-    // The group's lowest IP keys the choice, so both families of a dual-stack Service and
-    // every Service sharing an IP land on the same node.
-    let key = serving
+    common
+}
+
+/// The key a group's owner is chosen by: its serving Services' lowest IP, so both families of
+/// a dual-stack Service and every Service sharing an IP land on the same node.
+fn group_key(serving: &[&Covered<'_>]) -> String {
+    serving
         .iter()
         .flat_map(|c| c.service.ips.iter())
         .min()
         .map(IpAddr::to_string)
-        .unwrap_or_default();
-    owner::rank(&key, common.iter().copied())
+        .unwrap_or_default()
 }
 
 /// Adds to `announce` the IPs of `serving`, which this node owns, with the interfaces to answer
@@ -206,32 +269,35 @@ fn pool_of<'a>(config: &'a Config, service: &ServiceView) -> Option<&'a Pool> {
     config.pools.values().find(|p| p.contains(*first))
 }
 
-/// Nodes that may announce the Service: a live speaker, allowed by the node's conditions and
-/// labels, selected by an advertisement with an interface to use there, and with
-/// `externalTrafficPolicy: Local` a serving endpoint on it.
+/// Nodes that may announce the Service: see [`eligible`].
 fn candidates<'a>(inputs: Inputs<'a>, covered: &Covered<'_>) -> BTreeSet<&'a str> {
     inputs
         .members
-        .iter()
-        .filter(|(name, member)| {
-            let Some(node) = inputs.nodes.get(*name) else {
-                return false;
-            };
-            node.may_announce()
-                && (!covered.service.local_traffic || covered.service.serving_nodes.contains(*name))
-                && covered.advertisements.iter().any(|adv| {
-                    any_matches(&adv.node_selectors, &node.labels)
-                        && if member.interfaces_unknown {
-                            true
-                        } else if adv.interfaces.is_empty() {
-                            !member.interfaces.is_empty()
-                        } else {
-                            adv.interfaces.iter().any(|i| member.interfaces.contains(i))
-                        }
-                })
-        })
-        .map(|(name, _)| name.as_str())
+        .keys()
+        .filter(|name| eligible(inputs, covered, name))
+        .map(String::as_str)
         .collect()
+}
+
+/// Whether `name` may announce the Service: a live speaker, allowed by the node's conditions
+/// and labels, selected by an advertisement with an interface to use there, and with
+/// `externalTrafficPolicy: Local` a serving endpoint on it.
+pub(crate) fn eligible(inputs: Inputs<'_>, covered: &Covered<'_>, name: &str) -> bool {
+    let (Some(member), Some(node)) = (inputs.members.get(name), inputs.nodes.get(name)) else {
+        return false;
+    };
+    node.may_announce()
+        && (!covered.service.local_traffic || covered.service.serving_nodes.contains(name))
+        && covered.advertisements.iter().any(|adv| {
+            any_matches(&adv.node_selectors, &node.labels)
+                && if member.interfaces_unknown {
+                    true
+                } else if adv.interfaces.is_empty() {
+                    !member.interfaces.is_empty()
+                } else {
+                    adv.interfaces.iter().any(|i| member.interfaces.contains(i))
+                }
+        })
 }
 
 /// Groups of Services connected by shared IPs (indices into `covered`), in a stable order.
@@ -384,6 +450,22 @@ mod tests {
         (first.unwrap_or_default(), announcers)
     }
 
+    /// The takeover order as node1 would report it.
+    fn order(
+        config: &Config,
+        nodes: &BTreeMap<String, NodeView>,
+        members: &BTreeMap<String, Member>,
+        services: &[ServiceView],
+    ) -> BTreeMap<ServiceKey, Vec<String>> {
+        let inputs = Inputs {
+            config,
+            nodes,
+            members,
+            me: "node1",
+        };
+        takeover(inputs, services)
+    }
+
     #[test]
     fn one_owner_per_ip_and_dual_stack_together() {
         let c = config(vec![adv("a")]);
@@ -440,11 +522,11 @@ mod tests {
             let mut s = svc(&format!("s{i}"), &[&format!("198.18.200.{i}")]);
             s.local_traffic = true;
             s.serving_nodes = ["node3".to_string()].into();
-            let (p, _) = plan_all(&c, &n, &m, &[s]);
+            let (p, _) = plan_all(&c, &n, &m, std::slice::from_ref(&s));
             assert_eq!(owner_of(&p, &format!("s{i}")).as_deref(), Some("node3"));
             // Only node3 may take it: nobody else is in line.
             assert_eq!(
-                p.takeover[&ServiceKey::new("ns", format!("s{i}").as_str())],
+                order(&c, &n, &m, std::slice::from_ref(&s))[&s.key],
                 ["node3"]
             );
         }
@@ -547,7 +629,9 @@ mod tests {
         let services: Vec<ServiceView> = (0..30)
             .map(|i| svc(&format!("s{i}"), &[&format!("198.18.200.{i}")]))
             .collect();
-        let (before, _) = plan_all(&c, &n, &members(&["node1", "node2", "node3"]), &services);
+        let all = members(&["node1", "node2", "node3"]);
+        let (before, _) = plan_all(&c, &n, &all, &services);
+        let line = order(&c, &n, &all, &services);
         let (after, _) = plan_all(&c, &n, &members(&["node1", "node3"]), &services);
         for (key, outcome) in &before.services {
             if *outcome != ServiceOutcome::Owner("node2".into()) {
@@ -555,7 +639,7 @@ mod tests {
             } else {
                 assert_ne!(after.services[key], ServiceOutcome::Owner("node2".into()));
                 // The IP goes to the second in line the plan showed before node2 died.
-                let second = &before.takeover[key][1];
+                let second = &line[key][1];
                 assert_eq!(after.services[key], ServiceOutcome::Owner(second.clone()));
             }
         }

@@ -212,7 +212,6 @@ mod tests {
                 })
                 .collect(),
             services: BTreeMap::new(),
-            takeover: BTreeMap::new(),
         }
     }
 

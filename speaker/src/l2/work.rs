@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use ferrolb_config::allocator::ServiceKey;
@@ -13,7 +14,7 @@ use ferrolb_config::model::Config;
 use ferrolb_layer2::liveness::Member;
 
 use crate::l2::interfaces::Interface;
-use crate::l2::plan::{self, Inputs, ServiceOutcome};
+use crate::l2::planner::Planner;
 use crate::l2::status::Desired;
 use crate::l2::{gate, presence, readiness, step};
 use crate::metrics::{AnnouncedLabels, Metrics};
@@ -66,6 +67,8 @@ pub(crate) struct Layer2 {
     acted: bool,
     /// The members the last plan was made with.
     planned_members: BTreeMap<String, Member>,
+    /// The plan kept between steps, shared with the live report.
+    planner: Arc<Mutex<Planner>>,
     /// `metallb_speaker_announced` label sets currently set.
     pub(crate) announced: BTreeSet<(ServiceKey, IpAddr)>,
     /// Announcement failures already reported with an Event.
@@ -80,6 +83,7 @@ impl Layer2 {
     pub fn new(settings: Settings, metrics: Metrics, live: Live) -> Self {
         Layer2 {
             gate: gate::Gate::new(settings.timing),
+            planner: Arc::new(Mutex::new(Planner::new(&settings.me))),
             known: presence::Known::default(),
             settings,
             tenure_lapsed: false,
@@ -299,13 +303,13 @@ impl Layer2 {
         true
     }
 
-    /// The layer 2 step: plans who owns each IP, has the responders answer for this node's,
-    /// reports failures once, and sets the metrics and the live report. Returns what this node
-    /// reports in ServiceL2Status.
+    /// The layer 2 step: plans who owns each IP (again only where something changed), has the
+    /// responders answer for this node's, reports failures once, and sets the metrics and the
+    /// live report. Returns what this node reports in ServiceL2Status.
     pub fn step<Io: LoopIo>(
         &mut self,
         io: &mut Io,
-        config: &Config,
+        config: &Arc<Config>,
         membership: Membership,
         views: step::Views,
         now: Instant,
@@ -322,55 +326,47 @@ impl Layer2 {
             services: views,
             uids,
         } = views;
-        // Owned: the steps below borrow `self` mutably.
-        let me = self.settings.me.clone();
-        let me = me.as_str();
-        let plan = plan::plan(
-            Inputs {
-                config,
-                nodes: &nodes,
-                members: &members,
-                me,
-            },
-            &views,
-        );
+        let me_node = report::node_state(nodes.get(&self.settings.me));
+        let members_now = members.len();
         if claims {
             io.renew(answer_until.unwrap_or(now));
         }
         self.planned_members = members.clone();
+        let planner = self.planner.clone();
+        let mut planner = planner.lock().unwrap_or_else(PoisonError::into_inner);
+        let replanned = planner.update(config, nodes, members, views);
+        self.metrics
+            .replanned
+            .inc_by(u64::try_from(replanned).unwrap_or(u64::MAX));
+        let plan = planner.plan();
         let failures = io.announce(&plan.announce, &usable);
         for (interface, error) in &failures {
             tracing::warn!(%interface, %error, "cannot announce");
         }
-        for report in self.failures.new_reports(&plan, &failures) {
+        for report in self.failures.new_reports(plan, &failures) {
             io.announce_failed(
                 &report.service,
                 uids.get(&report.service).cloned().flatten(),
                 report.message,
             );
         }
-        let desired = step::reported(&plan, &uids);
-        self.set_announced(step::announced(&plan));
-        let unannounced = plan
-            .services
-            .values()
-            .filter(|o| matches!(o, ServiceOutcome::Unannounced(_)))
-            .count();
+        let desired = step::reported(plan, &uids);
+        let announced = step::announced(plan);
         tracing::debug!(
             services = plan.services.len(),
-            unannounced,
+            replanned,
             owned = plan.announce.len(),
-            members = members.len(),
+            members = members_now,
             "planned"
         );
-        // Handed over as they are: the report is built only when someone asks for it.
+        drop(planner);
+        self.set_announced(announced);
+        // The report is built from the planner only when someone asks for it.
         self.live.set_layer2(Layer2Step {
-            node: report::node_state(nodes.get(me)),
-            plan,
+            node: me_node,
             standing,
-            members: members.into_keys().collect(),
             interfaces: usable,
-            services: views,
+            planner: self.planner.clone(),
         });
         desired
     }

@@ -8,10 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::bgp::driver::PeerStatus;
 use crate::l2::interfaces::Interface;
-use crate::l2::plan::Plan;
+use crate::l2::planner::Planner;
 use crate::report::auth::{Authorizer, Decision};
 use crate::report::{self, Standing};
-use crate::view::ServiceView;
 use ferrolb_explain::speaker_report::{
     BgpReport, NodeState, PATH, PeerReport, SCHEMA, SpeakerReport, TOKEN_HEADER,
 };
@@ -34,16 +33,14 @@ struct Inner {
 pub struct Layer2Step {
     /// The node as the speaker saw it.
     pub node: NodeState,
-    /// The plan, with every Service's owner and takeover order.
-    pub plan: Plan,
     /// The membership check's verdict.
     pub standing: Standing,
-    /// The candidates the plan was made with.
-    pub members: Vec<String>,
     /// The usable interfaces.
     pub interfaces: BTreeMap<String, Interface>,
-    /// The Services planned.
-    pub services: Vec<ServiceView>,
+    /// The planner, shared with the work loop: the plan, the Services and the candidates it
+    /// was made with, read only when the report is asked for (the takeover order is
+    /// computed then).
+    pub planner: Arc<Mutex<Planner>>,
 }
 
 impl Live {
@@ -84,17 +81,17 @@ impl Live {
     pub fn report(&self) -> SpeakerReport {
         let inner = self.lock();
         let mut report = inner.report.clone();
-        if let Some(step) = &inner.layer2 {
-            report.planned = true;
-            report.node_state = step.node.clone();
-            report.layer2 = report::layer2(
-                &step.plan,
-                &step.standing,
-                step.members.iter().cloned(),
-                &step.interfaces,
-                &step.services,
-            );
-        }
+        // Copied under the locks; the takeover order (a score per node and Service) is
+        // computed after both are released, so a report never holds up the work loop.
+        let layer2 = inner.layer2.as_ref().map(|step| {
+            let planner = step.planner.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                step.node.clone(),
+                step.standing.clone(),
+                step.interfaces.clone(),
+                planner.snapshot(),
+            )
+        });
         for peer in &mut report.bgp.peers {
             if let Some(status) = inner.sessions.get(&peer.name) {
                 let status = status.borrow();
@@ -103,6 +100,19 @@ impl Live {
                 peer.announced = status.announced;
                 peer.updates_sent = status.updates_sent;
             }
+        }
+        drop(inner);
+        if let Some((node, standing, interfaces, snapshot)) = layer2 {
+            report.planned = true;
+            report.node_state = node;
+            report.layer2 = report::layer2(
+                &snapshot.plan,
+                &snapshot.takeover(),
+                &standing,
+                snapshot.members.keys().cloned(),
+                &interfaces,
+                &snapshot.services,
+            );
         }
         report
     }
@@ -117,7 +127,13 @@ impl Live {
             Box::pin(async move {
                 let decision = auth.decide(&headers).await;
                 let body = match decision {
-                    Decision::Allowed => serde_json::to_string(&live.report()).unwrap_or_default(),
+                    // The takeover order costs a score per node and Service: off the
+                    // runtime's threads.
+                    Decision::Allowed => tokio::task::spawn_blocking(move || live.report())
+                        .await
+                        .ok()
+                        .and_then(|r| serde_json::to_string(&r).ok())
+                        .unwrap_or_default(),
                     Decision::Unauthenticated => format!(
                         "send a bearer token (Authorization, or {TOKEN_HEADER} through the API server's proxy)\n"
                     ),

@@ -45,15 +45,15 @@ pub struct Standing {
 }
 
 /// The layer 2 part: the standing, the candidates, and each Service's owner and takeover
-/// order, with the interfaces where this node answers.
+/// order (`plan::takeover`), with the interfaces where this node answers.
 pub fn layer2(
     plan: &Layer2Plan,
+    takeover: &BTreeMap<ServiceKey, Vec<String>>,
     standing: &Standing,
     members: impl IntoIterator<Item = String>,
     interfaces: &BTreeMap<String, Interface>,
-    services: &[ServiceView],
+    ips: &BTreeMap<ServiceKey, ServiceView>,
 ) -> Layer2Report {
-    let ips: BTreeMap<&ServiceKey, &ServiceView> = services.iter().map(|s| (&s.key, s)).collect();
     let services = plan
         .services
         .iter()
@@ -83,7 +83,7 @@ pub fn layer2(
                 ips,
                 owner,
                 unannounced,
-                takeover: plan.takeover.get(key).cloned().unwrap_or_default(),
+                takeover: takeover.get(key).cloned().unwrap_or_default(),
                 interfaces: here.into_iter().collect(),
             }
         })
@@ -213,8 +213,7 @@ mod tests {
             ServiceKey::new("web", "b"),
             ServiceOutcome::Unannounced(Unannounced::NoServingEndpoints),
         );
-        plan.takeover
-            .insert(key.clone(), vec!["node1".into(), "node3".into()]);
+        let takeover = BTreeMap::from([(key.clone(), vec!["node1".into(), "node3".into()])]);
         plan.announce.insert(
             "198.18.200.1".parse().unwrap(),
             Announcement {
@@ -231,6 +230,7 @@ mod tests {
         };
         let r = layer2(
             &plan,
+            &takeover,
             &standing,
             ["node1".to_string(), "node3".to_string()],
             &BTreeMap::from([(
@@ -244,7 +244,10 @@ mod tests {
                     enslaved: false,
                 },
             )]),
-            &[view("a", "198.18.200.1"), view("b", "198.18.200.2")],
+            &[view("a", "198.18.200.1"), view("b", "198.18.200.2")]
+                .into_iter()
+                .map(|v| (v.key.clone(), v))
+                .collect(),
         );
         assert_eq!((r.speakers_known, r.speakers_heard), (3, 2));
         assert_eq!(r.macs["eth0"], "02:00:00:00:00:a1");

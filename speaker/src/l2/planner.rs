@@ -1,0 +1,761 @@
+//! The layer 2 plan kept between steps and brought up to date by what changed, so that a step
+//! costs the change, not the cluster ([`plan::plan`] costs a score per node and Service).
+//!
+//! A step hands [`Planner::update`] the whole inputs; the planner compares them with the last
+//! ones and replans only the sharing groups (Services connected by shared IPs) whose outcome
+//! can change:
+//! * a Service that changed, came or went: its old group and the group it is in now;
+//! * a node or speaker `X` that changed, came or went: with rendezvous hashing
+//!   (`ferrolb_layer2::owner`) only the groups `X` owned, the groups `X` may own now and whose
+//!   owner it outscores, and, where Services sharing an IP may disagree on their candidates,
+//!   the groups `X` may own now at all;
+//! * the configuration: everything.
+//!
+//! Nothing else is replanned: a step in which nothing changed (a presence Lease renewal, a
+//! timer) costs a comparison per Service and no score at all. Each group is planned by the
+//! same [`plan::plan_group`] a full plan uses, and a property test checks that the plan kept
+//! here always equals a full plan from scratch.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ferrolb_config::allocator::ServiceKey;
+use ferrolb_config::model::Config;
+use ferrolb_layer2::liveness::Member;
+use ferrolb_layer2::owner;
+
+use crate::l2::plan::{self, Covered, Inputs, Plan};
+use crate::view::{NodeView, ServiceView};
+
+/// What the planner remembers of one sharing group.
+#[derive(Clone, Debug)]
+struct Group {
+    /// Its Services (all covered by an L2Advertisement).
+    services: Vec<ServiceKey>,
+    /// The IPs this node announces for it (none unless it owns the group).
+    announced: Vec<IpAddr>,
+    /// The owner and the key it was chosen by (`plan::GroupPlan`).
+    owner: Option<String>,
+    key: Option<String>,
+    /// How many of its Services serve.
+    serving: usize,
+}
+
+/// The layer 2 plan and the inputs it was made from.
+#[derive(Debug)]
+pub struct Planner {
+    me: String,
+    config: Arc<Config>,
+    nodes: BTreeMap<String, NodeView>,
+    members: BTreeMap<String, Member>,
+    /// Every Service handed in, covered or not.
+    services: BTreeMap<ServiceKey, ServiceView>,
+    /// The covered Services holding each IP.
+    holders: HashMap<IpAddr, BTreeSet<ServiceKey>>,
+    /// Each covered Service's group, named by the group's least Service key.
+    group_of: HashMap<ServiceKey, ServiceKey>,
+    groups: HashMap<ServiceKey, Group>,
+    plan: Plan,
+}
+
+impl Planner {
+    /// A planner for node `me` that has planned nothing yet.
+    pub fn new(me: &str) -> Self {
+        Planner {
+            me: me.to_string(),
+            config: Arc::default(),
+            nodes: BTreeMap::new(),
+            members: BTreeMap::new(),
+            services: BTreeMap::new(),
+            holders: HashMap::new(),
+            group_of: HashMap::new(),
+            groups: HashMap::new(),
+            plan: Plan::default(),
+        }
+    }
+
+    /// The plan for the inputs of the last [`update`](Self::update).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The Services of the last update, by key.
+    pub fn views(&self) -> &BTreeMap<ServiceKey, ServiceView> {
+        &self.services
+    }
+
+    /// The candidates the last plan was made with.
+    pub fn members(&self) -> &BTreeMap<String, Member> {
+        &self.members
+    }
+
+    /// The inputs of the last update, as a full plan reads them.
+    pub fn inputs(&self) -> Inputs<'_> {
+        Inputs {
+            config: &self.config,
+            nodes: &self.nodes,
+            members: &self.members,
+            me: &self.me,
+        }
+    }
+
+    /// A copy of the plan and its inputs, for the live report: taken under the work loop's
+    /// lock, it costs a copy, and the report's own work (the takeover order) is done outside.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            me: self.me.clone(),
+            config: self.config.clone(),
+            nodes: self.nodes.clone(),
+            members: self.members.clone(),
+            services: self.services.clone(),
+            plan: self.plan.clone(),
+        }
+    }
+
+    /// Brings the plan up to date with these inputs; returns how many Services it replanned.
+    /// A configuration is taken as changed when it is another `Arc` than the last one.
+    pub fn update(
+        &mut self,
+        config: &Arc<Config>,
+        nodes: BTreeMap<String, NodeView>,
+        members: BTreeMap<String, Member>,
+        services: Vec<ServiceView>,
+    ) -> usize {
+        let services: BTreeMap<ServiceKey, ServiceView> =
+            services.into_iter().map(|s| (s.key.clone(), s)).collect();
+        if !Arc::ptr_eq(config, &self.config) {
+            self.config = config.clone();
+            self.nodes = nodes;
+            self.members = members;
+            self.services = services;
+            self.holders.clear();
+            self.group_of.clear();
+            self.groups.clear();
+            self.plan = Plan::default();
+            let all: Vec<ServiceKey> = self.services.keys().cloned().collect();
+            for key in &all {
+                self.index(key);
+            }
+            return self.replan(all);
+        }
+        let mut changed_nodes: BTreeSet<String> = changed_keys(&self.nodes, &nodes);
+        changed_nodes.extend(changed_keys(&self.members, &members));
+        self.nodes = nodes;
+        self.members = members;
+        let changed_services = changed_keys(&self.services, &services);
+        let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
+        for key in &changed_services {
+            self.unindex(key, &mut dirty);
+        }
+        self.services = services;
+        for key in &changed_services {
+            self.index(key);
+            dirty.insert(key.clone());
+        }
+        if !changed_nodes.is_empty() {
+            let mut touched = Vec::new();
+            for (id, group) in &self.groups {
+                if changed_nodes
+                    .iter()
+                    .any(|x| self.may_change_owner(group, x))
+                {
+                    touched.push(id.clone());
+                }
+            }
+            for id in touched {
+                self.drop_group(&id, &mut dirty);
+            }
+        }
+        self.replan(dirty.into_iter().collect())
+    }
+
+    /// Adds the Service `key` (as now in `services`) to the IP index when it is covered.
+    fn index(&mut self, key: &ServiceKey) {
+        let Some(view) = self.services.get(key) else {
+            return;
+        };
+        if plan::covering(&self.config, view).is_none() {
+            return;
+        }
+        for ip in &view.ips {
+            self.holders.entry(*ip).or_default().insert(key.clone());
+        }
+    }
+
+    /// Takes the Service `key` (as last planned) out of the IP index, and drops the results
+    /// of its group, whose Services go into `dirty`.
+    fn unindex(&mut self, key: &ServiceKey, dirty: &mut BTreeSet<ServiceKey>) {
+        if let Some(view) = self.services.get(key) {
+            for ip in &view.ips {
+                if let Some(set) = self.holders.get_mut(ip) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.holders.remove(ip);
+                    }
+                }
+            }
+        }
+        if let Some(id) = self.group_of.get(key).cloned() {
+            self.drop_group(&id, dirty);
+        }
+    }
+
+    /// Forgets the results of group `id`; its Services go into `dirty`.
+    fn drop_group(&mut self, id: &ServiceKey, dirty: &mut BTreeSet<ServiceKey>) {
+        let Some(group) = self.groups.remove(id) else {
+            return;
+        };
+        for ip in &group.announced {
+            self.plan.announce.remove(ip);
+        }
+        for key in group.services {
+            self.plan.services.remove(&key);
+            self.group_of.remove(&key);
+            dirty.insert(key);
+        }
+    }
+
+    /// Whether a change of node or speaker `x` may change the outcome of `group`.
+    fn may_change_owner(&self, group: &Group, x: &str) -> bool {
+        if group.serving == 0 {
+            // Nobody serves: the outcome does not depend on the nodes.
+            return false;
+        }
+        if group.owner.as_deref() == Some(x) {
+            return true;
+        }
+        if !self.eligible_for_any(group, x) {
+            // Not a candidate now: whether it was one before or not, the owner stays (it
+            // outscored `x`, or `x` was never in line), and an ownerless group stays so.
+            return false;
+        }
+        match (&group.owner, &group.key) {
+            // With several serving Services the candidate set may switch between the
+            // intersection and the union: plan the group again.
+            _ if group.serving > 1 => true,
+            (Some(owner), Some(key)) => {
+                (owner::score(x, key), x) > (owner::score(owner, key), owner.as_str())
+            }
+            _ => true,
+        }
+    }
+
+    /// Whether `x` may announce any serving Service of `group` under the current inputs.
+    fn eligible_for_any(&self, group: &Group, x: &str) -> bool {
+        let inputs = self.inputs();
+        group.services.iter().any(|key| {
+            self.services
+                .get(key)
+                .filter(|view| view.any_serving)
+                .and_then(|view| plan::covering(&self.config, view))
+                .is_some_and(|c| plan::eligible(inputs, &c, x))
+        })
+    }
+
+    /// Plans the groups of the covered Services among `dirty` (whose old results are gone),
+    /// merging in any group they now share an IP with. Returns how many Services it planned.
+    fn replan(&mut self, dirty: Vec<ServiceKey>) -> usize {
+        let mut planned = 0;
+        for seed in dirty {
+            if self.group_of.contains_key(&seed) || !self.is_covered(&seed) {
+                continue;
+            }
+            let members = self.component(&seed);
+            // A group this one now touches is planned again as part of it.
+            let mut merged = BTreeSet::new();
+            for key in &members {
+                if let Some(id) = self.group_of.get(key).cloned() {
+                    self.drop_group(&id, &mut merged);
+                }
+            }
+            planned += members.len();
+            self.plan_component(members);
+        }
+        planned
+    }
+
+    /// Whether the Service `key` is in layer 2 mode.
+    fn is_covered(&self, key: &ServiceKey) -> bool {
+        self.services
+            .get(key)
+            .and_then(|v| plan::covering(&self.config, v))
+            .is_some()
+    }
+
+    /// The covered Services connected to `seed` by shared IPs, `seed` included, sorted.
+    fn component(&self, seed: &ServiceKey) -> Vec<ServiceKey> {
+        let mut seen: BTreeSet<ServiceKey> = BTreeSet::from([seed.clone()]);
+        let mut queue = vec![seed.clone()];
+        while let Some(key) = queue.pop() {
+            let Some(view) = self.services.get(&key) else {
+                continue;
+            };
+            for ip in &view.ips {
+                for other in self.holders.get(ip).into_iter().flatten() {
+                    if seen.insert(other.clone()) {
+                        queue.push(other.clone());
+                    }
+                }
+            }
+        }
+        seen.into_iter().collect()
+    }
+
+    /// Plans one group and records its results.
+    fn plan_component(&mut self, members: Vec<ServiceKey>) {
+        let covered: Vec<Covered<'_>> = members
+            .iter()
+            .filter_map(|k| self.services.get(k))
+            .filter_map(|v| plan::covering(&self.config, v))
+            .collect();
+        let refs: Vec<&Covered<'_>> = covered.iter().collect();
+        let g = plan::plan_group(self.inputs(), &refs);
+        let serving = covered.iter().filter(|c| c.service.any_serving).count();
+        let Some(id) = members.first().cloned() else {
+            return;
+        };
+        let group = Group {
+            services: members,
+            announced: g.announce.keys().copied().collect(),
+            owner: g.owner,
+            key: g.key,
+            serving,
+        };
+        self.plan.services.extend(g.outcomes);
+        self.plan.announce.extend(g.announce);
+        for key in &group.services {
+            self.group_of.insert(key.clone(), id.clone());
+        }
+        self.groups.insert(id, group);
+    }
+}
+
+/// A copy of a [`Planner`]'s plan and inputs.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    me: String,
+    config: Arc<Config>,
+    nodes: BTreeMap<String, NodeView>,
+    /// The candidates the plan was made with.
+    pub members: BTreeMap<String, Member>,
+    /// The Services planned, by key.
+    pub services: BTreeMap<ServiceKey, ServiceView>,
+    /// The plan.
+    pub plan: Plan,
+}
+
+impl Snapshot {
+    /// The takeover order of every announced Service (`plan::takeover`).
+    pub fn takeover(&self) -> BTreeMap<ServiceKey, Vec<String>> {
+        let inputs = Inputs {
+            config: &self.config,
+            nodes: &self.nodes,
+            members: &self.members,
+            me: &self.me,
+        };
+        plan::takeover(inputs, self.services.values())
+    }
+}
+
+/// The keys whose values differ between `old` and `new`, or that are in only one of them.
+fn changed_keys<K: Ord + Clone, V: PartialEq>(
+    old: &BTreeMap<K, V>,
+    new: &BTreeMap<K, V>,
+) -> BTreeSet<K> {
+    let mut out: BTreeSet<K> = old
+        .iter()
+        .filter(|(k, v)| new.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(new.keys().filter(|k| !old.contains_key(*k)).cloned());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::l2::plan::ServiceOutcome;
+    use ferrolb_config::model::{L2Advertisement, PoolSelection};
+    use ferrolb_config::selector::Selector;
+    use ferrolb_testkit::model::pool;
+    use proptest::prelude::*;
+
+    const NODES: usize = 5;
+
+    /// One of a few configurations: 0 covers every Service of pool `l2` on every node; 1 only
+    /// zone z0 nodes on eth1; 2 splits Services by label between two advertisements.
+    fn config(variant: u8) -> Arc<Config> {
+        let mut c = Config::default();
+        c.pools.insert(
+            "l2".into(),
+            pool("l2", &["198.18.200.0/24", "fd00:18::c8:0/112"]),
+        );
+        c.pools
+            .insert("other".into(), pool("other", &["198.18.201.0/24"]));
+        let adv = |name: &str| L2Advertisement {
+            name: name.into(),
+            pools: PoolSelection {
+                names: ["l2".to_string()].into(),
+                selectors: vec![],
+            },
+            ..Default::default()
+        };
+        let mut advs = vec![];
+        match variant % 3 {
+            0 => advs.push(adv("all")),
+            1 => {
+                let mut a = adv("z0");
+                a.node_selectors = vec![Selector::from_labels([("zone", "z0")])];
+                a.interfaces = vec!["eth1".into()];
+                advs.push(a);
+            }
+            _ => {
+                let mut a = adv("red");
+                a.service_selectors = vec![Selector::from_labels([("color", "red")])];
+                a.node_selectors = vec![Selector::from_labels([("zone", "z1")])];
+                advs.push(a);
+                let mut b = adv("blue");
+                b.service_selectors = vec![Selector::from_labels([("color", "blue")])];
+                b.interfaces = vec!["eth0".into()];
+                advs.push(b);
+            }
+        }
+        for a in advs {
+            c.l2_advertisements.insert(a.name.clone(), a);
+        }
+        Arc::new(c)
+    }
+
+    fn node_name(i: usize) -> String {
+        format!("node{}", i % NODES + 1)
+    }
+
+    /// A Service from a few small choices: IPs from a small set (so that they are shared),
+    /// sometimes from the pool no advertisement covers.
+    #[derive(Clone, Debug)]
+    struct ServiceSpec {
+        ips: Vec<u8>,
+        other_pool: bool,
+        red: bool,
+        local: bool,
+        serving: Vec<usize>,
+        any_serving: bool,
+    }
+
+    fn service(i: usize, spec: &ServiceSpec) -> ServiceView {
+        let mut ips: Vec<IpAddr> = spec
+            .ips
+            .iter()
+            .map(|n| {
+                let text = match (spec.other_pool, n % 2) {
+                    (true, _) => format!("198.18.201.{}", n % 6),
+                    (false, 0) => format!("198.18.200.{}", n % 6),
+                    (false, _) => format!("fd00:18::c8:{:x}", n % 6),
+                };
+                text.parse().unwrap()
+            })
+            .collect();
+        ips.sort();
+        ips.dedup();
+        ServiceView {
+            key: ServiceKey::new("ns", format!("s{i}").as_str()),
+            labels: [(
+                "color".to_string(),
+                if spec.red { "red" } else { "blue" }.to_string(),
+            )]
+            .into(),
+            ips,
+            local_traffic: spec.local,
+            serving_nodes: spec.serving.iter().map(|n| node_name(*n)).collect(),
+            any_serving: spec.any_serving,
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Change {
+        SetService(usize, ServiceSpec),
+        RemoveService(usize),
+        Node {
+            node: usize,
+            zone: u8,
+            unavailable: bool,
+            excluded: bool,
+            present: bool,
+        },
+        Member {
+            node: usize,
+            live: bool,
+            interfaces: Option<Vec<bool>>,
+        },
+        Config(u8),
+        /// A step in which nothing changed (a presence renewal, a timer).
+        Nothing,
+    }
+
+    fn spec() -> impl Strategy<Value = ServiceSpec> {
+        (
+            prop::collection::vec(0u8..12, 0..3),
+            prop::bool::weighted(0.1),
+            any::<bool>(),
+            any::<bool>(),
+            prop::collection::vec(0usize..NODES, 0..3),
+            prop::bool::weighted(0.85),
+        )
+            .prop_map(
+                |(ips, other_pool, red, local, serving, any_serving)| ServiceSpec {
+                    ips,
+                    other_pool,
+                    red,
+                    local,
+                    serving,
+                    any_serving,
+                },
+            )
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            4 => (0usize..8, spec()).prop_map(|(i, s)| Change::SetService(i, s)),
+            1 => (0usize..8).prop_map(Change::RemoveService),
+            2 => (0usize..NODES, 0u8..2, prop::bool::weighted(0.2), prop::bool::weighted(0.2), prop::bool::weighted(0.9))
+                .prop_map(|(node, zone, unavailable, excluded, present)| Change::Node { node, zone, unavailable, excluded, present }),
+            2 => (0usize..NODES, prop::bool::weighted(0.7), prop::option::weighted(0.9, prop::collection::vec(any::<bool>(), 2)))
+                .prop_map(|(node, live, interfaces)| Change::Member { node, live, interfaces }),
+            1 => (0u8..3).prop_map(Change::Config),
+            1 => Just(Change::Nothing),
+        ]
+    }
+
+    /// The world the changes act on.
+    struct World {
+        config: Arc<Config>,
+        nodes: BTreeMap<String, NodeView>,
+        members: BTreeMap<String, Member>,
+        services: BTreeMap<usize, ServiceView>,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let nodes = (0..NODES)
+                .map(|i| {
+                    let name = node_name(i);
+                    let view = NodeView {
+                        name: name.clone(),
+                        labels: [("zone".to_string(), format!("z{}", i % 2))].into(),
+                        ..Default::default()
+                    };
+                    (name, view)
+                })
+                .collect();
+            let members = (0..NODES)
+                .map(|i| {
+                    let m = Member {
+                        interfaces: ["eth0".to_string(), "eth1".to_string()].into(),
+                        interfaces_unknown: false,
+                    };
+                    (node_name(i), m)
+                })
+                .collect();
+            World {
+                config: config(0),
+                nodes,
+                members,
+                services: BTreeMap::new(),
+            }
+        }
+
+        fn apply(&mut self, change: &Change) {
+            match change {
+                Change::SetService(i, spec) => {
+                    self.services.insert(*i, service(*i, spec));
+                }
+                Change::RemoveService(i) => {
+                    self.services.remove(i);
+                }
+                Change::Node {
+                    node,
+                    zone,
+                    unavailable,
+                    excluded,
+                    present,
+                } => {
+                    let name = node_name(*node);
+                    if *present {
+                        let view = NodeView {
+                            name: name.clone(),
+                            labels: [("zone".to_string(), format!("z{zone}"))].into(),
+                            network_unavailable: *unavailable,
+                            excluded: *excluded,
+                            addresses: vec![],
+                        };
+                        self.nodes.insert(name, view);
+                    } else {
+                        self.nodes.remove(&name);
+                    }
+                }
+                Change::Member {
+                    node,
+                    live,
+                    interfaces,
+                } => {
+                    let name = node_name(*node);
+                    if *live {
+                        let member = Member {
+                            interfaces: interfaces
+                                .iter()
+                                .flatten()
+                                .zip(["eth0", "eth1"])
+                                .filter(|(on, _)| **on)
+                                .map(|(_, i)| i.to_string())
+                                .collect(),
+                            interfaces_unknown: interfaces.is_none(),
+                        };
+                        self.members.insert(name, member);
+                    } else {
+                        self.members.remove(&name);
+                    }
+                }
+                Change::Config(v) => self.config = config(*v),
+                Change::Nothing => {}
+            }
+        }
+
+        fn services(&self) -> Vec<ServiceView> {
+            self.services.values().cloned().collect()
+        }
+
+        fn full(&self, me: &str) -> Plan {
+            let inputs = Inputs {
+                config: &self.config,
+                nodes: &self.nodes,
+                members: &self.members,
+                me,
+            };
+            plan::plan(inputs, &self.services())
+        }
+
+        fn update(&self, planner: &mut Planner) -> usize {
+            planner.update(
+                &self.config,
+                self.nodes.clone(),
+                self.members.clone(),
+                self.services(),
+            )
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// The check: over any sequence of changes, the plan kept by the planner is
+        /// the plan computed from scratch, for every node's view.
+        #[test]
+        fn the_incremental_plan_always_equals_a_full_plan(
+            me in 0usize..NODES,
+            changes in prop::collection::vec(change(), 1..40),
+        ) {
+            let me = node_name(me);
+            let mut world = World::new();
+            let mut planner = Planner::new(&me);
+            world.update(&mut planner);
+            for (i, change) in changes.iter().enumerate() {
+                world.apply(change);
+                let replanned = world.update(&mut planner);
+                prop_assert_eq!(
+                    planner.plan(),
+                    &world.full(&me),
+                    "after change {} ({:?})",
+                    i,
+                    change
+                );
+                if matches!(change, Change::Nothing) {
+                    prop_assert_eq!(replanned, 0, "nothing changed, yet it planned again");
+                }
+            }
+            // And the takeover order the report shows starts with the owner.
+            let takeover = planner.snapshot().takeover();
+            for (key, outcome) in &planner.plan().services {
+                if let ServiceOutcome::Owner(owner) = outcome {
+                    prop_assert_eq!(takeover[key].first(), Some(owner));
+                }
+            }
+        }
+    }
+
+    fn many(world: &mut World, n: usize) {
+        for i in 0..n {
+            let spec = ServiceSpec {
+                ips: vec![],
+                other_pool: false,
+                red: false,
+                local: false,
+                serving: vec![],
+                any_serving: true,
+            };
+            let mut view = service(i, &spec);
+            view.ips = vec![format!("198.18.200.{}", i % 250).parse().unwrap()];
+            if i >= 250 {
+                view.ips = vec![format!("fd00:18::c8:{i:x}").parse().unwrap()];
+            }
+            world.services.insert(i, view);
+        }
+    }
+
+    #[test]
+    fn one_service_change_replans_one_service() {
+        let mut world = World::new();
+        many(&mut world, 400);
+        let mut planner = Planner::new("node1");
+        assert_eq!(world.update(&mut planner), 400);
+        assert_eq!(world.update(&mut planner), 0, "nothing changed");
+        world.services.get_mut(&7).unwrap().any_serving = false;
+        assert_eq!(world.update(&mut planner), 1);
+        world.services.remove(&8);
+        assert_eq!(world.update(&mut planner), 0, "a removal plans nothing new");
+        assert_eq!(planner.plan(), &world.full("node1"));
+    }
+
+    #[test]
+    fn a_speaker_leaving_replans_only_what_it_owned() {
+        let mut world = World::new();
+        many(&mut world, 400);
+        let mut planner = Planner::new("node1");
+        world.update(&mut planner);
+        let owned_by_node3 = planner
+            .plan()
+            .services
+            .values()
+            .filter(|o| **o == ServiceOutcome::Owner("node3".into()))
+            .count();
+        assert!(owned_by_node3 > 40, "{owned_by_node3}");
+        world.members.remove("node3");
+        assert_eq!(world.update(&mut planner), owned_by_node3);
+        assert_eq!(planner.plan(), &world.full("node1"));
+        // It comes back: it takes back what it outscores, and nothing else is planned.
+        world.members.insert(
+            "node3".into(),
+            Member {
+                interfaces: ["eth0".to_string(), "eth1".to_string()].into(),
+                interfaces_unknown: false,
+            },
+        );
+        assert_eq!(world.update(&mut planner), owned_by_node3);
+        assert_eq!(planner.plan(), &world.full("node1"));
+    }
+
+    #[test]
+    fn a_new_configuration_replans_everything() {
+        let mut world = World::new();
+        many(&mut world, 50);
+        let mut planner = Planner::new("node1");
+        world.update(&mut planner);
+        world.config = config(0);
+        assert_eq!(world.update(&mut planner), 50);
+        world.config = config(1);
+        world.update(&mut planner);
+        assert_eq!(planner.plan(), &world.full("node1"));
+    }
+}
