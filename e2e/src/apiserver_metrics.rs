@@ -1,5 +1,6 @@
-//! Writes the lab's API server has served, from its own Prometheus counters
-//! (`apiserver_request_total`): how a bench counts what a system writes at rest. The counters
+//! Requests the lab's API server has served, from its own Prometheus counters
+//! (`apiserver_request_total`): how a bench counts what a system writes at rest, and a test
+//! what a change costs the API server. The counters
 //! carry no client, so a bench takes the lab's own writers (node agent, kube-controller-manager)
 //! as a baseline before the system starts and subtracts their rate.
 
@@ -12,6 +13,25 @@ pub type Writes = BTreeMap<String, f64>;
 /// Parses the `apiserver_request_total` samples of a metrics page into [`Writes`].
 pub fn parse_writes(page: &str) -> Writes {
     let mut writes = Writes::new();
+    for ((verb, what), value) in parse_requests(page) {
+        if matches!(
+            verb.as_str(),
+            "GET" | "LIST" | "WATCH" | "WATCHLIST" | "CONNECT"
+        ) {
+            continue;
+        }
+        *writes.entry(what).or_default() += value;
+    }
+    writes
+}
+
+/// Requests per verb and resource (`group/resource[/subresource]`, as in [`Writes`]), reads
+/// included, summed over response codes and scopes.
+pub type Requests = BTreeMap<(String, String), f64>;
+
+/// Parses the `apiserver_request_total` samples of a metrics page into [`Requests`].
+pub fn parse_requests(page: &str) -> Requests {
+    let mut requests = Requests::new();
     for line in page.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
             continue;
@@ -29,12 +49,6 @@ pub fn parse_writes(page: &str) -> Writes {
             })
         };
         let verb = label("verb").unwrap_or_default();
-        if matches!(
-            verb.as_str(),
-            "GET" | "LIST" | "WATCH" | "WATCHLIST" | "CONNECT"
-        ) {
-            continue;
-        }
         let group = label("group").filter(|g| !g.is_empty());
         let mut what = format!(
             "{}/{}",
@@ -44,9 +58,15 @@ pub fn parse_writes(page: &str) -> Writes {
         if let Some(sub) = label("subresource").filter(|s| !s.is_empty()) {
             what = format!("{what}/{sub}");
         }
-        *writes.entry(what).or_default() += value;
+        *requests.entry((verb, what)).or_default() += value;
     }
-    writes
+    requests
+}
+
+/// The API server's request counters now, reads included.
+pub async fn requests(client: &kube::Client) -> anyhow::Result<Requests> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(parse_requests(&client.request_text(request).await?))
 }
 
 /// The API server's write counters now.
@@ -100,6 +120,17 @@ apiserver_request_duration_seconds_bucket{verb="PUT",le="0.1"} 5
             ])
         );
         assert_eq!(total(&w), 51.0);
+    }
+
+    #[test]
+    fn counts_every_request_per_verb_and_resource() {
+        let r = parse_requests(PAGE);
+        let get = |verb: &str, what: &str| r.get(&(verb.to_string(), what.to_string())).copied();
+        assert_eq!(get("GET", "coordination.k8s.io/leases"), Some(40.0));
+        assert_eq!(get("WATCH", "core/pods"), Some(9.0));
+        assert_eq!(get("PUT", "core/services/status"), Some(1.0));
+        assert_eq!(get("LIST", "core/pods"), None);
+        assert_eq!(r.len(), 6);
     }
 
     #[test]

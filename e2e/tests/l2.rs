@@ -467,6 +467,109 @@ async fn failover(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Issue #40: an IP move costs the new owner no list of ServiceL2Status (a list makes the API
+/// server scan every Service's objects, at every move): the new owner deletes the object of the
+/// owner it took the Service from by name. Twelve Services; the speaker owning the most is
+/// killed without a goodbye, so it cannot delete its own objects; every Service it owned moves
+/// and keeps exactly one ServiceL2Status, the new owner's, with no LIST of them meanwhile.
+async fn a_move_lists_no_status_objects(ctx: Ctx) -> anyhow::Result<()> {
+    let lab = &ctx.lab;
+    let mut scope = TestScope::new(lab, "l2-move-cost").await?;
+    scope.deploy("web", &["node1"]).await?;
+    let client = lab.client().await?;
+    let api: Api<Service> = Api::namespaced(client.clone(), &scope.namespace);
+    let names: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+    for name in &names {
+        create(&api, lb_service(name).selector("app", "web").build()).await?;
+    }
+    let mut owners: BTreeMap<String, String> = BTreeMap::new();
+    for name in &names {
+        wait_ips(&api, name, 1).await?;
+        owners.insert(name.clone(), owner(lab, &scope.namespace, name).await?);
+    }
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+    for o in owners.values() {
+        *per_node.entry(o.as_str()).or_default() += 1;
+    }
+    let victim = per_node
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(node, _)| node.to_string())
+        .context("no owner")?;
+    let moved: Vec<&String> = owners
+        .iter()
+        .filter(|(_, o)| **o == victim)
+        .map(|(n, _)| n)
+        .collect();
+    // The API server's counters tell every client's requests apart only by verb: the test
+    // itself lists no ServiceL2Status between the two readings (status_owners would).
+    let key = |verb: &str| (verb.to_string(), "metallb.io/servicel2statuses".to_string());
+    let count = |r: &ferrolb_e2e::apiserver_metrics::Requests, verb: &str| {
+        r.get(&key(verb)).copied().unwrap_or(0.0)
+    };
+    let before = ferrolb_e2e::apiserver_metrics::requests(&client).await?;
+    ctx.speakers.kill(&victim);
+    let outcome = async {
+        let after = wait_for(
+            &format!(
+                "the new owners to delete {victim}'s {} objects",
+                moved.len()
+            ),
+            Duration::from_secs(30),
+            || async {
+                let now = ferrolb_e2e::apiserver_metrics::requests(&client)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let deletes = count(&now, "DELETE") - count(&before, "DELETE");
+                if deletes >= moved.len() as f64 {
+                    Ok(Some(now))
+                } else {
+                    Err(format!("{deletes} deletes"))
+                }
+            },
+        )
+        .await?;
+        let lists = count(&after, "LIST") - count(&before, "LIST");
+        println!(
+            "    {} Services moved off {victim}: {lists} lists and {} deletes of ServiceL2Status",
+            moved.len(),
+            count(&after, "DELETE") - count(&before, "DELETE"),
+        );
+        ensure!(
+            lists == 0.0,
+            "{lists} lists of ServiceL2Status for {} moves",
+            moved.len()
+        );
+        for name in &moved {
+            let now = status_owners(lab, &scope.namespace, name)?;
+            ensure!(
+                now.len() == 1 && now[0] != victim,
+                "{name}: ServiceL2Status nodes {now:?} after it moved off {victim}"
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    ctx.speakers.start(&victim)?;
+    outcome?;
+    // Back after flap damping, it owns its Services again, each with one ServiceL2Status.
+    for name in &moved {
+        wait_for(
+            &format!("{victim} to own {name} again"),
+            Damping::MAX_HOLD + Duration::from_secs(15),
+            || async {
+                let now = status_owners(lab, &scope.namespace, name).map_err(|e| e.to_string())?;
+                match now.as_slice() {
+                    [one] if *one == victim => Ok(Some(())),
+                    other => Err(format!("ServiceL2Status nodes: {other:?}")),
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// Heartbeat loss on one node, the commonest partial fault (a host firewall, a security group):
 /// UDP 7946 dropped on a node that does not own the IPs, on the owner, and one way only. After
 /// detection exactly one MAC answers ARP and NDP for every IP, requests are served, and once
@@ -1674,6 +1777,9 @@ const TESTS: &[(&str, suite::LabBody<Ctx>)] = &[
         Box::pin(node_selectors_and_interfaces(c))
     }),
     ("failover", |c| Box::pin(failover(c))),
+    ("a_move_lists_no_status_objects", |c| {
+        Box::pin(a_move_lists_no_status_objects(c))
+    }),
     ("heartbeats_blocked_on_one_node", |c| {
         Box::pin(heartbeats_blocked_on_one_node(c))
     }),

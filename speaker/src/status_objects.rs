@@ -63,6 +63,11 @@ pub trait StatusKind: Send + Sync + 'static {
     fn status(key: &ServiceKey, node: &str, value: &Self::Value) -> serde_json::Value;
     /// The Service's UID, if the value knows it (Events then attach to this incarnation).
     fn uid(value: &Self::Value) -> Option<String>;
+    /// For an exclusive kind, the node this one took the Service from, when known: its object
+    /// is deleted by name. Unknown, the objects of every other node are looked for.
+    fn taken_from(_value: &Self::Value) -> Option<&str> {
+        None
+    }
 }
 
 /// What the node announces, by Service.
@@ -327,6 +332,9 @@ impl<K: StatusKind> Writer<K> {
                 }
             }
         }
+        // Newly taken Services whose previous owner is unknown: their other objects are looked
+        // for with one list after the writes.
+        let mut unknown: BTreeSet<&ServiceKey> = BTreeSet::new();
         for (name, (key, value)) in wanted {
             let previous = written.get(&name);
             if previous.is_some_and(|p| p.as_ref() == Some(value)) {
@@ -342,7 +350,12 @@ impl<K: StatusKind> Writer<K> {
             written.insert(name, Some(value.clone()));
             if newly_taken {
                 if K::EXCLUSIVE {
-                    self.remove_others(key).await;
+                    match K::taken_from(value).filter(|n| *n != node) {
+                        Some(from) => self.remove_of(key, from).await,
+                        None => {
+                            unknown.insert(key);
+                        }
+                    }
                 }
                 self.events.push(Queued {
                     warning: false,
@@ -355,6 +368,9 @@ impl<K: StatusKind> Writer<K> {
                     regarding: service_reference(key, K::uid(value)),
                 });
             }
+        }
+        if !unknown.is_empty() {
+            self.remove_others(&unknown).await;
         }
         complete
     }
@@ -381,22 +397,58 @@ impl<K: StatusKind> Writer<K> {
         written
     }
 
-    /// Deletes the objects other nodes wrote for a Service this node now holds exclusively.
-    async fn remove_others(&self, key: &ServiceKey) {
-        let selector = format!(
-            "{SERVICE_NAME_LABEL}={},{SERVICE_NAMESPACE_LABEL}={},{NODE_LABEL}!={}",
-            key.name(),
-            key.namespace(),
-            self.node
-        );
-        let Ok(list) = self
+    /// Deletes the object node `from` wrote for a Service this node took from it: one
+    /// delete by name, whatever the number of Services (a list would cost the API server a
+    /// scan of every status object at every move).
+    async fn remove_of(&self, key: &ServiceKey, from: &str) {
+        let name = object_name::<K>(key, from);
+        match self.api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                tracing::debug!(kind = K::KIND, object = %name, error = %e, "deleting the previous owner's object");
+            }
+        }
+    }
+
+    /// Deletes the objects other nodes wrote for Services this node now holds exclusively and
+    /// whose previous owner it does not know (taken at its first plan): one list for all of
+    /// them, served from the API server's cache (`resourceVersion=0`). An object it misses was
+    /// written a moment ago by a node that also believes it owns the Service, and that node
+    /// deletes its own once it sees this one.
+    async fn remove_others(&self, keys: &BTreeSet<&ServiceKey>) {
+        let mut selector = format!("{NODE_LABEL}!={}", self.node);
+        if let [key] = keys.iter().collect::<Vec<_>>().as_slice() {
+            selector = format!(
+                "{SERVICE_NAME_LABEL}={},{SERVICE_NAMESPACE_LABEL}={},{selector}",
+                key.name(),
+                key.namespace()
+            );
+        }
+        let list = match self
             .api
-            .list(&ListParams::default().labels(&selector))
+            .list(&ListParams::default().match_any().labels(&selector))
             .await
-        else {
-            return;
+        {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::debug!(kind = K::KIND, error = %e, "listing other nodes' objects");
+                return;
+            }
         };
-        for name in list.items.into_iter().filter_map(|o| o.meta().name.clone()) {
+        for o in list.items {
+            let meta = o.meta();
+            let label = |l: &str| {
+                meta.labels
+                    .as_ref()
+                    .and_then(|m| m.get(l))
+                    .map(String::as_str)
+                    .unwrap_or_default()
+            };
+            let of = ServiceKey::new(label(SERVICE_NAMESPACE_LABEL), label(SERVICE_NAME_LABEL));
+            let Some(name) = meta.name.clone().filter(|_| keys.contains(&of)) else {
+                continue;
+            };
             if let Err(e) = self.api.delete(&name, &DeleteParams::default()).await {
                 tracing::debug!(kind = K::KIND, object = %name, error = %e, "deleting another node's object");
             }

@@ -40,6 +40,10 @@ struct Group {
     key: Option<String>,
     /// How many of its Services serve.
     serving: usize,
+    /// When this node owns the group: the owner it took the group from, as this node's plans
+    /// saw it (kept while this node owns it). The status writer deletes that node's
+    /// ServiceL2Status by name instead of listing every node's.
+    taken_from: Option<String>,
 }
 
 /// The layer 2 plan and the inputs it was made from.
@@ -57,6 +61,9 @@ pub struct Planner {
     group_of: HashMap<ServiceKey, ServiceKey>,
     groups: HashMap<ServiceKey, Group>,
     plan: Plan,
+    /// The owner and `taken_from` of each Service whose group was dropped in this update,
+    /// until it is planned again.
+    before: HashMap<ServiceKey, (Option<String>, Option<String>)>,
 }
 
 impl Planner {
@@ -72,6 +79,7 @@ impl Planner {
             group_of: HashMap::new(),
             groups: HashMap::new(),
             plan: Plan::default(),
+            before: HashMap::new(),
         }
     }
 
@@ -130,9 +138,11 @@ impl Planner {
             self.members = members;
             self.services = services;
             self.holders.clear();
-            self.group_of.clear();
-            self.groups.clear();
-            self.plan = Plan::default();
+            let ids: Vec<ServiceKey> = self.groups.keys().cloned().collect();
+            let mut ignored = BTreeSet::new();
+            for id in ids {
+                self.drop_group(&id, &mut ignored);
+            }
             let all: Vec<ServiceKey> = self.services.keys().cloned().collect();
             for key in &all {
                 self.index(key);
@@ -201,7 +211,8 @@ impl Planner {
         }
     }
 
-    /// Forgets the results of group `id`; its Services go into `dirty`.
+    /// Forgets the results of group `id` (its owner is remembered for the next plan of its
+    /// Services); its Services go into `dirty`.
     fn drop_group(&mut self, id: &ServiceKey, dirty: &mut BTreeSet<ServiceKey>) {
         let Some(group) = self.groups.remove(id) else {
             return;
@@ -212,8 +223,18 @@ impl Planner {
         for key in group.services {
             self.plan.services.remove(&key);
             self.group_of.remove(&key);
+            self.before
+                .insert(key.clone(), (group.owner.clone(), group.taken_from.clone()));
             dirty.insert(key);
         }
+    }
+
+    /// The node this node took Service `key` from, while this node owns it: whose
+    /// ServiceL2Status to delete. `None` when this node does not own it, or its plans never
+    /// saw another owner (it took the Service at its first plan).
+    pub fn taken_from(&self, key: &ServiceKey) -> Option<&str> {
+        let id = self.group_of.get(key)?;
+        self.groups.get(id)?.taken_from.as_deref()
     }
 
     /// Whether a change of node or speaker `x` may change the outcome of `group`.
@@ -272,6 +293,7 @@ impl Planner {
             planned += members.len();
             self.plan_component(members);
         }
+        self.before.clear();
         planned
     }
 
@@ -315,12 +337,28 @@ impl Planner {
         let Some(id) = members.first().cloned() else {
             return;
         };
+        let taken_from = if g.owner.as_deref() == Some(self.me.as_str()) {
+            let before: Vec<&(Option<String>, Option<String>)> =
+                members.iter().filter_map(|k| self.before.get(k)).collect();
+            // Still this node's: it keeps what it took the group from. Newly taken: from the
+            // owner its plans last saw.
+            match before
+                .iter()
+                .find(|(owner, _)| owner.as_deref() == Some(self.me.as_str()))
+            {
+                Some((_, taken_from)) => taken_from.clone(),
+                None => before.iter().find_map(|(owner, _)| owner.clone()),
+            }
+        } else {
+            None
+        };
         let group = Group {
             services: members,
             announced: g.announce.keys().copied().collect(),
             owner: g.owner,
             key: g.key,
             serving,
+            taken_from,
         };
         self.plan.services.extend(g.outcomes);
         self.plan.announce.extend(g.announce);
@@ -744,6 +782,50 @@ mod tests {
         );
         assert_eq!(world.update(&mut planner), owned_by_node3);
         assert_eq!(planner.plan(), &world.full("node1"));
+    }
+
+    /// What the status writer deletes by name: the node this one took each Service from,
+    /// kept while it owns it, also across a new configuration; unknown for what it took at its
+    /// first plan, and nothing for what it does not own.
+    #[test]
+    fn the_previous_owner_is_remembered_while_this_node_owns_the_service() {
+        let mut world = World::new();
+        many(&mut world, 300);
+        let mut planner = Planner::new("node1");
+        world.update(&mut planner);
+        let owner = |p: &Planner, k: &ServiceKey| match &p.plan().services[k] {
+            ServiceOutcome::Owner(o) => o.clone(),
+            other => panic!("{other:?}"),
+        };
+        let keys: Vec<ServiceKey> = planner.plan().services.keys().cloned().collect();
+        let first: BTreeMap<ServiceKey, String> = keys
+            .iter()
+            .map(|k| (k.clone(), owner(&planner, k)))
+            .collect();
+        for k in &keys {
+            assert_eq!(planner.taken_from(k), None, "{k}: taken at the first plan");
+        }
+        world.members.remove("node3");
+        world.members.remove("node4");
+        world.update(&mut planner);
+        let mut taken = 0;
+        for k in &keys {
+            let now = owner(&planner, k);
+            let expected = (now == "node1" && first[k] != "node1").then(|| first[k].as_str());
+            assert_eq!(planner.taken_from(k), expected, "{k}");
+            taken += usize::from(expected.is_some());
+        }
+        assert!(taken > 20, "{taken}");
+        // An unrelated change, then a new configuration: still remembered.
+        world.services.get_mut(&0).unwrap().any_serving = false;
+        world.update(&mut planner);
+        world.config = config(0);
+        world.update(&mut planner);
+        for k in keys.iter().filter(|k| k.name() != "s0") {
+            let expected =
+                (owner(&planner, k) == "node1" && first[k] != "node1").then(|| first[k].as_str());
+            assert_eq!(planner.taken_from(k), expected, "{k}");
+        }
     }
 
     #[test]

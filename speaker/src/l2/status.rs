@@ -1,7 +1,8 @@
 //! Tells the cluster what this node announces in layer 2 mode: a ServiceL2Status object per
 //! Service it owns (MetalLB's status API) and a `nodeAssigned` Event when it takes one, through
 //! the shared writer in [`crate::status_objects`]. One node owns a Service's IPs, so taking a
-//! Service deletes the objects other nodes left.
+//! Service deletes the object of the node it took it from (by name, no list), or, when this
+//! node's plans never saw the previous owner, the objects any other node left.
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::crd::{
@@ -44,6 +45,10 @@ impl StatusKind for Layer2 {
 
     fn uid(owned: &Owned) -> Option<String> {
         owned.uid.clone()
+    }
+
+    fn taken_from(owned: &Owned) -> Option<&str> {
+        owned.taken_from.as_deref()
     }
 }
 

@@ -90,19 +90,28 @@ pub struct Owned {
     pub uid: Option<String>,
     /// Interfaces it is announced on.
     pub interfaces: Vec<String>,
+    /// The node this one took the Service from, as its plans saw it
+    /// (`Planner::taken_from`): whose ServiceL2Status to delete when it takes it. `None`:
+    /// unknown, the writer looks for other nodes' objects instead.
+    pub taken_from: Option<String>,
 }
 
 /// What the node announces, by Service.
 pub type Reported = BTreeMap<ServiceKey, Owned>;
 
-/// What this node reports for `plan`.
-pub fn reported(plan: &Plan, uids: &HashMap<ServiceKey, Option<String>>) -> Reported {
+/// What this node reports for `plan`; `taken_from` says whom it took each Service from.
+pub fn reported<'a>(
+    plan: &Plan,
+    uids: &HashMap<ServiceKey, Option<String>>,
+    taken_from: impl Fn(&ServiceKey) -> Option<&'a str>,
+) -> Reported {
     let mut out = Reported::new();
     for a in plan.announce.values() {
         for key in &a.services {
             let entry = out.entry(key.clone()).or_insert_with(|| Owned {
                 uid: uids.get(key).cloned().flatten(),
                 interfaces: Vec::new(),
+                taken_from: taken_from(key).map(str::to_string),
             });
             for i in &a.interfaces {
                 if !entry.interfaces.contains(i) {
@@ -278,9 +287,11 @@ mod tests {
             ("198.18.200.2", &["shared"], &["eth1"]),
         ]);
         let uids = HashMap::from([(key("web"), Some("uid-web".to_string()))]);
-        let r = reported(&p, &uids);
+        let r = reported(&p, &uids, |k| (k.name() == "web").then_some("node2"));
         assert_eq!(r.len(), 2);
         assert_eq!(r[&key("web")].uid.as_deref(), Some("uid-web"));
+        assert_eq!(r[&key("web")].taken_from.as_deref(), Some("node2"));
+        assert_eq!(r[&key("shared")].taken_from, None);
         assert_eq!(r[&key("web")].interfaces, ["eth0", "eth1"]);
         assert_eq!(r[&key("shared")].uid, None);
         assert_eq!(r[&key("shared")].interfaces, ["eth0", "eth1"]);
@@ -288,7 +299,7 @@ mod tests {
 
     #[test]
     fn nothing_announced_reports_nothing() {
-        assert!(reported(&Plan::default(), &HashMap::new()).is_empty());
+        assert!(reported(&Plan::default(), &HashMap::new(), |_| None).is_empty());
         assert!(announced(&Plan::default()).is_empty());
     }
 

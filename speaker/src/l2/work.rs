@@ -350,7 +350,7 @@ impl Layer2 {
                 report.message,
             );
         }
-        let desired = step::reported(plan, &uids);
+        let desired = step::reported(plan, &uids, |key| planner.taken_from(key));
         let announced = step::announced(plan);
         tracing::debug!(
             services = plan.services.len(),
