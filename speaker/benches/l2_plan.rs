@@ -3,8 +3,10 @@
 //! costs), and the planner's update for one Service change, for one speaker leaving and coming
 //! back, and for a step in which nothing changed.
 //!
-//! Each update is measured with its inputs already built (the work loop builds them from its
-//! caches every step; `views` below is that cost, measured apart).
+//! Each update is measured with its inputs already built and told which Services changed, as
+//! the work loop's watches tell it. `l2_views` is what rebuilding every Service's view from
+//! the caches costs, which the loop did at every step before it kept the views
+//! (`service_views`) and now does only when a watch lists again.
 //!
 //! Run: `cargo bench -p ferrolb-speaker --bench l2_plan -- --warm-up-time 1 --measurement-time 3`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,6 +22,7 @@ use ferrolb_config::model::{Config, L2Advertisement, PoolSelection};
 use ferrolb_layer2::liveness::Member;
 use ferrolb_speaker::l2::plan::{self, Inputs};
 use ferrolb_speaker::l2::planner::Planner;
+use ferrolb_speaker::service_views::{Changed, ViewMap};
 use ferrolb_speaker::view::{NodeView, ServiceView};
 use ferrolb_testkit::model::pool;
 
@@ -150,30 +153,40 @@ fn grid(c: &mut Criterion, node_counts: &[u32], service_counts: &[u32]) {
                     black_box(plan::plan(inputs, views))
                 })
             });
+            let map: ViewMap = views
+                .iter()
+                .map(|v| (v.key.clone(), Arc::new(v.clone())))
+                .collect();
+            let none = Changed::Keys(Default::default());
             let mut planner = Planner::new("node-00000");
-            planner.update(&config, nodes.clone(), members.clone(), views.clone());
-            let inputs = || (nodes.clone(), members.clone(), views.clone());
+            planner.update(&config, nodes.clone(), members.clone(), &map, &Changed::All);
+            let inputs = || (nodes.clone(), members.clone());
             group.bench_function(BenchmarkId::new("nothing_changed", &id), |b| {
                 b.iter_batched(
                     inputs,
-                    |(nodes, members, views)| {
-                        black_box(planner.update(&config, nodes, members, views))
+                    |(nodes, members)| {
+                        black_box(planner.update(&config, nodes, members, &map, &none))
                     },
                     BatchSize::LargeInput,
                 )
             });
             // One Service's endpoints go and come back, alternately.
+            let key = views[s as usize / 2].key.clone();
+            let mut off = map.clone();
+            let mut view = (*off[&key]).clone();
+            view.any_serving = false;
+            off.insert(key.clone(), Arc::new(view));
+            let one = Changed::Keys([key].into());
             let mut flip = false;
             group.bench_function(BenchmarkId::new("one_service", &id), |b| {
                 b.iter_batched(
                     || {
                         flip = !flip;
-                        let (nodes, members, mut views) = inputs();
-                        views[s as usize / 2].any_serving = !flip;
-                        (nodes, members, views)
+                        let (nodes, members) = inputs();
+                        (nodes, members, if flip { &off } else { &map })
                     },
                     |(nodes, members, views)| {
-                        black_box(planner.update(&config, nodes, members, views))
+                        black_box(planner.update(&config, nodes, members, views, &one))
                     },
                     BatchSize::LargeInput,
                 )
@@ -184,14 +197,14 @@ fn grid(c: &mut Criterion, node_counts: &[u32], service_counts: &[u32]) {
                 b.iter_batched(
                     || {
                         gone = !gone;
-                        let (nodes, mut members, views) = inputs();
+                        let (nodes, mut members) = inputs();
                         if gone {
                             members.remove(&name(n / 2));
                         }
-                        (nodes, members, views)
+                        (nodes, members)
                     },
-                    |(nodes, members, views)| {
-                        black_box(planner.update(&config, nodes, members, views))
+                    |(nodes, members)| {
+                        black_box(planner.update(&config, nodes, members, &map, &none))
                     },
                     BatchSize::LargeInput,
                 )

@@ -12,6 +12,7 @@
 //!
 //! Shared by them: [`run`] (start-up, the select loop and what one step reads and does),
 //! [`args`] (the command line), [`view`] (Kubernetes objects reduced to what planning reads),
+//! [`service_views`] (those views kept between steps, rebuilt for the Services that changed),
 //! [`report`] (the live report `kubectl ferrolb explain` reads), and the crate's watches,
 //! metrics and status object writer.
 
@@ -22,6 +23,7 @@ pub mod l2;
 pub(crate) mod metrics;
 pub mod report;
 pub mod run;
+pub mod service_views;
 pub(crate) mod status_objects;
 pub mod view;
 pub(crate) mod watch;

@@ -1,12 +1,14 @@
 //! Watches of the objects the speaker plans from, cached in reflector stores. Every change wakes
 //! the work loop; configuration changes also mark the configuration for re-validation.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::l2::presence::selector;
-use crate::view::{trim_node, trim_service, trim_slice};
+use crate::service_views::Changed;
+use crate::view::{slice_service, trim_node, trim_service, trim_slice};
+use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, PeerPassword};
 use ferrolb_config::validate::{NodeInfo, Validated};
 use ferrolb_runtime::watch::{
@@ -15,7 +17,7 @@ use ferrolb_runtime::watch::{
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -42,6 +44,8 @@ pub struct Stores {
     /// The speakers' presence Leases (not watched with `--membership=voters`, whose presence
     /// set is the Nodes).
     pub presence: Option<Store<Lease>>,
+    /// Which Services the Service and EndpointSlice watches saw change.
+    changes: Arc<ServiceChanges>,
     config: ConfigStores,
     synced: Arc<AtomicUsize>,
     config_dirty: Arc<AtomicBool>,
@@ -52,6 +56,54 @@ impl Stores {
     pub fn synced(&self) -> bool {
         let watches = WATCHES + usize::from(self.presence.is_some());
         self.synced.load(Ordering::Relaxed) >= watches
+    }
+
+    /// Which Services changed (their object or an EndpointSlice of theirs) since the last
+    /// call: all of them after a watch listed again (a gap may hide deletes).
+    pub fn take_changed(&self) -> Changed {
+        let mut changed = self
+            .changes
+            .changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut changed, Changed::Keys(BTreeSet::new()))
+    }
+
+    /// The cached Service `key`.
+    pub fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
+        self.services
+            .get(&ObjectRef::new(key.name()).within(key.namespace()))
+    }
+
+    /// The cached EndpointSlices of Service `key`, found through the names its watch saw (a
+    /// name no longer cached is forgotten here).
+    pub fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<EndpointSlice>> {
+        let mut index = self
+            .changes
+            .slices
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(names) = index.get_mut(key) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        names.retain(|name| {
+            match self
+                .slices
+                .get(&ObjectRef::new(name).within(key.namespace()))
+            {
+                // The label that names the Service does not change, but check it anyway.
+                Some(slice) if slice_service(&slice).as_ref() == Some(key) => {
+                    out.push(slice);
+                    true
+                }
+                _ => false,
+            }
+        });
+        if names.is_empty() {
+            index.remove(key);
+        }
+        out
     }
 
     /// Whether the configuration changed since the last call.
@@ -125,8 +177,59 @@ enum OnChange {
     Quiet,
 }
 
+/// Which Services the watches saw change, and the EndpointSlices seen for each.
+struct ServiceChanges {
+    changed: Mutex<Changed>,
+    /// The names of the EndpointSlices seen for each Service, so a step finds a Service's
+    /// slices without a pass over all of them.
+    slices: Mutex<HashMap<ServiceKey, BTreeSet<String>>>,
+}
+
+impl ServiceChanges {
+    fn mark(&self, key: ServiceKey) {
+        if let Ok(mut changed) = self.changed.lock() {
+            changed.mark(key);
+        }
+    }
+
+    fn all(&self) {
+        if let Ok(mut changed) = self.changed.lock() {
+            *changed = Changed::All;
+        }
+    }
+
+    /// A Service's event: its view may have changed.
+    fn service(&self, change: &Change<'_, Service>) {
+        match change {
+            Change::Object(svc) => self.mark(ServiceKey::new(
+                svc.metadata.namespace.as_deref().unwrap_or_default(),
+                svc.metadata.name.as_deref().unwrap_or_default(),
+            )),
+            Change::Listed => self.all(),
+        }
+    }
+
+    /// An EndpointSlice's event: its Service's view may have changed.
+    fn slice(&self, change: &Change<'_, EndpointSlice>) {
+        match change {
+            Change::Object(slice) => {
+                let (Some(key), Some(name)) = (slice_service(slice), slice.metadata.name.clone())
+                else {
+                    return;
+                };
+                if let Ok(mut index) = self.slices.lock() {
+                    index.entry(key.clone()).or_default().insert(name);
+                }
+                self.mark(key);
+            }
+            Change::Listed => self.all(),
+        }
+    }
+}
+
 /// Watches every `K` (of a namespace, or of the cluster) into a cache, trimming each object
 /// (`managedFields` always: the speaker never reads them, and they are about half an object).
+/// `observe` hears each change before the loop is woken.
 fn watch<K>(
     api: Api<K>,
     selector: watcher::Config,
@@ -134,6 +237,7 @@ fn watch<K>(
     wake: &Wake,
     on_change: OnChange,
     trim: fn(&mut K),
+    mut observe: impl FnMut(&Change<'_, K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -149,6 +253,7 @@ where
             trim(o);
         },
         move |change| {
+            observe(&change);
             let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
             match on_change {
                 OnChange::Step => wake.heard(first, false),
@@ -177,6 +282,11 @@ pub fn start(
         config_dirty: Arc::new(AtomicBool::new(true)),
     };
     let config_wake = wake.clone();
+    let changes = Arc::new(ServiceChanges {
+        changed: Mutex::new(Changed::All),
+        slices: Mutex::default(),
+    });
+    let (on_service, on_slice) = (changes.clone(), changes.clone());
     let mut counted = false;
     let config = ConfigStores::start(client, namespace, PAGE_SIZE, move |_, change| {
         let first = change == ConfigChange::Listed && !std::mem::replace(&mut counted, true);
@@ -192,6 +302,7 @@ pub fn start(
             &wake,
             OnChange::Step,
             trim_service,
+            move |c| on_service.service(c),
         ),
         slices: watch(
             Api::all(client.clone()),
@@ -200,6 +311,7 @@ pub fn start(
             &wake,
             OnChange::Step,
             trim_slice,
+            move |c| on_slice.slice(c),
         ),
         // Node labels select advertisements: the configuration is re-read when they change.
         nodes: watch(
@@ -209,6 +321,7 @@ pub fn start(
             &wake,
             OnChange::StepAndConfig,
             trim_node,
+            |_| {},
         ),
         secrets: NamedSecrets {
             api: Api::namespaced(client.clone(), namespace),
@@ -225,8 +338,10 @@ pub fn start(
                 &wake,
                 OnChange::Quiet,
                 |_| {},
+                |_| {},
             )
         }),
+        changes,
         config,
         synced: wake.synced,
         config_dirty: wake.config_dirty,

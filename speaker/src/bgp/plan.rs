@@ -58,7 +58,7 @@ pub fn peer_selects(peer: &Peer, node: &NodeView) -> bool {
 }
 
 /// Plans what this node advertises to each of its peers.
-pub fn plan(inputs: Inputs<'_>, services: &[ServiceView]) -> Plan {
+pub fn plan<'a>(inputs: Inputs<'_>, services: impl IntoIterator<Item = &'a ServiceView>) -> Plan {
     let Inputs { config, nodes, me } = inputs;
     let mut out = Plan::default();
     // A node that is not (yet) a Node object keeps no session: nothing selects it.
@@ -78,7 +78,13 @@ pub fn plan(inputs: Inputs<'_>, services: &[ServiceView]) -> Plan {
         out.peers.insert(p.name.clone(), PeerPlan::default());
     }
     // Sessions stay up on an unavailable or excluded node; it only stops attracting traffic.
-    if node.network_unavailable || node.excluded {
+    // With no peer or no advertisement no route goes anywhere: no pass over the Services (a
+    // layer-2-only cluster pays nothing here per step).
+    if node.network_unavailable
+        || node.excluded
+        || peers.is_empty()
+        || config.bgp_advertisements.is_empty()
+    {
         return out;
     }
     for service in services {

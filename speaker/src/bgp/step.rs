@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::bgp::driver::{Driver, Observer, PeerSettings, SettingsError};
 use crate::bgp::plan::{self, Inputs};
-use crate::view::{NodeView, ServiceView};
+use crate::service_views::ViewMap;
+use crate::view::NodeView;
 use ferrolb_config::model::{Config, Peer, PeerPassword, PeerTarget};
 use ferrolb_runtime::events::{EventQueue, Queued};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
@@ -167,10 +168,13 @@ impl Bgp {
         config: &Config,
         nodes: &BTreeMap<String, NodeView>,
         me: &str,
-        services: &[ServiceView],
+        services: &ViewMap,
         secret: impl Fn(&str) -> Option<Arc<Secret>>,
     ) -> plan::Plan {
-        let plan = plan::plan(Inputs { config, nodes, me }, services);
+        let plan = plan::plan(
+            Inputs { config, nodes, me },
+            services.values().map(Arc::as_ref),
+        );
         let addresses = nodes
             .get(me)
             .map(|n| n.addresses.clone())
@@ -240,13 +244,14 @@ impl Bgp {
         not_started: &BTreeMap<String, NotStarted>,
         links: &BTreeMap<String, LinkState>,
         running: &[&String],
-        services: &[ServiceView],
+        services: &ViewMap,
     ) {
         let why: BTreeMap<String, String> = not_started
             .iter()
             .map(|(name, n)| (name.clone(), n.why.clone()))
             .collect();
-        let mut peers = crate::report::bgp_peers(config, plan, &why, services);
+        let mut peers =
+            crate::report::bgp_peers(config, plan, &why, |key| services.get(key).map(Arc::as_ref));
         for p in &mut peers {
             if let Some(PeerTarget::Interface(i)) = config.peers.get(&p.name).map(|p| &p.target)
                 && let Some(LinkState::Found(on_link)) = links.get(i)
@@ -332,11 +337,10 @@ impl Bgp {
     }
 
     /// Metrics and ServiceBGPStatus objects for what `plan` advertises.
-    fn report(&mut self, plan: &plan::Plan, me: &str, services: &[ServiceView]) {
-        let views: BTreeMap<_, _> = services.iter().map(|s| (&s.key, s)).collect();
+    fn report(&mut self, plan: &plan::Plan, me: &str, services: &ViewMap) {
         let mut announced = BTreeSet::new();
         for key in plan.services.keys() {
-            let Some(view) = views.get(key) else {
+            let Some(view) = services.get(key) else {
                 continue;
             };
             // An IP is announced when some peer gets a prefix holding it.

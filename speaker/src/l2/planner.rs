@@ -26,7 +26,8 @@ use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::owner;
 
 use crate::l2::plan::{self, Covered, Inputs, Plan};
-use crate::view::{NodeView, ServiceView};
+use crate::service_views::{Changed, ViewMap};
+use crate::view::NodeView;
 
 /// What the planner remembers of one sharing group.
 #[derive(Clone, Debug)]
@@ -53,8 +54,8 @@ pub struct Planner {
     config: Arc<Config>,
     nodes: BTreeMap<String, NodeView>,
     members: BTreeMap<String, Member>,
-    /// Every Service handed in, covered or not.
-    services: BTreeMap<ServiceKey, ServiceView>,
+    /// Every Service handed in, covered or not (shared with the caller's views).
+    services: ViewMap,
     /// The covered Services holding each IP.
     holders: HashMap<IpAddr, BTreeSet<ServiceKey>>,
     /// Each covered Service's group, named by the group's least Service key.
@@ -89,7 +90,7 @@ impl Planner {
     }
 
     /// The Services of the last update, by key.
-    pub fn views(&self) -> &BTreeMap<ServiceKey, ServiceView> {
+    pub fn views(&self) -> &ViewMap {
         &self.services
     }
 
@@ -123,20 +124,21 @@ impl Planner {
 
     /// Brings the plan up to date with these inputs; returns how many Services it replanned.
     /// A configuration is taken as changed when it is another `Arc` than the last one.
+    /// `changed` says which views may differ from the last update's (the others are not
+    /// looked at: a step then costs the change, not a pass over every Service).
     pub fn update(
         &mut self,
         config: &Arc<Config>,
         nodes: BTreeMap<String, NodeView>,
         members: BTreeMap<String, Member>,
-        services: Vec<ServiceView>,
+        services: &ViewMap,
+        changed: &Changed,
     ) -> usize {
-        let services: BTreeMap<ServiceKey, ServiceView> =
-            services.into_iter().map(|s| (s.key.clone(), s)).collect();
         if !Arc::ptr_eq(config, &self.config) {
             self.config = config.clone();
             self.nodes = nodes;
             self.members = members;
-            self.services = services;
+            self.services = services.clone();
             self.holders.clear();
             let ids: Vec<ServiceKey> = self.groups.keys().cloned().collect();
             let mut ignored = BTreeSet::new();
@@ -153,12 +155,24 @@ impl Planner {
         changed_nodes.extend(changed_keys(&self.members, &members));
         self.nodes = nodes;
         self.members = members;
-        let changed_services = changed_keys(&self.services, &services);
+        let changed_services = match changed {
+            Changed::All => changed_keys(&self.services, services),
+            Changed::Keys(keys) => keys
+                .iter()
+                .filter(|k| self.services.get(*k) != services.get(*k))
+                .cloned()
+                .collect(),
+        };
         let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
         for key in &changed_services {
             self.unindex(key, &mut dirty);
         }
-        self.services = services;
+        for key in &changed_services {
+            match services.get(key) {
+                Some(view) => self.services.insert(key.clone(), view.clone()),
+                None => self.services.remove(key),
+            };
+        }
         for key in &changed_services {
             self.index(key);
             dirty.insert(key.clone());
@@ -378,7 +392,7 @@ pub struct Snapshot {
     /// The candidates the plan was made with.
     pub members: BTreeMap<String, Member>,
     /// The Services planned, by key.
-    pub services: BTreeMap<ServiceKey, ServiceView>,
+    pub services: ViewMap,
     /// The plan.
     pub plan: Plan,
 }
@@ -392,7 +406,7 @@ impl Snapshot {
             members: &self.members,
             me: &self.me,
         };
-        plan::takeover(inputs, self.services.values())
+        plan::takeover(inputs, self.services.values().map(Arc::as_ref))
     }
 }
 
@@ -416,6 +430,7 @@ mod tests {
 
     use super::*;
     use crate::l2::plan::ServiceOutcome;
+    use crate::view::ServiceView;
     use ferrolb_config::model::{L2Advertisement, PoolSelection};
     use ferrolb_config::selector::Selector;
     use ferrolb_testkit::model::pool;
@@ -573,6 +588,8 @@ mod tests {
         nodes: BTreeMap<String, NodeView>,
         members: BTreeMap<String, Member>,
         services: BTreeMap<usize, ServiceView>,
+        /// The Services changed since the last update, as the watches would mark them.
+        marked: BTreeSet<ServiceKey>,
     }
 
     impl World {
@@ -602,16 +619,21 @@ mod tests {
                 nodes,
                 members,
                 services: BTreeMap::new(),
+                marked: BTreeSet::new(),
             }
         }
 
         fn apply(&mut self, change: &Change) {
             match change {
                 Change::SetService(i, spec) => {
-                    self.services.insert(*i, service(*i, spec));
+                    let view = service(*i, spec);
+                    self.marked.insert(view.key.clone());
+                    self.services.insert(*i, view);
                 }
                 Change::RemoveService(i) => {
-                    self.services.remove(i);
+                    if let Some(view) = self.services.remove(i) {
+                        self.marked.insert(view.key);
+                    }
                 }
                 Change::Node {
                     node,
@@ -661,6 +683,14 @@ mod tests {
             }
         }
 
+        /// Changes Service `i` as a watch would see it.
+        fn edit(&mut self, i: usize, f: impl FnOnce(&mut ServiceView)) {
+            if let Some(view) = self.services.get_mut(&i) {
+                f(view);
+                self.marked.insert(view.key.clone());
+            }
+        }
+
         fn services(&self) -> Vec<ServiceView> {
             self.services.values().cloned().collect()
         }
@@ -675,13 +705,30 @@ mod tests {
             plan::plan(inputs, &self.services())
         }
 
-        fn update(&self, planner: &mut Planner) -> usize {
+        /// Updates `planner`, telling it which Services changed (`hints`) or not.
+        fn update_with(&mut self, planner: &mut Planner, hints: bool) -> usize {
+            let views: ViewMap = self
+                .services
+                .values()
+                .map(|v| (v.key.clone(), Arc::new(v.clone())))
+                .collect();
+            let marked = std::mem::take(&mut self.marked);
+            let changed = if hints {
+                Changed::Keys(marked)
+            } else {
+                Changed::All
+            };
             planner.update(
                 &self.config,
                 self.nodes.clone(),
                 self.members.clone(),
-                self.services(),
+                &views,
+                &changed,
             )
+        }
+
+        fn update(&mut self, planner: &mut Planner) -> usize {
+            self.update_with(planner, true)
         }
     }
 
@@ -693,6 +740,7 @@ mod tests {
         #[test]
         fn the_incremental_plan_always_equals_a_full_plan(
             me in 0usize..NODES,
+            hints in any::<bool>(),
             changes in prop::collection::vec(change(), 1..40),
         ) {
             let me = node_name(me);
@@ -701,7 +749,7 @@ mod tests {
             world.update(&mut planner);
             for (i, change) in changes.iter().enumerate() {
                 world.apply(change);
-                let replanned = world.update(&mut planner);
+                let replanned = world.update_with(&mut planner, hints);
                 prop_assert_eq!(
                     planner.plan(),
                     &world.full(&me),
@@ -749,9 +797,9 @@ mod tests {
         let mut planner = Planner::new("node1");
         assert_eq!(world.update(&mut planner), 400);
         assert_eq!(world.update(&mut planner), 0, "nothing changed");
-        world.services.get_mut(&7).unwrap().any_serving = false;
+        world.edit(7, |v| v.any_serving = false);
         assert_eq!(world.update(&mut planner), 1);
-        world.services.remove(&8);
+        world.apply(&Change::RemoveService(8));
         assert_eq!(world.update(&mut planner), 0, "a removal plans nothing new");
         assert_eq!(planner.plan(), &world.full("node1"));
     }
@@ -817,7 +865,7 @@ mod tests {
         }
         assert!(taken > 20, "{taken}");
         // An unrelated change, then a new configuration: still remembered.
-        world.services.get_mut(&0).unwrap().any_serving = false;
+        world.edit(0, |v| v.any_serving = false);
         world.update(&mut planner);
         world.config = config(0);
         world.update(&mut planner);

@@ -21,6 +21,7 @@ use crate::metrics::{AnnouncedLabels, Metrics};
 use crate::report::live::{Layer2Step, Live};
 use crate::report::{self, Standing};
 use crate::run::loop_io::{Heartbeats, LoopIo};
+use crate::service_views::{Changed, ServiceViews};
 use crate::view::NodeView;
 
 /// Who may own IPs, from [`Layer2::check`].
@@ -311,7 +312,8 @@ impl Layer2 {
         io: &mut Io,
         config: &Arc<Config>,
         membership: Membership,
-        views: step::Views,
+        views: &ServiceViews,
+        changed: &Changed,
         now: Instant,
     ) -> Desired {
         let Membership {
@@ -322,10 +324,7 @@ impl Layer2 {
             answer_until,
             standing,
         } = membership;
-        let step::Views {
-            services: views,
-            uids,
-        } = views;
+        let uids = views.uids();
         let me_node = report::node_state(nodes.get(&self.settings.me));
         let members_now = members.len();
         if claims {
@@ -334,7 +333,7 @@ impl Layer2 {
         self.planned_members = members.clone();
         let planner = self.planner.clone();
         let mut planner = planner.lock().unwrap_or_else(PoisonError::into_inner);
-        let replanned = planner.update(config, nodes, members, views);
+        let replanned = planner.update(config, nodes, members, views.views(), changed);
         self.metrics
             .replanned
             .inc_by(u64::try_from(replanned).unwrap_or(u64::MAX));
@@ -350,7 +349,7 @@ impl Layer2 {
                 report.message,
             );
         }
-        let desired = step::reported(plan, &uids, |key| planner.taken_from(key));
+        let desired = step::reported(plan, uids, |key| planner.taken_from(key));
         let announced = step::announced(plan);
         tracing::debug!(
             services = plan.services.len(),

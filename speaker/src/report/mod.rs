@@ -18,6 +18,7 @@ use ferrolb_explain::speaker_report::{
 use crate::bgp::plan::Plan as BgpPlan;
 use crate::l2::interfaces::Interface;
 use crate::l2::plan::{Plan as Layer2Plan, ServiceOutcome, Unannounced};
+use crate::service_views::ViewMap;
 use crate::view::{NodeView, ServiceView};
 
 /// The node as the speaker sees it.
@@ -52,7 +53,7 @@ pub fn layer2(
     standing: &Standing,
     members: impl IntoIterator<Item = String>,
     interfaces: &BTreeMap<String, Interface>,
-    ips: &BTreeMap<ServiceKey, ServiceView>,
+    ips: &ViewMap,
 ) -> Layer2Report {
     let services = plan
         .services
@@ -115,17 +116,16 @@ fn mac_text(mac: [u8; 6]) -> String {
 /// The BGP part, before the sessions' live state is filled in: every peer of the plan with
 /// its address, why it is not started (`not_started`, by peer), and each route with its
 /// attributes and the Services it carries.
-pub fn bgp_peers(
+pub fn bgp_peers<'a>(
     config: &Config,
     plan: &BgpPlan,
     not_started: &BTreeMap<String, String>,
-    services: &[ServiceView],
+    view: impl Fn(&ServiceKey) -> Option<&'a ServiceView>,
 ) -> Vec<PeerReport> {
     // (peer, prefix) -> the Services whose IPs it covers.
     let mut behind: BTreeMap<(&str, ipnet::IpNet), BTreeSet<String>> = BTreeMap::new();
-    let views: BTreeMap<&ServiceKey, &ServiceView> = services.iter().map(|s| (&s.key, s)).collect();
     for (key, peers) in &plan.services {
-        let Some(view) = views.get(key) else { continue };
+        let Some(view) = view(key) else { continue };
         for peer in peers {
             let Some(peer_plan) = plan.peers.get(peer) else {
                 continue;
@@ -246,7 +246,7 @@ mod tests {
             )]),
             &[view("a", "198.18.200.1"), view("b", "198.18.200.2")]
                 .into_iter()
-                .map(|v| (v.key.clone(), v))
+                .map(|v| (v.key.clone(), std::sync::Arc::new(v)))
                 .collect(),
         );
         assert_eq!((r.speakers_known, r.speakers_heard), (3, 2));
@@ -291,12 +291,10 @@ mod tests {
                 .insert(ServiceKey::new("web", s), ["router".to_string()].into());
         }
         let not_started = BTreeMap::from([("down".to_string(), "eth1 missing".to_string())]);
-        let peers = bgp_peers(
-            &config,
-            &plan,
-            &not_started,
-            &[view("a", "198.18.200.1"), view("b", "198.18.200.2")],
-        );
+        let views = [view("a", "198.18.200.1"), view("b", "198.18.200.2")];
+        let peers = bgp_peers(&config, &plan, &not_started, |key| {
+            views.iter().find(|v| v.key == *key)
+        });
         let down = &peers[0];
         assert_eq!(
             (down.name.as_str(), down.address.as_str()),

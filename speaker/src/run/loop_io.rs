@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use crate::l2::interfaces::Interface;
 use crate::l2::plan::Announcement;
-use crate::view::{NodeView, ServiceView};
+use crate::service_views::{Changed, Source, ViewMap};
+use crate::view::NodeView;
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::Config;
 use ferrolb_config::validate::Validated;
@@ -46,13 +47,11 @@ pub struct Heartbeats {
 
 /// The work loop's I/O. Reads are of caches (never a request); writes never wait on the API
 /// server (Events are queued, status objects are written by their own task).
-pub(crate) trait LoopIo {
+/// The Services and EndpointSlices, and which of them changed, come through
+/// [`Source`](crate::service_views::Source).
+pub(crate) trait LoopIo: Source {
     /// The cached Nodes.
     fn nodes(&self) -> Vec<Arc<Node>>;
-    /// The cached Services.
-    fn services(&self) -> Vec<Arc<Service>>;
-    /// The cached EndpointSlices.
-    fn slices(&self) -> Vec<Arc<EndpointSlice>>;
     /// The speakers' presence Leases.
     fn presence(&self) -> Vec<Arc<Lease>>;
     /// Whether the configuration changed since the last call.
@@ -85,7 +84,7 @@ pub(crate) trait LoopIo {
         config: &Config,
         nodes: &BTreeMap<String, NodeView>,
         me: &str,
-        services: &[ServiceView],
+        services: &ViewMap,
         alive: Option<&BTreeMap<String, Member>>,
     ) -> usize;
     /// Queues an `announceFailed` Event on a Service.
@@ -109,17 +108,31 @@ pub(crate) struct World {
     pub namespace: String,
 }
 
-impl LoopIo for World {
-    fn nodes(&self) -> Vec<Arc<Node>> {
-        self.stores.nodes.state()
-    }
-
+impl Source for World {
     fn services(&self) -> Vec<Arc<Service>> {
         self.stores.services.state()
     }
 
     fn slices(&self) -> Vec<Arc<EndpointSlice>> {
         self.stores.slices.state()
+    }
+
+    fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
+        self.stores.service(key)
+    }
+
+    fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<EndpointSlice>> {
+        self.stores.slices_of(key)
+    }
+
+    fn take_changed(&self) -> Changed {
+        self.stores.take_changed()
+    }
+}
+
+impl LoopIo for World {
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        self.stores.nodes.state()
     }
 
     fn presence(&self) -> Vec<Arc<Lease>> {
@@ -183,7 +196,7 @@ impl LoopIo for World {
         config: &Config,
         nodes: &BTreeMap<String, NodeView>,
         me: &str,
-        services: &[ServiceView],
+        services: &ViewMap,
         alive: Option<&BTreeMap<String, Member>>,
     ) -> usize {
         if let Some(alive) = alive {

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::args::Args;
+use crate::l2::gate;
 use crate::l2::interfaces::Interface;
 use crate::l2::status::Desired;
 use crate::l2::work::{Layer2, Membership, Settings};
-use crate::l2::{gate, step};
 use crate::metrics::Metrics;
 use crate::report::live::Live;
 use crate::run::loop_io::LoopIo;
+use crate::service_views::ServiceViews;
 
 /// The work loop's state; `io` is what it reads and does outside itself ([`LoopIo`]).
 pub(crate) struct Speaker<Io> {
@@ -24,6 +25,8 @@ pub(crate) struct Speaker<Io> {
     config: Option<Arc<ferrolb_config::model::Config>>,
     /// Layer 2's state between steps.
     pub(crate) layer2: Layer2,
+    /// The Service views, rebuilt for the Services that changed.
+    views: ServiceViews,
     metrics: Metrics,
 }
 
@@ -44,6 +47,7 @@ impl<Io> Speaker<Io> {
             layer2: Layer2::new(settings, metrics.clone(), live),
             io,
             config: None,
+            views: ServiceViews::default(),
             metrics,
             args,
         }
@@ -90,30 +94,30 @@ impl<Io: LoopIo> Speaker<Io> {
             .layer2
             .check(&mut self.io, Some(&config), links, now)
             .await;
-        let views = step::views(
-            &self.io.services(),
-            &self.io.slices(),
-            self.args.common.lb_class.as_deref(),
-        );
-        self.bgp_step(&config, &membership, &views.services);
-        self.layer2
-            .step(&mut self.io, &config, membership, views, now)
+        let changed = self.io.take_changed();
+        let changed = self
+            .views
+            .refresh(&self.io, changed, self.args.common.lb_class.as_deref());
+        self.bgp_step(&config, &membership);
+        self.layer2.step(
+            &mut self.io,
+            &config,
+            membership,
+            &self.views,
+            &changed,
+            now,
+        )
     }
 
     /// BGP: every eligible node advertises (ECMP), independent of the layer 2 owner choice.
     /// While this node may own layer 2 IPs it also knows the live members, and may then sweep
     /// departed nodes' ServiceBGPStatus.
-    fn bgp_step(
-        &mut self,
-        config: &ferrolb_config::model::Config,
-        membership: &Membership,
-        services: &[crate::view::ServiceView],
-    ) {
+    fn bgp_step(&mut self, config: &ferrolb_config::model::Config, membership: &Membership) {
         let advertised = self.io.advertise(
             config,
             &membership.nodes,
             &self.args.node_name,
-            services,
+            self.views.views(),
             membership.claims.then_some(&membership.members),
         );
         tracing::debug!(services = advertised, "advertised over BGP");
@@ -136,7 +140,7 @@ mod tests {
     use ferrolb_layer2::liveness::Member;
 
     use crate::l2::plan::Announcement;
-    use crate::view::ServiceView;
+    use crate::service_views::{Source, ViewMap};
     use clap::Parser;
     use ferrolb_config::model::Config;
     use ferrolb_config::validate::{Objects, Validated};
@@ -282,15 +286,18 @@ metadata: {name: l2, namespace: metallb-system}
         }
     }
 
-    impl LoopIo for Fake {
-        fn nodes(&self) -> Vec<Arc<Node>> {
-            self.nodes.clone()
-        }
+    impl Source for Fake {
         fn services(&self) -> Vec<Arc<Service>> {
             self.services.clone()
         }
         fn slices(&self) -> Vec<Arc<EndpointSlice>> {
             self.slices.clone()
+        }
+    }
+
+    impl LoopIo for Fake {
+        fn nodes(&self) -> Vec<Arc<Node>> {
+            self.nodes.clone()
         }
         fn presence(&self) -> Vec<Arc<Lease>> {
             NODES.iter().map(|n| presence(n)).collect()
@@ -373,7 +380,7 @@ metadata: {name: l2, namespace: metallb-system}
             _config: &Config,
             _nodes: &BTreeMap<String, NodeView>,
             _me: &str,
-            _services: &[ServiceView],
+            _services: &ViewMap,
             _alive: Option<&BTreeMap<String, Member>>,
         ) -> usize {
             0
