@@ -71,6 +71,8 @@ pub(crate) trait Source {
 pub struct ServiceViews {
     views: ViewMap,
     uids: HashMap<ServiceKey, Option<String>>,
+    /// Changes whenever a UID does.
+    uids_generation: u64,
 }
 
 impl ServiceViews {
@@ -82,6 +84,12 @@ impl ServiceViews {
     /// Each viewed Service's UID (Events attach to a Service's incarnation).
     pub fn uids(&self) -> &HashMap<ServiceKey, Option<String>> {
         &self.uids
+    }
+
+    /// Changes whenever a Service's UID does (a Service made again under its name has the
+    /// same view but another UID).
+    pub fn uids_generation(&self) -> u64 {
+        self.uids_generation
     }
 
     /// Brings the views up to date with `source` for the Services `changed`; returns the
@@ -97,6 +105,7 @@ impl ServiceViews {
             Changed::All => {
                 let all = step::views(&source.services(), &source.slices(), lb_class);
                 self.uids = all.uids;
+                self.uids_generation += 1;
                 self.views = all
                     .services
                     .into_iter()
@@ -116,6 +125,9 @@ impl ServiceViews {
             });
             match view {
                 Some((view, uid)) => {
+                    if self.uids.get(&key) != Some(&uid) {
+                        self.uids_generation += 1;
+                    }
                     self.uids.insert(key.clone(), uid);
                     if self.views.get(&key).is_none_or(|old| **old != view) {
                         self.views.insert(key.clone(), Arc::new(view));
@@ -123,7 +135,9 @@ impl ServiceViews {
                     }
                 }
                 None => {
-                    self.uids.remove(&key);
+                    if self.uids.remove(&key).is_some() {
+                        self.uids_generation += 1;
+                    }
                     if self.views.remove(&key).is_some() {
                         out.insert(key);
                     }

@@ -65,6 +65,9 @@ pub struct Planner {
     /// The owner and `taken_from` of each Service whose group was dropped in this update,
     /// until it is planned again.
     before: HashMap<ServiceKey, (Option<String>, Option<String>)>,
+    /// Counts the updates that touched what this node announces (see
+    /// [`announce_generation`](Self::announce_generation)).
+    announce_generation: u64,
 }
 
 impl Planner {
@@ -81,12 +84,20 @@ impl Planner {
             groups: HashMap::new(),
             plan: Plan::default(),
             before: HashMap::new(),
+            announce_generation: 0,
         }
     }
 
     /// The plan for the inputs of the last [`update`](Self::update).
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// Changes whenever what this node announces (the plan's `announce`, or whom it took a
+    /// Service from) may have changed; while it stays, so do they, and the step has nothing
+    /// to carry out.
+    pub fn announce_generation(&self) -> u64 {
+        self.announce_generation
     }
 
     /// The Services of the last update, by key.
@@ -231,6 +242,9 @@ impl Planner {
         let Some(group) = self.groups.remove(id) else {
             return;
         };
+        if !group.announced.is_empty() {
+            self.announce_generation += 1;
+        }
         for ip in &group.announced {
             self.plan.announce.remove(ip);
         }
@@ -374,6 +388,9 @@ impl Planner {
             serving,
             taken_from,
         };
+        if !g.announce.is_empty() {
+            self.announce_generation += 1;
+        }
         self.plan.services.extend(g.outcomes);
         self.plan.announce.extend(g.announce);
         for key in &group.services {

@@ -41,6 +41,17 @@ pub(crate) struct Membership {
     pub standing: Standing,
 }
 
+/// What a step carried out was computed from.
+#[derive(Debug, PartialEq, Eq)]
+struct CarriedOut {
+    /// `Planner::announce_generation`.
+    announce: u64,
+    /// `ServiceViews::uids_generation`.
+    uids: u64,
+    /// The interfaces that may announce.
+    usable: BTreeMap<String, Interface>,
+}
+
 /// What the layer 2 step reads of this speaker's settings.
 pub(crate) struct Settings {
     /// This node's name.
@@ -72,6 +83,8 @@ pub(crate) struct Layer2 {
     planner: Arc<Mutex<Planner>>,
     /// `metallb_speaker_announced` label sets currently set.
     pub(crate) announced: BTreeSet<(ServiceKey, IpAddr)>,
+    /// What the last step carried out came from: while it stays, a step has nothing to do.
+    carried_out: Option<CarriedOut>,
     /// Announcement failures already reported with an Event.
     failures: step::FailureLog,
     metrics: Metrics,
@@ -93,6 +106,7 @@ impl Layer2 {
             acted: false,
             planned_members: BTreeMap::new(),
             announced: BTreeSet::new(),
+            carried_out: None,
             failures: step::FailureLog::default(),
             metrics,
             live,
@@ -306,7 +320,10 @@ impl Layer2 {
 
     /// The layer 2 step: plans who owns each IP (again only where something changed), has the
     /// responders answer for this node's, reports failures once, and sets the metrics and the
-    /// live report. Returns what this node reports in ServiceL2Status.
+    /// live report. Returns what this node reports in ServiceL2Status, or `None` when that,
+    /// and what the responders answer for, are as the last step left them (most steps: a
+    /// change elsewhere in the cluster; carrying them out again would cost a pass over every
+    /// IP this node owns).
     pub fn step<Io: LoopIo>(
         &mut self,
         io: &mut Io,
@@ -315,7 +332,7 @@ impl Layer2 {
         views: &ServiceViews,
         changed: &Changed,
         now: Instant,
-    ) -> Desired {
+    ) -> Option<Desired> {
         let Membership {
             usable,
             nodes,
@@ -338,7 +355,25 @@ impl Layer2 {
             .replanned
             .inc_by(u64::try_from(replanned).unwrap_or(u64::MAX));
         let plan = planner.plan();
+        let inputs = CarriedOut {
+            announce: planner.announce_generation(),
+            uids: views.uids_generation(),
+            usable: usable.clone(),
+        };
+        if self.carried_out.as_ref() == Some(&inputs) {
+            tracing::debug!(replanned, "planned: nothing to carry out");
+            drop(planner);
+            self.live.set_layer2(Layer2Step {
+                node: me_node,
+                standing,
+                interfaces: usable,
+                planner: self.planner.clone(),
+            });
+            return None;
+        }
         let failures = io.announce(&plan.announce, &usable);
+        // A responder that could not be set up is tried again at the next step.
+        self.carried_out = failures.is_empty().then_some(inputs);
         for (interface, error) in &failures {
             tracing::warn!(%interface, %error, "cannot announce");
         }
@@ -367,7 +402,7 @@ impl Layer2 {
             interfaces: usable,
             planner: self.planner.clone(),
         });
-        desired
+        Some(desired)
     }
 
     /// Sets `metallb_speaker_announced` for what this node announces now, and removes the
@@ -378,7 +413,7 @@ impl Layer2 {
                 .announced
                 .remove(&self.announced_labels(key, *ip));
         }
-        for (key, ip) in &announced {
+        for (key, ip) in announced.difference(&self.announced) {
             self.metrics
                 .announced
                 .get_or_create(&self.announced_labels(key, *ip))

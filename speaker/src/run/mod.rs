@@ -244,7 +244,9 @@ impl Running {
             let links = self.links();
             let desired = self.speaker.step(&links).await;
             self.ready.set_result(self.speaker.readiness());
-            self.status_tx.send_replace(desired);
+            if let Some(desired) = desired {
+                self.status_tx.send_replace(desired);
+            }
         }
     }
 

@@ -75,12 +75,16 @@ impl<Io: LoopIo> Speaker<Io> {
     }
 
     /// One step: the configuration, who may own, then BGP and layer 2 each carrying out their
-    /// plan. Returns what this node reports in ServiceL2Status.
-    pub async fn step(&mut self, links: &BTreeMap<String, Interface>) -> Desired {
+    /// plan. Returns what this node reports in ServiceL2Status, `None` when it did not change.
+    pub async fn step(&mut self, links: &BTreeMap<String, Interface>) -> Option<Desired> {
         self.step_at(links, Instant::now()).await
     }
 
-    async fn step_at(&mut self, links: &BTreeMap<String, Interface>, now: Instant) -> Desired {
+    async fn step_at(
+        &mut self,
+        links: &BTreeMap<String, Interface>,
+        now: Instant,
+    ) -> Option<Desired> {
         if self.io.take_config_dirty() || self.config.is_none() {
             let validated = self.io.validated(&self.args.common.namespace);
             self.metrics.config_loaded.set(1);
@@ -140,7 +144,7 @@ mod tests {
     use ferrolb_layer2::liveness::Member;
 
     use crate::l2::plan::Announcement;
-    use crate::service_views::{Source, ViewMap};
+    use crate::service_views::{Changed, Source, ViewMap};
     use clap::Parser;
     use ferrolb_config::model::Config;
     use ferrolb_config::validate::{Objects, Validated};
@@ -255,6 +259,8 @@ metadata: {name: l2, namespace: metallb-system}
         broken: Vec<String>,
         renewed: Cell<usize>,
         events: RefCell<Vec<(ServiceKey, Option<String>, String)>>,
+        /// Which Services changed, as the watches would say: everything at first.
+        changed: RefCell<Changed>,
     }
 
     impl Fake {
@@ -275,6 +281,7 @@ metadata: {name: l2, namespace: metallb-system}
                 broken: Vec::new(),
                 renewed: Cell::new(0),
                 events: RefCell::new(Vec::new()),
+                changed: RefCell::new(Changed::All),
             }
         }
 
@@ -292,6 +299,9 @@ metadata: {name: l2, namespace: metallb-system}
         }
         fn slices(&self) -> Vec<Arc<EndpointSlice>> {
             self.slices.clone()
+        }
+        fn take_changed(&self) -> Changed {
+            self.changed.replace(Changed::Keys(BTreeSet::new()))
         }
     }
 
@@ -406,9 +416,12 @@ metadata: {name: l2, namespace: metallb-system}
     async fn run_steps(s: &mut Speaker<Fake>, t0: Instant, steps: u32) -> Desired {
         let mut desired = Desired::new();
         for i in 0..steps {
-            desired = s
+            if let Some(d) = s
                 .step_at(&eth0(), t0 + Duration::from_millis(100) * i)
-                .await;
+                .await
+            {
+                desired = d;
+            }
         }
         desired
     }
@@ -439,6 +452,41 @@ metadata: {name: l2, namespace: metallb-system}
         assert_eq!(s.io.validations.get(), 2);
     }
 
+    /// Issue #40: a step in which nothing this node announces changed (a change elsewhere in
+    /// the cluster, a timer) hands nothing to the responders or the status writer.
+    #[tokio::test]
+    async fn a_step_with_nothing_changed_carries_out_nothing() {
+        let mut s = speaker(Fake::new(&["node2", "node3"], &["node1"]));
+        let t0 = Instant::now();
+        run_steps(&mut s, t0, 15).await;
+        assert!(s.io.answers());
+        let handed = s.io.announced.len();
+        let again = s.step_at(&eth0(), t0 + Duration::from_secs(2)).await;
+        assert_eq!(again, None, "reported again with no change");
+        assert_eq!(
+            s.io.announced.len(),
+            handed,
+            "the responders were handed the plan again"
+        );
+        // A Service of this node changes: carried out again.
+        s.io.slices = vec![endpoints_on(&["node1", "node2"])];
+        s.io.changed
+            .borrow_mut()
+            .mark(ServiceKey::new("default", "web"));
+        let changed = s.step_at(&eth0(), t0 + Duration::from_secs(3)).await;
+        assert!(changed.is_some());
+        assert_eq!(s.io.announced.len(), handed + 1);
+        // An interface change always is.
+        let mut links = eth0();
+        links.get_mut("eth0").unwrap().mac = Some([2, 0, 0, 0, 0, 9]);
+        assert!(
+            s.step_at(&links, t0 + Duration::from_secs(4))
+                .await
+                .is_some()
+        );
+        assert_eq!(s.io.announced.len(), handed + 2);
+    }
+
     #[tokio::test]
     async fn a_node_cut_off_from_the_others_never_announces_and_says_so() {
         // node1 hears nobody while the API server knows three speakers: the minority.
@@ -462,7 +510,13 @@ metadata: {name: l2, namespace: metallb-system}
         assert!(s.io.answers());
         // The pod moved to node2 (traffic policy Local): node2 answers now, node1 not at all.
         s.io.slices = vec![endpoints_on(&["node2"])];
-        let desired = s.step_at(&eth0(), t0 + Duration::from_secs(2)).await;
+        s.io.changed
+            .borrow_mut()
+            .mark(ServiceKey::new("default", "web"));
+        let desired = s
+            .step_at(&eth0(), t0 + Duration::from_secs(2))
+            .await
+            .expect("what it announces changed");
         assert!(
             !s.io.answers(),
             "still answering: {:?}",
