@@ -458,7 +458,10 @@ metadata: {name: l2, namespace: metallb-system}
         let again = s.step_at(&eth0(), t0 + Duration::from_secs(2)).await;
         assert_eq!(s.io.validations.get(), 2);
         assert!(Arc::ptr_eq(&before, s.config.as_ref().unwrap()));
-        assert_eq!(again, None, "planned and carried out again for the same configuration");
+        assert_eq!(
+            again, None,
+            "planned and carried out again for the same configuration"
+        );
     }
 
     /// Issue #40: a step in which nothing this node announces changed (a change elsewhere in
