@@ -561,6 +561,17 @@ pub const CALLS: &[Call] = &[
         file: "speaker/src/status_objects.rs",
         call: ".list(&ListParams::default().labels(&selector))",
     },
+    // The other nodes' objects of Services taken at a speaker's first plan, from the cache.
+    Call {
+        by: S,
+        scope: Scope::Release,
+        group: "metallb.io",
+        resources: STATUS_OBJECTS,
+        verbs: &["list"],
+        name: None,
+        file: "speaker/src/status_objects.rs",
+        call: ".list(&ListParams::default().match_any().labels(&selector))",
+    },
     Call {
         by: S,
         scope: Scope::Release,
