@@ -100,11 +100,6 @@ impl Planner {
         self.announce_generation
     }
 
-    /// The Services of the last update, by key.
-    pub fn views(&self) -> &ViewMap {
-        &self.services
-    }
-
     /// The candidates the last plan was made with.
     pub fn members(&self) -> &BTreeMap<String, Member> {
         &self.members

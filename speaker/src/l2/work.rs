@@ -23,6 +23,7 @@ use crate::report::{self, Standing};
 use crate::run::loop_io::{Heartbeats, LoopIo};
 use crate::service_views::{Changed, ServiceViews};
 use crate::view::NodeView;
+use ferrolb_explain::speaker_report::NodeState;
 
 /// Who may own IPs, from [`Layer2::check`].
 pub(crate) struct Membership {
@@ -77,8 +78,6 @@ pub(crate) struct Layer2 {
     announces: bool,
     /// Whether the last check let this node act (for logging the changes).
     acted: bool,
-    /// The members the last plan was made with.
-    planned_members: BTreeMap<String, Member>,
     /// The plan kept between steps, shared with the live report.
     planner: Arc<Mutex<Planner>>,
     /// `metallb_speaker_announced` label sets currently set.
@@ -104,7 +103,6 @@ impl Layer2 {
             state: readiness::Layer2State::default(),
             announces: true,
             acted: false,
-            planned_members: BTreeMap::new(),
             announced: BTreeSet::new(),
             carried_out: None,
             failures: step::FailureLog::default(),
@@ -309,7 +307,11 @@ impl Layer2 {
         now: Instant,
     ) -> bool {
         let m = self.check(io, config, links, now).await;
-        if m.members != self.planned_members {
+        let same = {
+            let planned = self.planner.lock().unwrap_or_else(PoisonError::into_inner);
+            m.members == *planned.members()
+        };
+        if !same {
             return false;
         }
         if m.claims {
@@ -347,7 +349,6 @@ impl Layer2 {
         if claims {
             io.renew(answer_until.unwrap_or(now));
         }
-        self.planned_members = members.clone();
         let planner = self.planner.clone();
         let mut planner = planner.lock().unwrap_or_else(PoisonError::into_inner);
         let replanned = planner.update(config, nodes, members, views.views(), changed);
@@ -363,12 +364,7 @@ impl Layer2 {
         if self.carried_out.as_ref() == Some(&inputs) {
             tracing::debug!(replanned, "planned: nothing to carry out");
             drop(planner);
-            self.live.set_layer2(Layer2Step {
-                node: me_node,
-                standing,
-                interfaces: usable,
-                planner: self.planner.clone(),
-            });
+            self.publish(me_node, standing, usable);
             return None;
         }
         let failures = io.announce(&plan.announce, &usable);
@@ -395,14 +391,25 @@ impl Layer2 {
         );
         drop(planner);
         self.set_announced(announced);
-        // The report is built from the planner only when someone asks for it.
+        self.publish(me_node, standing, usable);
+        Some(desired)
+    }
+
+    /// Hands the live report this step's standing; the report reads the planner only when
+    /// someone asks for it. Called with the planner unlocked: the report locks the live report
+    /// first, then the planner.
+    fn publish(
+        &self,
+        node: NodeState,
+        standing: Standing,
+        interfaces: BTreeMap<String, Interface>,
+    ) {
         self.live.set_layer2(Layer2Step {
-            node: me_node,
+            node,
             standing,
-            interfaces: usable,
+            interfaces,
             planner: self.planner.clone(),
         });
-        Some(desired)
     }
 
     /// Sets `metallb_speaker_announced` for what this node announces now, and removes the
