@@ -484,8 +484,28 @@ async fn a_move_lists_no_status_objects(ctx: Ctx) -> anyhow::Result<()> {
     }
     let mut owners: BTreeMap<String, String> = BTreeMap::new();
     for name in &names {
-        wait_ips(&api, name, 1).await?;
-        owners.insert(name.clone(), owner(lab, &scope.namespace, name).await?);
+        let ips = ingress_ips(&wait_ips(&api, name, 1).await?);
+        // Settled: the owner its ServiceL2Status names is the node answering for its IP. Just
+        // after the speakers start, a Service may still move (a speaker's claim delay), and
+        // a status object read then names an owner the speakers' plans have already left.
+        let settled = wait_for(
+            &format!("{name}'s ServiceL2Status owner to answer for {ips:?}"),
+            Duration::from_secs(60),
+            || async {
+                let o = owner(lab, &scope.namespace, name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for ip in &ips {
+                    let n = answering_node(lab, ip).await.map_err(|e| e.to_string())?;
+                    if n != o {
+                        return Err(format!("{ip} answered by {n}, ServiceL2Status names {o}"));
+                    }
+                }
+                Ok(Some(o))
+            },
+        )
+        .await?;
+        owners.insert(name.clone(), settled);
     }
     let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
     for o in owners.values() {
