@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, L2Advertisement, Pool};
@@ -15,12 +16,16 @@ use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::owner;
 
 /// What this node announces for one IP.
+///
+/// Sorted vectors rather than sets: a node owning 10,000 IPs keeps one of these per IP, and
+/// each set would take a whole tree node (hundreds of bytes) for the one or two entries it
+/// nearly always holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Announcement {
-    /// Interfaces to answer on (names).
-    pub interfaces: BTreeSet<String>,
-    /// Services holding the IP.
-    pub services: BTreeSet<ServiceKey>,
+    /// Interfaces to answer on (names), sorted, without duplicates.
+    pub interfaces: Vec<String>,
+    /// Services holding the IP, sorted, without duplicates.
+    pub services: Vec<ServiceKey>,
 }
 
 /// Why a layer 2 Service is announced by nobody.
@@ -36,8 +41,8 @@ pub enum Unannounced {
 /// The layer 2 outcome for one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServiceOutcome {
-    /// Announced by this node.
-    Owner(String),
+    /// Announced by this node (its name is shared by the Services of a sharing group).
+    Owner(Arc<str>),
     /// Not announced, and why.
     Unannounced(Unannounced),
 }
@@ -79,10 +84,10 @@ pub(crate) struct GroupPlan {
     /// Each Service's outcome.
     pub outcomes: Vec<(ServiceKey, ServiceOutcome)>,
     /// The owner of the group's IPs, when its serving Services have one.
-    pub owner: Option<String>,
-    /// The key the owner was chosen by (the serving Services' lowest IP); `None` when no
-    /// Service of the group serves.
-    pub key: Option<String>,
+    pub owner: Option<Arc<str>>,
+    /// The key the owner was chosen by (the serving Services' lowest IP, see [`group_key`]);
+    /// `None` when no Service of the group serves.
+    pub key: Option<IpAddr>,
     /// What this node announces for the group (empty unless it owns it).
     pub announce: BTreeMap<IpAddr, Announcement>,
 }
@@ -120,10 +125,10 @@ pub(crate) fn plan_group(inputs: Inputs<'_>, members: &[&Covered<'_>]) -> GroupP
     if serving.is_empty() {
         return out;
     }
-    let key = group_key(&serving);
+    let key = lowest_ip(&serving);
     let common = common_candidates(inputs, &serving);
-    let owner = owner::choose(&key, common.iter().copied());
-    out.key = Some(key);
+    let owner = owner::choose(&group_key(key), common.iter().copied());
+    out.key = key;
     let Some(owner) = owner else {
         for c in &serving {
             out.outcomes.push((
@@ -133,10 +138,11 @@ pub(crate) fn plan_group(inputs: Inputs<'_>, members: &[&Covered<'_>]) -> GroupP
         }
         return out;
     };
+    let owner_name: Arc<str> = Arc::from(owner);
     for c in &serving {
         out.outcomes.push((
             c.service.key.clone(),
-            ServiceOutcome::Owner(owner.to_string()),
+            ServiceOutcome::Owner(owner_name.clone()),
         ));
     }
     if owner == inputs.me {
@@ -145,7 +151,7 @@ pub(crate) fn plan_group(inputs: Inputs<'_>, members: &[&Covered<'_>]) -> GroupP
         // candidate rules make it impossible, and this keeps the plan honest if they change.
         out.announce.retain(|_, a| !a.interfaces.is_empty());
     }
-    out.owner = Some(owner.to_string());
+    out.owner = Some(owner_name);
     out
 }
 
@@ -171,7 +177,8 @@ pub fn takeover<'a>(
             continue;
         }
         let common = common_candidates(inputs, &serving);
-        let ranked: Vec<String> = owner::rank(&group_key(&serving), common.iter().copied())
+        let key = group_key(lowest_ip(&serving));
+        let ranked: Vec<String> = owner::rank(&key, common.iter().copied())
             .into_iter()
             .map(str::to_string)
             .collect();
@@ -215,15 +222,20 @@ fn common_candidates<'a>(inputs: Inputs<'a>, serving: &[&Covered<'_>]) -> BTreeS
     common
 }
 
-/// The key a group's owner is chosen by: its serving Services' lowest IP, so both families of
-/// a dual-stack Service and every Service sharing an IP land on the same node.
-fn group_key(serving: &[&Covered<'_>]) -> String {
+/// The lowest IP of a group's serving Services, which its owner is chosen by (see
+/// [`group_key`]).
+fn lowest_ip(serving: &[&Covered<'_>]) -> Option<IpAddr> {
     serving
         .iter()
         .flat_map(|c| c.service.ips.iter())
         .min()
-        .map(IpAddr::to_string)
-        .unwrap_or_default()
+        .copied()
+}
+
+/// The key a group's owner is chosen by: the text of its serving Services' lowest IP, so both
+/// families of a dual-stack Service and every Service sharing an IP land on the same node.
+pub(crate) fn group_key(lowest: Option<IpAddr>) -> String {
+    lowest.map(|ip| ip.to_string()).unwrap_or_default()
 }
 
 /// Adds to `announce` the IPs of `serving`, which this node owns, with the interfaces to answer
@@ -254,11 +266,17 @@ fn announce(
         }
         for ip in &c.service.ips {
             let entry = announce.entry(*ip).or_insert_with(|| Announcement {
-                interfaces: BTreeSet::new(),
-                services: BTreeSet::new(),
+                interfaces: Vec::new(),
+                services: Vec::new(),
             });
-            entry.interfaces.extend(interfaces.iter().cloned());
-            entry.services.insert(c.service.key.clone());
+            for interface in &interfaces {
+                if let Err(at) = entry.interfaces.binary_search(interface) {
+                    entry.interfaces.insert(at, interface.clone());
+                }
+            }
+            if let Err(at) = entry.services.binary_search(&c.service.key) {
+                entry.services.insert(at, c.service.key.clone());
+            }
         }
     }
 }
@@ -413,7 +431,7 @@ mod tests {
 
     fn owner_of(plan: &Plan, name: &str) -> Option<String> {
         match plan.services.get(&ServiceKey::new("ns", name))? {
-            ServiceOutcome::Owner(o) => Some(o.clone()),
+            ServiceOutcome::Owner(o) => Some(o.to_string()),
             ServiceOutcome::Unannounced(_) => None,
         }
     }
@@ -492,7 +510,7 @@ mod tests {
             .services
             .values()
             .filter_map(|o| match o {
-                ServiceOutcome::Owner(o) => Some(o.as_str()),
+                ServiceOutcome::Owner(o) => Some(&**o),
                 _ => None,
             })
             .collect();
@@ -567,7 +585,7 @@ mod tests {
         let (p, _) = plan_all(&c, &n, &m, &services);
         for o in p.services.values() {
             assert!(
-                matches!(o, ServiceOutcome::Owner(o) if o == "node2" || o == "node4"),
+                matches!(o, ServiceOutcome::Owner(o) if &**o == "node2" || &**o == "node4"),
                 "{o:?}"
             );
         }
@@ -618,7 +636,7 @@ mod tests {
             );
             // node1 has no eth1: node2 owns everything, on eth1 only.
             let a = &p.announce[&s.ips[0]];
-            assert_eq!(a.interfaces, ["eth1".to_string()].into());
+            assert_eq!(a.interfaces, ["eth1"]);
         }
     }
 
@@ -640,7 +658,10 @@ mod tests {
                 assert_ne!(after.services[key], ServiceOutcome::Owner("node2".into()));
                 // The IP goes to the second in line the plan showed before node2 died.
                 let second = &line[key][1];
-                assert_eq!(after.services[key], ServiceOutcome::Owner(second.clone()));
+                assert_eq!(
+                    after.services[key],
+                    ServiceOutcome::Owner(second.as_str().into())
+                );
             }
         }
     }

@@ -29,22 +29,71 @@ use crate::l2::plan::{self, Covered, Inputs, Plan};
 use crate::service_views::{Changed, ViewMap};
 use crate::view::NodeView;
 
-/// What the planner remembers of one sharing group.
+/// What the planner remembers of one sharing group, kept under the group's id: its least
+/// Service key. Nearly every group is one Service, so a group costs no allocation of its own
+/// unless this node owns it.
 #[derive(Clone, Debug)]
 struct Group {
-    /// Its Services (all covered by an L2Advertisement).
-    services: Vec<ServiceKey>,
+    /// Its Services other than the one naming it (all covered by an L2Advertisement), sorted.
+    rest: Vec<ServiceKey>,
     /// The IPs this node announces for it (none unless it owns the group).
     announced: Vec<IpAddr>,
-    /// The owner and the key it was chosen by (`plan::GroupPlan`).
-    owner: Option<String>,
-    key: Option<String>,
+    /// The owner and the IP it was chosen by (`plan::GroupPlan`).
+    owner: Option<Arc<str>>,
+    key: Option<IpAddr>,
     /// How many of its Services serve.
     serving: usize,
     /// When this node owns the group: the owner it took the group from, as this node's plans
     /// saw it (kept while this node owns it). The status writer deletes that node's
     /// ServiceL2Status by name instead of listing every node's.
-    taken_from: Option<String>,
+    taken_from: Option<Arc<str>>,
+}
+
+/// A dropped group's owner and `taken_from`, remembered for its Services' next plan.
+type Before = (Option<Arc<str>>, Option<Arc<str>>);
+
+/// The covered Services holding one IP: nearly always one, which takes no set of its own.
+#[derive(Clone, Debug)]
+enum Holders {
+    One(ServiceKey),
+    Many(BTreeSet<ServiceKey>),
+}
+
+impl Holders {
+    fn insert(&mut self, key: ServiceKey) {
+        match self {
+            Holders::One(one) if *one == key => {}
+            Holders::One(one) => *self = Holders::Many(BTreeSet::from([one.clone(), key])),
+            Holders::Many(set) => {
+                set.insert(key);
+            }
+        }
+    }
+
+    /// Takes `key` out; returns whether none is left.
+    fn remove(&mut self, key: &ServiceKey) -> bool {
+        match self {
+            Holders::One(one) => one == key,
+            Holders::Many(set) => {
+                set.remove(key);
+                // Two or more were held, so one is left at least.
+                if set.len() == 1
+                    && let Some(last) = set.pop_first()
+                {
+                    *self = Holders::One(last);
+                }
+                false
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &ServiceKey> {
+        let (one, many) = match self {
+            Holders::One(one) => (Some(one), None),
+            Holders::Many(set) => (None, Some(set)),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
 }
 
 /// The layer 2 plan and the inputs it was made from.
@@ -57,14 +106,15 @@ pub struct Planner {
     /// Every Service handed in, covered or not (shared with the caller's views).
     services: ViewMap,
     /// The covered Services holding each IP.
-    holders: HashMap<IpAddr, BTreeSet<ServiceKey>>,
-    /// Each covered Service's group, named by the group's least Service key.
+    holders: HashMap<IpAddr, Holders>,
+    /// The group of each covered Service that does not name its group (`groups` is keyed by
+    /// the rest): only Services sharing an IP with a lesser one are here.
     group_of: HashMap<ServiceKey, ServiceKey>,
     groups: HashMap<ServiceKey, Group>,
     plan: Plan,
     /// The owner and `taken_from` of each Service whose group was dropped in this update,
     /// until it is planned again.
-    before: HashMap<ServiceKey, (Option<String>, Option<String>)>,
+    before: HashMap<ServiceKey, Before>,
     /// Counts the updates that touched what this node announces (see
     /// [`announce_generation`](Self::announce_generation)).
     announce_generation: u64,
@@ -188,7 +238,7 @@ impl Planner {
             for (id, group) in &self.groups {
                 if changed_nodes
                     .iter()
-                    .any(|x| self.may_change_owner(group, x))
+                    .any(|x| self.may_change_owner(id, group, x))
                 {
                     touched.push(id.clone());
                 }
@@ -209,7 +259,12 @@ impl Planner {
             return;
         }
         for ip in &view.ips {
-            self.holders.entry(*ip).or_default().insert(key.clone());
+            match self.holders.get_mut(ip) {
+                Some(holders) => holders.insert(key.clone()),
+                None => {
+                    self.holders.insert(*ip, Holders::One(key.clone()));
+                }
+            }
         }
     }
 
@@ -218,16 +273,22 @@ impl Planner {
     fn unindex(&mut self, key: &ServiceKey, dirty: &mut BTreeSet<ServiceKey>) {
         if let Some(view) = self.services.get(key) {
             for ip in &view.ips {
-                if let Some(set) = self.holders.get_mut(ip) {
-                    set.remove(key);
-                    if set.is_empty() {
-                        self.holders.remove(ip);
-                    }
+                if self.holders.get_mut(ip).is_some_and(|h| h.remove(key)) {
+                    self.holders.remove(ip);
                 }
             }
         }
-        if let Some(id) = self.group_of.get(key).cloned() {
+        if let Some(id) = self.group_id(key) {
             self.drop_group(&id, dirty);
+        }
+    }
+
+    /// The id of the group the covered Service `key` is in, if planned.
+    fn group_id(&self, key: &ServiceKey) -> Option<ServiceKey> {
+        if self.groups.contains_key(key) {
+            Some(key.clone())
+        } else {
+            self.group_of.get(key).cloned()
         }
     }
 
@@ -243,7 +304,7 @@ impl Planner {
         for ip in &group.announced {
             self.plan.announce.remove(ip);
         }
-        for key in group.services {
+        for key in std::iter::once(id.clone()).chain(group.rest) {
             self.plan.services.remove(&key);
             self.group_of.remove(&key);
             self.before
@@ -256,12 +317,15 @@ impl Planner {
     /// ServiceL2Status to delete. `None` when this node does not own it, or its plans never
     /// saw another owner (it took the Service at its first plan).
     pub fn taken_from(&self, key: &ServiceKey) -> Option<&str> {
-        let id = self.group_of.get(key)?;
-        self.groups.get(id)?.taken_from.as_deref()
+        let group = match self.groups.get(key) {
+            Some(group) => group,
+            None => self.groups.get(self.group_of.get(key)?)?,
+        };
+        group.taken_from.as_deref()
     }
 
     /// Whether a change of node or speaker `x` may change the outcome of `group`.
-    fn may_change_owner(&self, group: &Group, x: &str) -> bool {
+    fn may_change_owner(&self, id: &ServiceKey, group: &Group, x: &str) -> bool {
         if group.serving == 0 {
             // Nobody serves: the outcome does not depend on the nodes.
             return false;
@@ -269,7 +333,7 @@ impl Planner {
         if group.owner.as_deref() == Some(x) {
             return true;
         }
-        if !self.eligible_for_any(group, x) {
+        if !self.eligible_for_any(id, group, x) {
             // Not a candidate now: whether it was one before or not, the owner stays (it
             // outscored `x`, or `x` was never in line), and an ownerless group stays so.
             return false;
@@ -278,17 +342,18 @@ impl Planner {
             // With several serving Services the candidate set may switch between the
             // intersection and the union: plan the group again.
             _ if group.serving > 1 => true,
-            (Some(owner), Some(key)) => {
-                (owner::score(x, key), x) > (owner::score(owner, key), owner.as_str())
+            (Some(owner), Some(ip)) => {
+                let key = plan::group_key(Some(*ip));
+                (owner::score(x, &key), x) > (owner::score(owner, &key), &**owner)
             }
             _ => true,
         }
     }
 
     /// Whether `x` may announce any serving Service of `group` under the current inputs.
-    fn eligible_for_any(&self, group: &Group, x: &str) -> bool {
+    fn eligible_for_any(&self, id: &ServiceKey, group: &Group, x: &str) -> bool {
         let inputs = self.inputs();
-        group.services.iter().any(|key| {
+        std::iter::once(id).chain(&group.rest).any(|key| {
             self.services
                 .get(key)
                 .filter(|view| view.any_serving)
@@ -302,14 +367,14 @@ impl Planner {
     fn replan(&mut self, dirty: Vec<ServiceKey>) -> usize {
         let mut planned = 0;
         for seed in dirty {
-            if self.group_of.contains_key(&seed) || !self.is_covered(&seed) {
+            if self.group_id(&seed).is_some() || !self.is_covered(&seed) {
                 continue;
             }
             let members = self.component(&seed);
             // A group this one now touches is planned again as part of it.
             let mut merged = BTreeSet::new();
             for key in &members {
-                if let Some(id) = self.group_of.get(key).cloned() {
+                if let Some(id) = self.group_id(key) {
                     self.drop_group(&id, &mut merged);
                 }
             }
@@ -337,7 +402,7 @@ impl Planner {
                 continue;
             };
             for ip in &view.ips {
-                for other in self.holders.get(ip).into_iter().flatten() {
+                for other in self.holders.get(ip).into_iter().flat_map(Holders::iter) {
                     if seen.insert(other.clone()) {
                         queue.push(other.clone());
                     }
@@ -361,7 +426,7 @@ impl Planner {
             return;
         };
         let taken_from = if g.owner.as_deref() == Some(self.me.as_str()) {
-            let before: Vec<&(Option<String>, Option<String>)> =
+            let before: Vec<&Before> =
                 members.iter().filter_map(|k| self.before.get(k)).collect();
             // Still this node's: it keeps what it took the group from. Newly taken: from the
             // owner its plans last saw.
@@ -376,7 +441,7 @@ impl Planner {
             None
         };
         let group = Group {
-            services: members,
+            rest: members[1..].to_vec(),
             announced: g.announce.keys().copied().collect(),
             owner: g.owner,
             key: g.key,
@@ -388,7 +453,7 @@ impl Planner {
         }
         self.plan.services.extend(g.outcomes);
         self.plan.announce.extend(g.announce);
-        for key in &group.services {
+        for key in &group.rest {
             self.group_of.insert(key.clone(), id.clone());
         }
         self.groups.insert(id, group);
@@ -777,7 +842,7 @@ mod tests {
             let takeover = planner.snapshot().takeover();
             for (key, outcome) in &planner.plan().services {
                 if let ServiceOutcome::Owner(owner) = outcome {
-                    prop_assert_eq!(takeover[key].first(), Some(owner));
+                    prop_assert_eq!(takeover[key].first().map(String::as_str), Some(&**owner));
                 }
             }
         }
@@ -854,7 +919,7 @@ mod tests {
         let mut planner = Planner::new("node1");
         world.update(&mut planner);
         let owner = |p: &Planner, k: &ServiceKey| match &p.plan().services[k] {
-            ServiceOutcome::Owner(o) => o.clone(),
+            ServiceOutcome::Owner(o) => o.to_string(),
             other => panic!("{other:?}"),
         };
         let keys: Vec<ServiceKey> = planner.plan().services.keys().cloned().collect();

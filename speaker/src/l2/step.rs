@@ -214,7 +214,7 @@ mod tests {
                     (
                         ip(addr),
                         Announcement {
-                            interfaces: names(interfaces),
+                            interfaces: names(interfaces).into_iter().collect(),
                             services: services.iter().map(|s| key(s)).collect(),
                         },
                     )

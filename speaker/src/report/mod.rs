@@ -61,7 +61,7 @@ pub fn layer2(
         .map(|(key, outcome)| {
             let ips = ips.get(key).map(|v| v.ips.clone()).unwrap_or_default();
             let (owner, unannounced) = match outcome {
-                ServiceOutcome::Owner(node) => (Some(node.clone()), None),
+                ServiceOutcome::Owner(node) => (Some(node.to_string()), None),
                 ServiceOutcome::Unannounced(why) => (
                     None,
                     Some(
