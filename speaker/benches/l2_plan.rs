@@ -29,7 +29,7 @@ use ferrolb_layer2::liveness::Member;
 use ferrolb_speaker::l2::plan::{self, Inputs};
 use ferrolb_speaker::l2::planner::Planner;
 use ferrolb_speaker::service_views::{Changed, ViewMap};
-use ferrolb_speaker::view::{NodeView, ServiceView};
+use ferrolb_speaker::view::{NodeView, ServiceObject, ServiceView, SliceObject};
 use ferrolb_testkit::model::pool;
 
 /// Counts live heap bytes while [`COUNTING`] is on.
@@ -217,8 +217,19 @@ fn views(c: &mut Criterion, service_counts: &[u32]) {
                 )
             })
             .collect();
+        // Reduced as the watches reduce them on arrival.
+        let svcs: Vec<_> = svcs
+            .iter()
+            .filter_map(|s| ServiceObject::reduce(s, None))
+            .map(Arc::new)
+            .collect();
+        let slices: Vec<_> = slices
+            .iter()
+            .filter_map(|s| SliceObject::reduce(s))
+            .map(Arc::new)
+            .collect();
         group.bench_function(BenchmarkId::from_parameter(s), |b| {
-            b.iter(|| black_box(ferrolb_speaker::l2::step::views(&svcs, &slices, None)))
+            b.iter(|| black_box(ferrolb_speaker::l2::step::views(&svcs, &slices)))
         });
     }
     group.finish();

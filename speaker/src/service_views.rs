@@ -6,12 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use ferrolb_config::allocator::ServiceKey;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-
 use crate::l2::step;
-use crate::view::ServiceView;
+use crate::view::{ServiceObject, ServiceView, SliceObject};
+use ferrolb_config::allocator::ServiceKey;
 
 /// The views by Service.
 pub type ViewMap = BTreeMap<ServiceKey, Arc<ServiceView>>;
@@ -40,24 +37,22 @@ impl Changed {
     }
 }
 
-/// Where the views are built from: the watch caches.
+/// Where the views are built from: the watch caches, which keep Services and EndpointSlices
+/// reduced (`view::ServiceObject`, `view::SliceObject`).
 pub(crate) trait Source {
     /// Every cached Service.
-    fn services(&self) -> Vec<Arc<Service>>;
+    fn services(&self) -> Vec<Arc<ServiceObject>>;
     /// Every cached EndpointSlice.
-    fn slices(&self) -> Vec<Arc<EndpointSlice>>;
+    fn slices(&self) -> Vec<Arc<SliceObject>>;
     /// The cached Service `key` (by default found among all of them).
-    fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
-        self.services().into_iter().find(|s| {
-            s.metadata.name.as_deref() == Some(key.name())
-                && s.metadata.namespace.as_deref() == Some(key.namespace())
-        })
+    fn service(&self, key: &ServiceKey) -> Option<Arc<ServiceObject>> {
+        self.services().into_iter().find(|s| s.key == *key)
     }
     /// The cached EndpointSlices of Service `key` (by default found among all of them).
-    fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<EndpointSlice>> {
+    fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<SliceObject>> {
         self.slices()
             .into_iter()
-            .filter(|s| crate::view::slice_service(s).as_ref() == Some(key))
+            .filter(|s| s.service == *key)
             .collect()
     }
     /// Which Services changed since the last call (by default: any).
@@ -95,15 +90,10 @@ impl ServiceViews {
     /// Brings the views up to date with `source` for the Services `changed`; returns the
     /// Services whose view changed (came, went or differs), or [`Changed::All`] after a
     /// rebuild of every view.
-    pub(crate) fn refresh(
-        &mut self,
-        source: &impl Source,
-        changed: Changed,
-        lb_class: Option<&str>,
-    ) -> Changed {
+    pub(crate) fn refresh(&mut self, source: &impl Source, changed: Changed) -> Changed {
         let keys = match changed {
             Changed::All => {
-                let all = step::views(&source.services(), &source.slices(), lb_class);
+                let all = step::views(&source.services(), &source.slices());
                 self.uids = all.uids;
                 self.uids_generation += 1;
                 self.views = all
@@ -118,10 +108,9 @@ impl ServiceViews {
         let mut out = BTreeSet::new();
         for key in keys {
             let slices = source.slices_of(&key);
-            let view = source.service(&key).and_then(|svc| {
-                let view =
-                    ServiceView::from_service(&svc, slices.iter().map(Arc::as_ref), lb_class)?;
-                Some((view, svc.metadata.uid.clone()))
+            let view = source.service(&key).map(|svc| {
+                let view = ServiceView::from_objects(&svc, slices.iter().map(Arc::as_ref));
+                (view, svc.uid.clone())
             });
             match view {
                 Some((view, uid)) => {
@@ -154,9 +143,11 @@ mod tests {
 
     use super::*;
     use ferrolb_testkit::objects;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use proptest::prelude::*;
 
-    /// Caches as plain lists.
+    /// Caches as plain lists of whole objects, reduced as the watches reduce them.
     #[derive(Default)]
     struct Caches {
         services: Vec<Arc<Service>>,
@@ -164,11 +155,17 @@ mod tests {
     }
 
     impl Source for Caches {
-        fn services(&self) -> Vec<Arc<Service>> {
-            self.services.clone()
+        fn services(&self) -> Vec<Arc<ServiceObject>> {
+            let kept = self.services.iter();
+            kept.filter_map(|s| ServiceObject::reduce(s, None))
+                .map(Arc::new)
+                .collect()
         }
-        fn slices(&self) -> Vec<Arc<EndpointSlice>> {
-            self.slices.clone()
+        fn slices(&self) -> Vec<Arc<SliceObject>> {
+            let kept = self.slices.iter();
+            kept.filter_map(|s| SliceObject::reduce(s))
+                .map(Arc::new)
+                .collect()
         }
     }
 
@@ -224,7 +221,7 @@ mod tests {
         ) {
             let mut caches = Caches::default();
             let mut kept = ServiceViews::default();
-            kept.refresh(&caches, Changed::All, None);
+            kept.refresh(&caches, Changed::All);
             for batch in batches {
                 let mut changed = Changed::Keys(BTreeSet::new());
                 for e in batch {
@@ -249,9 +246,9 @@ mod tests {
                     }
                 }
                 let nothing = changed.is_empty();
-                let out = kept.refresh(&caches, changed, None);
+                let out = kept.refresh(&caches, changed);
                 let mut full = ServiceViews::default();
-                full.refresh(&caches, Changed::All, None);
+                full.refresh(&caches, Changed::All);
                 prop_assert_eq!(&kept.views, &full.views);
                 prop_assert_eq!(&kept.uids, &full.uids);
                 if nothing {
@@ -268,18 +265,18 @@ mod tests {
             slices: vec![slice(1, 0, 1, true)],
         };
         let mut kept = ServiceViews::default();
-        assert_eq!(kept.refresh(&caches, Changed::All, None), Changed::All);
+        assert_eq!(kept.refresh(&caches, Changed::All), Changed::All);
         let key = |i: u8| ServiceKey::new("default", format!("s{i}").as_str());
         // A slice update that changes nothing planning reads.
-        let same = kept.refresh(&caches, Changed::Keys([key(1)].into()), None);
+        let same = kept.refresh(&caches, Changed::Keys([key(1)].into()));
         assert!(same.is_empty());
         caches.slices = vec![slice(1, 0, 2, true)];
-        let moved = kept.refresh(&caches, Changed::Keys([key(1)].into()), None);
+        let moved = kept.refresh(&caches, Changed::Keys([key(1)].into()));
         assert_eq!(moved, Changed::Keys([key(1)].into()));
         caches
             .services
             .retain(|s| s.metadata.name.as_deref() != Some("s2"));
-        let gone = kept.refresh(&caches, Changed::Keys([key(2)].into()), None);
+        let gone = kept.refresh(&caches, Changed::Keys([key(2)].into()));
         assert_eq!(gone, Changed::Keys([key(2)].into()));
         assert!(!kept.views().contains_key(&key(2)));
         assert!(!kept.uids().contains_key(&key(2)));

@@ -9,11 +9,8 @@ use std::net::IpAddr;
 
 use ferrolb_config::allocator::{ServiceKey, is_ours};
 use ferrolb_config::selector::Labels;
-use k8s_openapi::api::core::v1::{
-    LoadBalancerIngress, LoadBalancerStatus, Node, NodeCondition, NodeStatus, Service, ServiceSpec,
-    ServiceStatus,
-};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Service};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Label that keeps a node out of every announcement (a Kubernetes well-known label).
@@ -39,14 +36,28 @@ pub struct ServiceView {
     pub any_serving: bool,
 }
 
-impl ServiceView {
-    /// Reads a Service and its EndpointSlices. `None` when the Service is not ours (type,
+/// What the speaker keeps of a LoadBalancer Service of ours that holds IPs: what its view
+/// reads. The watch reduces every Service to this on arrival ([`ServiceObject::reduce`]) and
+/// keeps nothing of the others, most of a cluster's Services (issue #40: the cached objects
+/// were most of a speaker's memory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceObject {
+    /// Namespace and name.
+    pub key: ServiceKey,
+    /// The Service's UID (Events attach to a Service's incarnation).
+    pub uid: Option<String>,
+    /// Its labels (advertisements select Services by them).
+    pub labels: Labels,
+    /// IPs from `status.loadBalancer.ingress`, sorted, without duplicates; never empty.
+    pub ips: Vec<IpAddr>,
+    /// `externalTrafficPolicy: Local`.
+    pub local_traffic: bool,
+}
+
+impl ServiceObject {
+    /// What the speaker keeps of `service`: `None` when it is not ours (type,
     /// `loadBalancerClass`) or holds no IP.
-    pub fn from_service<'a>(
-        service: &Service,
-        slices: impl IntoIterator<Item = &'a EndpointSlice>,
-        lb_class: Option<&str>,
-    ) -> Option<Self> {
+    pub fn reduce(service: &Service, lb_class: Option<&str>) -> Option<Self> {
         if !is_ours(service, lb_class) {
             return None;
         }
@@ -61,27 +72,90 @@ impl ServiceView {
             .as_ref()
             .and_then(|s| s.external_traffic_policy.as_deref())
             == Some("Local");
-        let mut serving_nodes = BTreeSet::new();
-        let mut any_serving = false;
-        for endpoint in slices.into_iter().flat_map(|s| &s.endpoints) {
-            if serving(endpoint) {
-                any_serving = true;
-                if let Some(node) = &endpoint.node_name {
-                    serving_nodes.insert(node.clone());
-                }
-            }
-        }
-        Some(ServiceView {
+        Some(ServiceObject {
             key: ServiceKey::new(
                 service.metadata.namespace.as_deref().unwrap_or_default(),
                 service.metadata.name.as_deref().unwrap_or_default(),
             ),
+            uid: service.metadata.uid.clone(),
             labels: service.metadata.labels.clone().unwrap_or_default(),
             ips,
             local_traffic,
+        })
+    }
+}
+
+/// What the speaker keeps of an EndpointSlice with a serving endpoint: its Service and where
+/// its endpoints serve. A slice with none adds nothing to its Service's view, and is not kept
+/// (every Service with a selector has one, most of them ClusterIPs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceObject {
+    /// The Service it belongs to.
+    pub service: ServiceKey,
+    /// Nodes with at least one serving endpoint of it, sorted, without duplicates.
+    pub serving_nodes: Vec<String>,
+    /// Whether any of its endpoints serves (on a node or not).
+    pub any_serving: bool,
+}
+
+impl SliceObject {
+    /// What the speaker keeps of `slice`: `None` when no Service label names its Service or
+    /// no endpoint of it serves.
+    pub fn reduce(slice: &EndpointSlice) -> Option<Self> {
+        let service = slice_service(slice)?;
+        let mut serving_nodes = Vec::new();
+        let mut any_serving = false;
+        for endpoint in slice.endpoints.iter().filter(|e| serving(e)) {
+            any_serving = true;
+            if let Some(node) = &endpoint.node_name {
+                serving_nodes.push(node.clone());
+            }
+        }
+        if !any_serving {
+            return None;
+        }
+        serving_nodes.sort();
+        serving_nodes.dedup();
+        Some(SliceObject {
+            service,
             serving_nodes,
             any_serving,
         })
+    }
+}
+
+impl ServiceView {
+    /// The view of a kept Service with its kept EndpointSlices.
+    pub fn from_objects<'a>(
+        service: &ServiceObject,
+        slices: impl IntoIterator<Item = &'a SliceObject>,
+    ) -> Self {
+        let mut serving_nodes = BTreeSet::new();
+        let mut any_serving = false;
+        for slice in slices {
+            any_serving |= slice.any_serving;
+            serving_nodes.extend(slice.serving_nodes.iter().cloned());
+        }
+        ServiceView {
+            key: service.key.clone(),
+            labels: service.labels.clone(),
+            ips: service.ips.clone(),
+            local_traffic: service.local_traffic,
+            serving_nodes,
+            any_serving,
+        }
+    }
+
+    /// Reads a Service and its EndpointSlices (reduced as the watches reduce them). `None`
+    /// when the Service is not ours (type, `loadBalancerClass`) or holds no IP.
+    pub fn from_service<'a>(
+        service: &Service,
+        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+        lb_class: Option<&str>,
+    ) -> Option<Self> {
+        let service = ServiceObject::reduce(service, lb_class)?;
+        let slices: Vec<SliceObject> = slices.into_iter().filter_map(SliceObject::reduce).collect();
+        Some(Self::from_objects(&service, &slices))
     }
 }
 
@@ -154,74 +228,6 @@ impl NodeView {
     /// Whether the node may attract traffic at all (condition and exclusion label).
     pub fn may_announce(&self) -> bool {
         !self.network_unavailable && !self.excluded
-    }
-}
-
-/// Keeps of a Service only what planning reads (namespace, name, UID, labels; type, class and
-/// traffic policy; the ingress IPs), before it is cached: a speaker caches every Service of the
-/// cluster, most of them not even LoadBalancers.
-pub fn trim_service(service: &mut Service) {
-    let meta = &mut service.metadata;
-    service.metadata = ObjectMeta {
-        namespace: meta.namespace.take(),
-        name: meta.name.take(),
-        uid: meta.uid.take(),
-        labels: meta.labels.take(),
-        ..ObjectMeta::default()
-    };
-    service.spec = service.spec.take().map(|spec| ServiceSpec {
-        type_: spec.type_,
-        load_balancer_class: spec.load_balancer_class,
-        external_traffic_policy: spec.external_traffic_policy,
-        ..ServiceSpec::default()
-    });
-    let ingress = service
-        .status
-        .take()
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
-        .map(|ingress| {
-            ingress
-                .into_iter()
-                .map(|i| LoadBalancerIngress {
-                    ip: i.ip,
-                    ..LoadBalancerIngress::default()
-                })
-                .collect()
-        });
-    service.status = ingress.map(|ingress| ServiceStatus {
-        load_balancer: Some(LoadBalancerStatus {
-            ingress: Some(ingress),
-        }),
-        ..ServiceStatus::default()
-    });
-}
-
-/// Keeps of an EndpointSlice only what planning reads: its Service (namespace and label) and, per
-/// endpoint, the node and whether it serves. Addresses, ports, hints and references go.
-pub fn trim_slice(slice: &mut EndpointSlice) {
-    let meta = &mut slice.metadata;
-    let service = meta
-        .labels
-        .as_mut()
-        .and_then(|l| l.remove(SERVICE_NAME_LABEL));
-    slice.metadata = ObjectMeta {
-        namespace: meta.namespace.take(),
-        name: meta.name.take(),
-        labels: service.map(|s| [(SERVICE_NAME_LABEL.to_string(), s)].into()),
-        ..ObjectMeta::default()
-    };
-    slice.ports = None;
-    for endpoint in &mut slice.endpoints {
-        *endpoint = Endpoint {
-            node_name: endpoint.node_name.take(),
-            conditions: endpoint.conditions.take().map(|c| EndpointConditions {
-                ready: c.ready,
-                serving: c.serving,
-                terminating: None,
-            }),
-            ..Endpoint::default()
-        };
     }
 }
 
@@ -342,14 +348,17 @@ mod tests {
     }
 
     #[test]
-    fn planning_reads_the_same_from_trimmed_objects() {
+    fn keeps_of_a_service_and_its_slices_what_planning_reads() {
         let mut svc = lb(&["198.18.200.1", "fd00::1"], "Local");
         svc.metadata.uid = Some("u1".into());
         svc.metadata.annotations = Some([("big".to_string(), "x".repeat(1000))].into());
-        svc.spec.as_mut().unwrap().ports = Some(vec![Default::default()]);
+        let kept = ServiceObject::reduce(&svc, None).unwrap();
+        assert_eq!(kept.uid.as_deref(), Some("u1"));
+        assert_eq!(kept.labels, [("app".to_string(), "web".to_string())].into());
         let s = slice([
             endpoint("10.0.0.1").node("b").ready(true),
             endpoint("10.0.0.2").node("a").pod("p"),
+            endpoint("10.0.0.5").node("a"),
             endpoint("10.0.0.3").node("c").ready(false),
             endpoint("10.0.0.4")
                 .node("d")
@@ -357,28 +366,32 @@ mod tests {
                 .serving(true)
                 .terminating(true),
         ]);
-        let (mut svc_t, mut s_t) = (svc.clone(), s.clone());
-        trim_service(&mut svc_t);
-        trim_slice(&mut s_t);
-        assert_eq!(
-            ServiceView::from_service(&svc_t, [&s_t], None),
-            ServiceView::from_service(&svc, [&s], None)
-        );
-        assert_eq!(slice_service(&s_t), slice_service(&s));
-        assert_eq!(svc_t.metadata.uid.as_deref(), Some("u1"));
-        assert!(svc_t.metadata.annotations.is_none() && s_t.endpoints[1].target_ref.is_none());
+        let slice_kept = SliceObject::reduce(&s).unwrap();
+        assert_eq!(slice_kept.serving_nodes, ["a", "b", "d"]);
+        assert_eq!(Some(slice_kept.service.clone()), slice_service(&s));
+        // A slice that names no Service is not kept; nor is a Service that is not ours.
+        let mut orphan = s.clone();
+        orphan.metadata.labels = None;
+        assert!(SliceObject::reduce(&orphan).is_none());
         for (class, ty) in [(Some("other"), "LoadBalancer"), (None, "ClusterIP")] {
             let mut other = svc.clone();
             other.spec.as_mut().unwrap().load_balancer_class = class.map(str::to_string);
             other.spec.as_mut().unwrap().type_ = Some(ty.into());
-            let mut trimmed = other.clone();
-            trim_service(&mut trimmed);
-            assert_eq!(
-                ServiceView::from_service(&trimmed, [&s_t], None),
-                ServiceView::from_service(&other, [&s], None)
-            );
+            assert!(ServiceObject::reduce(&other, None).is_none());
         }
+        // A slice that serves nowhere is not kept either: the view is the same without it.
+        let idle = slice([endpoint("10.0.0.3").node("c").ready(false)]);
+        assert!(SliceObject::reduce(&idle).is_none());
+        let view = ServiceView::from_service(&svc, [&idle], None).unwrap();
+        assert!(!view.any_serving && view.serving_nodes.is_empty());
+        // Serving, on no node.
+        let nowhere = slice([endpoint("10.0.0.6").ready(true)]);
+        let view = ServiceView::from_objects(&kept, [&SliceObject::reduce(&nowhere).unwrap()]);
+        assert!(view.any_serving && view.serving_nodes.is_empty());
+    }
 
+    #[test]
+    fn planning_reads_the_same_from_trimmed_nodes() {
         let node = objects::node("n1")
             .labels([(EXCLUDE_LABEL, ""), ("zone", "a")])
             .annotation("a", "b")

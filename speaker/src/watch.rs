@@ -1,5 +1,7 @@
-//! Watches of the objects the speaker plans from, cached in reflector stores. Every change wakes
-//! the work loop; configuration changes also mark the configuration for re-validation.
+//! Watches of the objects the speaker plans from, cached in reflector stores, or, for Services
+//! and EndpointSlices (every one of the cluster), in reduced caches that keep only what
+//! planning reads of those that concern the speaker. Every change wakes the work loop;
+//! configuration changes also mark the configuration for re-validation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -7,17 +9,18 @@ use std::sync::{Arc, Mutex};
 
 use crate::l2::presence::selector;
 use crate::service_views::Changed;
-use crate::view::{slice_service, trim_node, trim_service, trim_slice};
+use crate::view::{ServiceObject, SliceObject, slice_service, trim_node};
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, PeerPassword};
 use ferrolb_config::validate::{NodeInfo, Validated};
+use ferrolb_runtime::reduced::{Reduced, reflect_reduced};
 use ferrolb_runtime::watch::{
     Change, ConfigChange, ConfigStores, Continue, reflect, reflect_abortable,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -31,12 +34,15 @@ const PAGE_SIZE: u32 = 500;
 /// one as BGPPeers name them).
 const WATCHES: usize = 3 + ConfigStores::WATCHES;
 
+/// The namespace and name of an EndpointSlice (the same pair as a Service's key).
+pub type SliceKey = ServiceKey;
+
 /// The caches.
 pub struct Stores {
-    /// Services.
-    pub services: Store<Service>,
-    /// EndpointSlices.
-    pub slices: Store<EndpointSlice>,
+    /// LoadBalancer Services of ours that hold IPs, reduced ([`ServiceObject`]).
+    pub services: Reduced<ServiceKey, ServiceObject>,
+    /// EndpointSlices that name a Service, reduced ([`SliceObject`]).
+    pub slices: Reduced<SliceKey, SliceObject>,
     /// Nodes.
     pub nodes: Store<Node>,
     /// The Secrets BGPPeers name (`passwordSecret`), holding only the `password` key.
@@ -70,14 +76,13 @@ impl Stores {
     }
 
     /// The cached Service `key`.
-    pub fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
-        self.services
-            .get(&ObjectRef::new(key.name()).within(key.namespace()))
+    pub fn service(&self, key: &ServiceKey) -> Option<Arc<ServiceObject>> {
+        self.services.get(key)
     }
 
     /// The cached EndpointSlices of Service `key`, found through the names its watch saw (a
     /// name no longer cached is forgotten here).
-    pub fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<EndpointSlice>> {
+    pub fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<SliceObject>> {
         let mut index = self
             .changes
             .slices
@@ -90,10 +95,10 @@ impl Stores {
         names.retain(|name| {
             match self
                 .slices
-                .get(&ObjectRef::new(name).within(key.namespace()))
+                .get(&SliceKey::new(key.namespace(), name.as_str()))
             {
                 // The label that names the Service does not change, but check it anyway.
-                Some(slice) if slice_service(&slice).as_ref() == Some(key) => {
+                Some(slice) if slice.service == *key => {
                     out.push(slice);
                     true
                 }
@@ -168,8 +173,6 @@ impl Wake {
 /// What a change of a watched kind does to the work loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum OnChange {
-    /// Wakes a step.
-    Step,
     /// Wakes a step that re-validates the configuration first (Node labels select
     /// advertisements).
     StepAndConfig,
@@ -256,10 +259,44 @@ where
             observe(&change);
             let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
             match on_change {
-                OnChange::Step => wake.heard(first, false),
                 OnChange::StepAndConfig => wake.heard(first, true),
                 OnChange::Quiet => wake.counted(first),
             }
+        },
+    )
+}
+
+/// Watches every `K` of the cluster into a reduced cache: `reduce` says what is kept of each
+/// object (nothing, for most). `observe` hears each change before the loop is woken.
+fn watch_reduced<K, V>(
+    api: Api<K>,
+    kind: &'static str,
+    wake: &Wake,
+    reduce: impl FnMut(&K) -> Option<V> + Send + 'static,
+    mut observe: impl FnMut(&Change<'_, K>) + Send + 'static,
+) -> Reduced<ServiceKey, V>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+    V: Send + Sync + 'static,
+{
+    let wake = wake.clone();
+    let mut counted = false;
+    reflect_reduced(
+        watcher(api, all()),
+        kind,
+        |o: &K| {
+            let meta = o.meta();
+            ServiceKey::new(
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+            )
+        },
+        reduce,
+        move |change| {
+            observe(&change);
+            let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
+            wake.heard(first, false)
         },
     )
 }
@@ -269,11 +306,13 @@ fn all() -> watcher::Config {
     watcher::Config::default()
 }
 
-/// Starts every watch; the presence Leases of `presence_group` only when given.
+/// Starts every watch; the presence Leases of `presence_group` only when given. Services are
+/// kept when they are ours by `lb_class` (`--lb-class`).
 pub fn start(
     client: &Client,
     namespace: &str,
     presence_group: Option<&str>,
+    lb_class: Option<&str>,
     changed: Arc<Notify>,
 ) -> Stores {
     let wake = Wake {
@@ -293,24 +332,24 @@ pub fn start(
         config_wake.heard(first, true)
     });
     Stores {
-        // Every Service, EndpointSlice and Node of the cluster is cached: keep only what
-        // planning reads (view.rs says what, and a test that planning reads the same).
-        services: watch(
+        // Every Service, EndpointSlice and Node of the cluster is watched: keep only what
+        // planning reads (view.rs says what), and of Services and EndpointSlices only those
+        // that can concern a layer 2 or BGP announcement.
+        services: {
+            let lb_class = lb_class.map(str::to_string);
+            watch_reduced(
+                Api::all(client.clone()),
+                "services",
+                &wake,
+                move |svc: &Service| ServiceObject::reduce(svc, lb_class.as_deref()),
+                move |c| on_service.service(c),
+            )
+        },
+        slices: watch_reduced(
             Api::all(client.clone()),
-            all(),
-            "services",
-            &wake,
-            OnChange::Step,
-            trim_service,
-            move |c| on_service.service(c),
-        ),
-        slices: watch(
-            Api::all(client.clone()),
-            all(),
             "endpointslices",
             &wake,
-            OnChange::Step,
-            trim_slice,
+            SliceObject::reduce,
             move |c| on_slice.slice(c),
         ),
         // Node labels select advertisements: the configuration is re-read when they change.

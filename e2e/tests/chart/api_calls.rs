@@ -393,16 +393,27 @@ pub const CALLS: &[Call] = &[
         call: "records.replace(&name, &PostParams::default(), &lease)",
     },
     // ---- speaker
-    // Services, EndpointSlices, Nodes, the presence Leases (by a label selector).
+    // Nodes and the presence Leases (by a label selector) into reflector caches; Services and
+    // EndpointSlices into reduced caches.
     Call {
         by: S,
         scope: Scope::Cluster,
         group: "",
-        resources: &["services", "nodes"],
+        resources: &["nodes"],
         verbs: LIST_WATCH,
         name: None,
         file: "speaker/src/watch.rs",
         call: "watcher(api, selector)",
+    },
+    Call {
+        by: S,
+        scope: Scope::Cluster,
+        group: "",
+        resources: &["services"],
+        verbs: LIST_WATCH,
+        name: None,
+        file: "speaker/src/watch.rs",
+        call: "watcher(api, all())",
     },
     Call {
         by: S,
@@ -412,7 +423,7 @@ pub const CALLS: &[Call] = &[
         verbs: LIST_WATCH,
         name: None,
         file: "speaker/src/watch.rs",
-        call: "watcher(api, selector)",
+        call: "watcher(api, all())",
     },
     Call {
         by: S,

@@ -426,8 +426,7 @@ impl Planner {
             return;
         };
         let taken_from = if g.owner.as_deref() == Some(self.me.as_str()) {
-            let before: Vec<&Before> =
-                members.iter().filter_map(|k| self.before.get(k)).collect();
+            let before: Vec<&Before> = members.iter().filter_map(|k| self.before.get(k)).collect();
             // Still this node's: it keeps what it took the group from. Newly taken: from the
             // owner its plans last saw.
             match before

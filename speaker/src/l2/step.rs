@@ -19,11 +19,9 @@ use std::sync::Arc;
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_layer2::liveness::Member;
 use ferrolb_layer2::quorum::Verdict;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::l2::plan::Plan;
-use crate::view::{ServiceView, slice_service};
+use crate::view::{ServiceObject, ServiceView, SliceObject};
 
 /// The settle wait, shared with the simulator and the voters' rules.
 pub use ferrolb_layer2::settling::Settling;
@@ -37,29 +35,22 @@ pub struct Views {
     pub uids: HashMap<ServiceKey, Option<String>>,
 }
 
-/// Reduces the cached Services and EndpointSlices to [`Views`].
-pub fn views(
-    services: &[Arc<Service>],
-    slices: &[Arc<EndpointSlice>],
-    lb_class: Option<&str>,
-) -> Views {
-    let mut by_service: HashMap<ServiceKey, Vec<&EndpointSlice>> = HashMap::new();
+/// The [`Views`] of the cached (reduced) Services and EndpointSlices.
+pub fn views(services: &[Arc<ServiceObject>], slices: &[Arc<SliceObject>]) -> Views {
+    let mut by_service: HashMap<&ServiceKey, Vec<&SliceObject>> = HashMap::new();
     for slice in slices {
-        if let Some(key) = slice_service(slice) {
-            by_service.entry(key).or_default().push(slice);
-        }
+        by_service.entry(&slice.service).or_default().push(slice);
     }
     let mut views = Views::default();
     for svc in services {
-        let key = ServiceKey::new(
-            svc.metadata.namespace.as_deref().unwrap_or_default(),
-            svc.metadata.name.as_deref().unwrap_or_default(),
-        );
-        let own = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
-        if let Some(view) = ServiceView::from_service(svc, own.iter().copied(), lb_class) {
-            views.uids.insert(key, svc.metadata.uid.clone());
-            views.services.push(view);
-        }
+        let own = by_service
+            .get(&svc.key)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        views.uids.insert(svc.key.clone(), svc.uid.clone());
+        views
+            .services
+            .push(ServiceView::from_objects(svc, own.iter().copied()));
     }
     views
 }
@@ -359,41 +350,39 @@ mod tests {
         assert!(log.reported.is_empty(), "kept {:?}", log.reported);
     }
 
-    fn service(name: &str, uid: &str, ips: &[&str]) -> Arc<Service> {
-        Arc::new(
-            objects::service(name)
-                .namespace("default")
-                .uid(uid)
-                .ingress(ips)
-                .build(),
-        )
+    /// A Service as the watch keeps it (`None`: not kept).
+    fn service(name: &str, uid: &str, ips: &[&str]) -> Option<Arc<ServiceObject>> {
+        let svc = objects::service(name)
+            .namespace("default")
+            .uid(uid)
+            .ingress(ips)
+            .build();
+        ServiceObject::reduce(&svc, None).map(Arc::new)
     }
 
-    fn slice(service: &str, node: &str) -> Arc<EndpointSlice> {
-        Arc::new(
-            objects::endpoint_slice(&format!("{service}-x"))
-                .namespace("default")
-                .service(service)
-                .endpoint(
-                    objects::endpoint("198.19.1.10")
-                        .node(node)
-                        .ready(true)
-                        .serving(true),
-                )
-                .build(),
-        )
+    fn slice(service: &str, node: &str) -> Arc<SliceObject> {
+        let slice = objects::endpoint_slice(&format!("{service}-x"))
+            .namespace("default")
+            .service(service)
+            .endpoint(
+                objects::endpoint("198.19.1.10")
+                    .node(node)
+                    .ready(true)
+                    .serving(true),
+            )
+            .build();
+        Arc::new(SliceObject::reduce(&slice).unwrap())
     }
 
     #[test]
     fn views_pair_each_service_with_its_own_slices_and_skip_services_without_ips() {
-        let v = views(
-            &[
-                service("web", "u1", &["198.18.200.1"]),
-                service("pending", "u2", &[]),
-            ],
-            &[slice("web", "node2"), slice("other", "node3")],
-            None,
-        );
+        let pending = service("pending", "u2", &[]);
+        assert!(pending.is_none(), "a Service without IPs is not kept");
+        let kept: Vec<_> = [service("web", "u1", &["198.18.200.1"]), pending]
+            .into_iter()
+            .flatten()
+            .collect();
+        let v = views(&kept, &[slice("web", "node2"), slice("other", "node3")]);
         assert_eq!(v.services.len(), 1);
         assert_eq!(v.services[0].key, key("web"));
         assert_eq!(v.services[0].serving_nodes, names(&["node2"]));

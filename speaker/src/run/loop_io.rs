@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::l2::interfaces::Interface;
 use crate::l2::plan::Announcement;
 use crate::service_views::{Changed, Source, ViewMap};
-use crate::view::NodeView;
+use crate::view::{NodeView, ServiceObject, SliceObject};
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::Config;
 use ferrolb_config::validate::Validated;
@@ -23,8 +23,7 @@ use ferrolb_layer2::quorum::Report;
 use ferrolb_layer2::tenure::Tenure;
 use ferrolb_runtime::events::EventQueue;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::Node;
 
 use crate::bgp::step::Bgp;
 use crate::l2::announce::Announcer;
@@ -109,19 +108,19 @@ pub(crate) struct World {
 }
 
 impl Source for World {
-    fn services(&self) -> Vec<Arc<Service>> {
+    fn services(&self) -> Vec<Arc<ServiceObject>> {
         self.stores.services.state()
     }
 
-    fn slices(&self) -> Vec<Arc<EndpointSlice>> {
+    fn slices(&self) -> Vec<Arc<SliceObject>> {
         self.stores.slices.state()
     }
 
-    fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
+    fn service(&self, key: &ServiceKey) -> Option<Arc<ServiceObject>> {
         self.stores.service(key)
     }
 
-    fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<EndpointSlice>> {
+    fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<SliceObject>> {
         self.stores.slices_of(key)
     }
 

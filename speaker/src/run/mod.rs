@@ -112,6 +112,7 @@ async fn start(args: Args) -> anyhow::Result<Running> {
         &client,
         &args.common.namespace,
         legacy.then_some(args.presence_group.as_str()),
+        args.common.lb_class.as_deref(),
         changed.clone(),
     );
     let gossip = start_gossip(&args, key_ring, changed.clone(), metrics.clone()).await?;

@@ -104,9 +104,7 @@ impl<Io: LoopIo> Speaker<Io> {
             .check(&mut self.io, Some(&config), links, now)
             .await;
         let changed = self.io.take_changed();
-        let changed = self
-            .views
-            .refresh(&self.io, changed, self.args.common.lb_class.as_deref());
+        let changed = self.views.refresh(&self.io, changed);
         self.bgp_step(&config, &membership);
         self.layer2.step(
             &mut self.io,
@@ -144,7 +142,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::run::loop_io::Heartbeats;
-    use crate::view::NodeView;
+    use crate::view::{NodeView, ServiceObject, SliceObject};
     use ferrolb_config::allocator::ServiceKey;
     use ferrolb_layer2::liveness::Member;
 
@@ -299,11 +297,17 @@ metadata: {name: l2, namespace: metallb-system}
     }
 
     impl Source for Fake {
-        fn services(&self) -> Vec<Arc<Service>> {
-            self.services.clone()
+        fn services(&self) -> Vec<Arc<ServiceObject>> {
+            let kept = self.services.iter();
+            kept.filter_map(|s| ServiceObject::reduce(s, None))
+                .map(Arc::new)
+                .collect()
         }
-        fn slices(&self) -> Vec<Arc<EndpointSlice>> {
-            self.slices.clone()
+        fn slices(&self) -> Vec<Arc<SliceObject>> {
+            let kept = self.slices.iter();
+            kept.filter_map(|s| SliceObject::reduce(s))
+                .map(Arc::new)
+                .collect()
         }
         fn take_changed(&self) -> Changed {
             self.changed.replace(Changed::Keys(BTreeSet::new()))

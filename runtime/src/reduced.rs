@@ -1,0 +1,214 @@
+//! Watch caches that keep, per object, only a reduction of it: a value of the binary's own
+//! type, or nothing when the object does not concern the binary.
+//!
+//! A reflector cache ([`crate::watch::reflect`]) keeps the Kubernetes object itself, and the
+//! generated types are large even when trimmed (a `Service` is 824 bytes before any of its
+//! strings, an `EndpointSlice` 432 and each endpoint 352). A speaker caches every Service and
+//! EndpointSlice of the cluster, most of which it never announces: at 10,000 Services those
+//! caches were most of its memory (issue #40). A reduced cache keeps what the binary reads,
+//! and for an object it has no use for, not even its key.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use futures::{Stream, StreamExt};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+use crate::watch::{Change, Continue, WatchBackoff};
+
+/// A cache of reduced objects by key, filled by [`reflect_reduced`]. Cheap to clone: clones
+/// share the cache.
+#[derive(Debug)]
+pub struct Reduced<Q, V> {
+    map: Arc<RwLock<HashMap<Q, Arc<V>>>>,
+}
+
+impl<Q, V> Clone for Reduced<Q, V> {
+    fn clone(&self) -> Self {
+        Self {
+            map: self.map.clone(),
+        }
+    }
+}
+
+impl<Q: Hash + Eq, V> Default for Reduced<Q, V> {
+    fn default() -> Self {
+        Self {
+            map: Arc::default(),
+        }
+    }
+}
+
+impl<Q: Hash + Eq + Clone, V> Reduced<Q, V> {
+    /// The value kept under `key`.
+    pub fn get(&self, key: &Q) -> Option<Arc<V>> {
+        self.read(|map| map.get(key).cloned())
+    }
+
+    /// Every value kept, in no order.
+    pub fn state(&self) -> Vec<Arc<V>> {
+        self.read(|map| map.values().cloned().collect())
+    }
+
+    /// How many values are kept.
+    pub fn len(&self) -> usize {
+        self.read(HashMap::len)
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&HashMap<Q, Arc<V>>) -> T) -> T {
+        // A panic while the lock was held cannot leave the map half-changed: each write is
+        // one insert, remove or swap.
+        f(&self.map.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn write<T>(&self, f: impl FnOnce(&mut HashMap<Q, Arc<V>>) -> T) -> T {
+        f(&mut self.map.write().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Applies one watch event: an object applied or deleted, or a step of a (re-)list,
+    /// whose objects replace the whole cache once it is complete, as a reflector's do (a
+    /// list after a gap must drop what was deleted in the gap). `list` holds the list being
+    /// read.
+    fn apply<K>(
+        &self,
+        event: &Event<K>,
+        list: &mut Option<HashMap<Q, Arc<V>>>,
+        key: &impl Fn(&K) -> Q,
+        reduce: &mut impl FnMut(&K) -> Option<V>,
+    ) {
+        match event {
+            Event::Apply(o) => {
+                let k = key(o);
+                match reduce(o) {
+                    Some(v) => self.write(|map| map.insert(k, Arc::new(v))),
+                    None => self.write(|map| map.remove(&k)),
+                };
+            }
+            Event::Delete(o) => {
+                let k = key(o);
+                self.write(|map| map.remove(&k));
+            }
+            Event::Init => *list = Some(HashMap::new()),
+            Event::InitApply(o) => {
+                if let Some(v) = reduce(o) {
+                    list.get_or_insert_default().insert(key(o), Arc::new(v));
+                }
+            }
+            Event::InitDone => {
+                let listed = list.take().unwrap_or_default();
+                self.write(|map| *map = listed);
+            }
+        }
+    }
+}
+
+/// Watches `stream` into a new reduced cache: each object is kept as `reduce` of it under
+/// `key` of it, or not at all when `reduce` gives `None` (and a value kept for an earlier
+/// version goes). Calls `on` after each change, with the whole object, once the cache holds
+/// the result. A failed watch is logged and retried with backoff; the task ends when `on`
+/// returns `false`.
+pub fn reflect_reduced<K, Q, V, S>(
+    stream: S,
+    kind: &'static str,
+    key: impl Fn(&K) -> Q + Send + 'static,
+    mut reduce: impl FnMut(&K) -> Option<V> + Send + 'static,
+    mut on: impl FnMut(Change<'_, K>) -> Continue + Send + 'static,
+) -> Reduced<Q, V>
+where
+    K: Send + 'static,
+    Q: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    let cache = Reduced::default();
+    let writer = cache.clone();
+    tokio::spawn(async move {
+        let stream = stream.backoff(WatchBackoff::default());
+        futures::pin_mut!(stream);
+        let mut list = None;
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, watch = kind, "watch failed; retrying");
+                    continue;
+                }
+            };
+            writer.apply(&event, &mut list, &key, &mut reduce);
+            let go_on = match &event {
+                Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => on(Change::Object(o)),
+                Event::InitDone => on(Change::Listed),
+                Event::Init => true,
+            };
+            if !go_on {
+                return;
+            }
+        }
+    });
+    cache
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// An object: a name and a number; kept as the number when it is even.
+    type Obj = (&'static str, u32);
+
+    fn apply(
+        cache: &Reduced<&'static str, u32>,
+        list: &mut Option<HashMap<&'static str, Arc<u32>>>,
+        event: Event<Obj>,
+    ) {
+        cache.apply(&event, list, &|o: &Obj| o.0, &mut |o: &Obj| {
+            o.1.is_multiple_of(2).then_some(o.1)
+        });
+    }
+
+    fn kept(cache: &Reduced<&'static str, u32>) -> Vec<(&'static str, u32)> {
+        let mut out: Vec<_> = cache.read(|m| m.iter().map(|(k, v)| (*k, **v)).collect());
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn keeps_reductions_and_drops_what_reduces_to_nothing() {
+        let cache = Reduced::default();
+        let mut list = None;
+        apply(&cache, &mut list, Event::Apply(("a", 2)));
+        apply(&cache, &mut list, Event::Apply(("b", 3)));
+        assert_eq!(kept(&cache), [("a", 2)]);
+        // A new version that no longer concerns us takes the old one out.
+        apply(&cache, &mut list, Event::Apply(("a", 5)));
+        assert!(cache.is_empty());
+        apply(&cache, &mut list, Event::Apply(("a", 4)));
+        apply(&cache, &mut list, Event::Delete(("a", 4)));
+        assert!(cache.get(&"a").is_none());
+    }
+
+    #[test]
+    fn a_list_replaces_the_cache_once_complete() {
+        let cache = Reduced::default();
+        let mut list = None;
+        apply(&cache, &mut list, Event::Apply(("gone", 2)));
+        apply(&cache, &mut list, Event::Apply(("stays", 2)));
+        apply(&cache, &mut list, Event::Init);
+        apply(&cache, &mut list, Event::InitApply(("stays", 6)));
+        apply(&cache, &mut list, Event::InitApply(("odd", 7)));
+        apply(&cache, &mut list, Event::InitApply(("new", 8)));
+        // Until the list is complete, the cache is the old one.
+        assert_eq!(kept(&cache), [("gone", 2), ("stays", 2)]);
+        apply(&cache, &mut list, Event::InitDone);
+        assert_eq!(kept(&cache), [("new", 8), ("stays", 6)]);
+        assert_eq!(cache.len(), 2);
+    }
+}
