@@ -237,12 +237,17 @@ async fn bench(lab: &Lab) -> anyhow::Result<()> {
                 // The speakers have planned every Service once their logs settle; give them a
                 // few seconds, then read their memory.
                 tokio::time::sleep(Duration::from_secs(10)).await;
+                // RSS splits into the heap and stacks (anonymous: what grows with the
+                // cluster) and the binary's code pages (file-backed: constant, shared, and
+                // dropped by the kernel under memory pressure).
                 for (node, pid) in speakers.pids() {
                     println!(
-                        "speaker@{node}: {} LoadBalancer Services in the cluster ({in_bursts} from bursts): RSS {:.1} MiB (peak {:.1} MiB)",
+                        "speaker@{node}: {} LoadBalancer Services in the cluster ({in_bursts} from bursts): RSS {:.1} MiB (peak {:.1} MiB): anonymous {:.1} MiB, file-backed {:.1} MiB",
                         in_bursts + singles + 1,
                         mib(proc_status_bytes(pid, "VmRSS:")),
                         mib(proc_status_bytes(pid, "VmHWM:")),
+                        mib(proc_status_bytes(pid, "RssAnon:")),
+                        mib(proc_status_bytes(pid, "RssFile:")),
                     );
                 }
             }
