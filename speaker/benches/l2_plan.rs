@@ -168,13 +168,16 @@ fn services(s: u32, n: u32) -> Vec<ServiceView> {
         .map(|i| {
             let local = i % 10 == 0;
             ServiceView {
-                key: ServiceKey::new("bench", format!("svc-{i:05}").as_str()),
-                labels: Default::default(),
-                ips: vec![
-                    IpAddr::V4(Ipv4Addr::from(0xC612_0000 + i)),
-                    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, i as u16)),
-                ],
-                local_traffic: local,
+                service: Arc::new(ServiceObject {
+                    key: ServiceKey::new("bench", format!("svc-{i:05}").as_str()),
+                    labels: Default::default(),
+                    ips: vec![
+                        IpAddr::V4(Ipv4Addr::from(0xC612_0000 + i)),
+                        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, i as u16)),
+                    ],
+                    local_traffic: local,
+                    uid: None,
+                }),
                 serving_nodes: if local {
                     (0..3).map(|k| name((i + k) % n)).collect()
                 } else {

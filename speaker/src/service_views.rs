@@ -3,7 +3,7 @@
 //! view at every step cost a pass over every cached Service and EndpointSlice per change (issue
 //! #40); a re-list of either watch, whose gaps may hide deletes, rebuilds them all.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::l2::step;
@@ -61,11 +61,10 @@ pub(crate) trait Source {
     }
 }
 
-/// The views and each Service's UID, kept between steps.
+/// The views (each with its Service's UID), kept between steps.
 #[derive(Debug, Default)]
 pub struct ServiceViews {
     views: ViewMap,
-    uids: HashMap<ServiceKey, Option<String>>,
     /// Changes whenever a UID does.
     uids_generation: u64,
 }
@@ -76,9 +75,9 @@ impl ServiceViews {
         &self.views
     }
 
-    /// Each viewed Service's UID (Events attach to a Service's incarnation).
-    pub fn uids(&self) -> &HashMap<ServiceKey, Option<String>> {
-        &self.uids
+    /// The UID of viewed Service `key` (Events attach to a Service's incarnation).
+    pub fn uid(&self, key: &ServiceKey) -> Option<String> {
+        self.views.get(key).and_then(|v| v.uid.clone())
     }
 
     /// Changes whenever a Service's UID does (a Service made again under its name has the
@@ -94,10 +93,8 @@ impl ServiceViews {
         let keys = match changed {
             Changed::All => {
                 let all = step::views(&source.services(), &source.slices());
-                self.uids = all.uids;
                 self.uids_generation += 1;
                 self.views = all
-                    .services
                     .into_iter()
                     .map(|v| (v.key.clone(), Arc::new(v)))
                     .collect();
@@ -108,26 +105,23 @@ impl ServiceViews {
         let mut out = BTreeSet::new();
         for key in keys {
             let slices = source.slices_of(&key);
-            let view = source.service(&key).map(|svc| {
-                let view = ServiceView::from_objects(&svc, slices.iter().map(Arc::as_ref));
-                (view, svc.uid.clone())
-            });
+            let view = source
+                .service(&key)
+                .map(|svc| ServiceView::from_objects(&svc, slices.iter().map(Arc::as_ref)));
             match view {
-                Some((view, uid)) => {
-                    if self.uids.get(&key) != Some(&uid) {
+                Some(view) => {
+                    let old = self.views.get(&key);
+                    if old.is_none_or(|old| old.uid != view.uid) {
                         self.uids_generation += 1;
                     }
-                    self.uids.insert(key.clone(), uid);
-                    if self.views.get(&key).is_none_or(|old| **old != view) {
+                    if old.is_none_or(|old| **old != view) {
                         self.views.insert(key.clone(), Arc::new(view));
                         out.insert(key);
                     }
                 }
                 None => {
-                    if self.uids.remove(&key).is_some() {
-                        self.uids_generation += 1;
-                    }
                     if self.views.remove(&key).is_some() {
+                        self.uids_generation += 1;
                         out.insert(key);
                     }
                 }
@@ -250,7 +244,6 @@ mod tests {
                 let mut full = ServiceViews::default();
                 full.refresh(&caches, Changed::All);
                 prop_assert_eq!(&kept.views, &full.views);
-                prop_assert_eq!(&kept.uids, &full.uids);
                 if nothing {
                     prop_assert!(out.is_empty());
                 }
@@ -279,6 +272,7 @@ mod tests {
         let gone = kept.refresh(&caches, Changed::Keys([key(2)].into()));
         assert_eq!(gone, Changed::Keys([key(2)].into()));
         assert!(!kept.views().contains_key(&key(2)));
-        assert!(!kept.uids().contains_key(&key(2)));
+        assert_eq!(kept.uid(&key(2)), None);
+        assert_eq!(kept.uid(&key(1)).as_deref(), Some("uid-1"));
     }
 }

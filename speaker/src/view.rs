@@ -6,6 +6,8 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use ferrolb_config::allocator::{ServiceKey, is_ours};
 use ferrolb_config::selector::Labels;
@@ -19,21 +21,32 @@ pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-b
 /// Label of an EndpointSlice naming its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// A LoadBalancer Service of ours that holds IPs.
+/// A LoadBalancer Service of ours that holds IPs, with where its endpoints serve. The Service's
+/// own fields (key, UID, labels, IPs, traffic policy) are those the watch keeps, shared with
+/// its cache and read through `Deref` (`view.ips`); changing one through `DerefMut` copies
+/// them first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceView {
-    /// Namespace and name.
-    pub key: ServiceKey,
-    /// The Service's labels (advertisements select Services by them).
-    pub labels: Labels,
-    /// IPs from `status.loadBalancer.ingress`, sorted, without duplicates.
-    pub ips: Vec<IpAddr>,
-    /// `externalTrafficPolicy: Local`: only nodes with a serving endpoint may attract traffic.
-    pub local_traffic: bool,
+    /// The Service as the watch keeps it.
+    pub service: Arc<ServiceObject>,
     /// Nodes with at least one serving endpoint.
     pub serving_nodes: BTreeSet<String>,
     /// Whether any endpoint serves (on a node or not).
     pub any_serving: bool,
+}
+
+impl Deref for ServiceView {
+    type Target = ServiceObject;
+
+    fn deref(&self) -> &ServiceObject {
+        &self.service
+    }
+}
+
+impl DerefMut for ServiceView {
+    fn deref_mut(&mut self) -> &mut ServiceObject {
+        Arc::make_mut(&mut self.service)
+    }
 }
 
 /// What the speaker keeps of a LoadBalancer Service of ours that holds IPs: what its view
@@ -50,7 +63,7 @@ pub struct ServiceObject {
     pub labels: Labels,
     /// IPs from `status.loadBalancer.ingress`, sorted, without duplicates; never empty.
     pub ips: Vec<IpAddr>,
-    /// `externalTrafficPolicy: Local`.
+    /// `externalTrafficPolicy: Local`: only nodes with a serving endpoint may attract traffic.
     pub local_traffic: bool,
 }
 
@@ -127,7 +140,7 @@ impl SliceObject {
 impl ServiceView {
     /// The view of a kept Service with its kept EndpointSlices.
     pub fn from_objects<'a>(
-        service: &ServiceObject,
+        service: &Arc<ServiceObject>,
         slices: impl IntoIterator<Item = &'a SliceObject>,
     ) -> Self {
         let mut serving_nodes = BTreeSet::new();
@@ -137,10 +150,7 @@ impl ServiceView {
             serving_nodes.extend(slice.serving_nodes.iter().cloned());
         }
         ServiceView {
-            key: service.key.clone(),
-            labels: service.labels.clone(),
-            ips: service.ips.clone(),
-            local_traffic: service.local_traffic,
+            service: service.clone(),
             serving_nodes,
             any_serving,
         }
@@ -153,7 +163,7 @@ impl ServiceView {
         slices: impl IntoIterator<Item = &'a EndpointSlice>,
         lb_class: Option<&str>,
     ) -> Option<Self> {
-        let service = ServiceObject::reduce(service, lb_class)?;
+        let service = Arc::new(ServiceObject::reduce(service, lb_class)?);
         let slices: Vec<SliceObject> = slices.into_iter().filter_map(SliceObject::reduce).collect();
         Some(Self::from_objects(&service, &slices))
     }
@@ -386,7 +396,8 @@ mod tests {
         assert!(!view.any_serving && view.serving_nodes.is_empty());
         // Serving, on no node.
         let nowhere = slice([endpoint("10.0.0.6").ready(true)]);
-        let view = ServiceView::from_objects(&kept, [&SliceObject::reduce(&nowhere).unwrap()]);
+        let view =
+            ServiceView::from_objects(&Arc::new(kept), [&SliceObject::reduce(&nowhere).unwrap()]);
         assert!(view.any_serving && view.serving_nodes.is_empty());
     }
 

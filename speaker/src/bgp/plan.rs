@@ -170,10 +170,12 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use crate::view::ServiceObject;
     use ferrolb_config::model::{BgpAdvertisement, PeerAsn, PoolSelection};
     use ferrolb_config::selector::Selector;
     use ferrolb_testkit::model::{self, pool};
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     fn adv(name: &str, pools: &[&str]) -> BgpAdvertisement {
         BgpAdvertisement {
@@ -233,10 +235,13 @@ mod tests {
 
     fn svc(name: &str, ips: &[&str]) -> ServiceView {
         ServiceView {
-            key: ServiceKey::new("ns", name),
-            labels: [("app".to_string(), name.to_string())].into(),
-            ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
-            local_traffic: false,
+            service: Arc::new(ServiceObject {
+                key: ServiceKey::new("ns", name),
+                labels: [("app".to_string(), name.to_string())].into(),
+                ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
+                local_traffic: false,
+                uid: None,
+            }),
             serving_nodes: ["node1".to_string()].into(),
             any_serving: true,
         }

@@ -355,6 +355,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use crate::view::ServiceObject;
     use ferrolb_config::model::PoolSelection;
     use ferrolb_config::selector::Selector;
     use ferrolb_testkit::model::pool;
@@ -416,14 +417,17 @@ mod tests {
 
     fn svc(name: &str, ips: &[&str]) -> ServiceView {
         ServiceView {
-            key: ServiceKey::new("ns", name),
-            labels: [("app".to_string(), name.to_string())].into(),
-            ips: {
-                let mut v: Vec<IpAddr> = ips.iter().map(|i| i.parse().unwrap()).collect();
-                v.sort();
-                v
-            },
-            local_traffic: false,
+            service: Arc::new(ServiceObject {
+                key: ServiceKey::new("ns", name),
+                labels: [("app".to_string(), name.to_string())].into(),
+                ips: {
+                    let mut v: Vec<IpAddr> = ips.iter().map(|i| i.parse().unwrap()).collect();
+                    v.sort();
+                    v
+                },
+                local_traffic: false,
+                uid: None,
+            }),
             serving_nodes: ["node1".to_string()].into(),
             any_serving: true,
         }

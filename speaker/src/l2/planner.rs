@@ -506,6 +506,7 @@ mod tests {
 
     use super::*;
     use crate::l2::plan::ServiceOutcome;
+    use crate::view::ServiceObject;
     use crate::view::ServiceView;
     use ferrolb_config::model::{L2Advertisement, PoolSelection};
     use ferrolb_config::selector::Selector;
@@ -590,14 +591,17 @@ mod tests {
         ips.sort();
         ips.dedup();
         ServiceView {
-            key: ServiceKey::new("ns", format!("s{i}").as_str()),
-            labels: [(
-                "color".to_string(),
-                if spec.red { "red" } else { "blue" }.to_string(),
-            )]
-            .into(),
-            ips,
-            local_traffic: spec.local,
+            service: Arc::new(ServiceObject {
+                key: ServiceKey::new("ns", format!("s{i}").as_str()),
+                labels: [(
+                    "color".to_string(),
+                    if spec.red { "red" } else { "blue" }.to_string(),
+                )]
+                .into(),
+                ips,
+                local_traffic: spec.local,
+                uid: None,
+            }),
             serving_nodes: spec.serving.iter().map(|n| node_name(*n)).collect(),
             any_serving: spec.any_serving,
         }
@@ -708,7 +712,7 @@ mod tests {
                 }
                 Change::RemoveService(i) => {
                     if let Some(view) = self.services.remove(i) {
-                        self.marked.insert(view.key);
+                        self.marked.insert(view.key.clone());
                     }
                 }
                 Change::Node {

@@ -26,33 +26,22 @@ use crate::view::{ServiceObject, ServiceView, SliceObject};
 /// The settle wait, shared with the simulator and the voters' rules.
 pub use ferrolb_layer2::settling::Settling;
 
-/// The Services planning reads, with their UIDs (Events attach to a Service's incarnation).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Views {
-    /// Services of ours that hold IPs, with where their endpoints serve.
-    pub services: Vec<ServiceView>,
-    /// UID of each of them.
-    pub uids: HashMap<ServiceKey, Option<String>>,
-}
-
-/// The [`Views`] of the cached (reduced) Services and EndpointSlices.
-pub fn views(services: &[Arc<ServiceObject>], slices: &[Arc<SliceObject>]) -> Views {
+/// The views of the cached (reduced) Services and EndpointSlices.
+pub fn views(services: &[Arc<ServiceObject>], slices: &[Arc<SliceObject>]) -> Vec<ServiceView> {
     let mut by_service: HashMap<&ServiceKey, Vec<&SliceObject>> = HashMap::new();
     for slice in slices {
         by_service.entry(&slice.service).or_default().push(slice);
     }
-    let mut views = Views::default();
-    for svc in services {
-        let own = by_service
-            .get(&svc.key)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        views.uids.insert(svc.key.clone(), svc.uid.clone());
-        views
-            .services
-            .push(ServiceView::from_objects(svc, own.iter().copied()));
-    }
-    views
+    services
+        .iter()
+        .map(|svc| {
+            let own = by_service
+                .get(&svc.key)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            ServiceView::from_objects(svc, own.iter().copied())
+        })
+        .collect()
 }
 
 /// The speakers planning counts: the quorum rule's candidates, this node among them only when
@@ -93,14 +82,14 @@ pub type Reported = BTreeMap<ServiceKey, Owned>;
 /// What this node reports for `plan`; `taken_from` says whom it took each Service from.
 pub fn reported<'a>(
     plan: &Plan,
-    uids: &HashMap<ServiceKey, Option<String>>,
+    uid: impl Fn(&ServiceKey) -> Option<String>,
     taken_from: impl Fn(&ServiceKey) -> Option<&'a str>,
 ) -> Reported {
     let mut out = Reported::new();
     for a in plan.announce.values() {
         for key in &a.services {
             let entry = out.entry(key.clone()).or_insert_with(|| Owned {
-                uid: uids.get(key).cloned().flatten(),
+                uid: uid(key),
                 interfaces: Vec::new(),
                 taken_from: taken_from(key).map(str::to_string),
             });
@@ -278,7 +267,8 @@ mod tests {
             ("198.18.200.2", &["shared"], &["eth1"]),
         ]);
         let uids = HashMap::from([(key("web"), Some("uid-web".to_string()))]);
-        let r = reported(&p, &uids, |k| (k.name() == "web").then_some("node2"));
+        let uid = |k: &ServiceKey| uids.get(k).cloned().flatten();
+        let r = reported(&p, uid, |k| (k.name() == "web").then_some("node2"));
         assert_eq!(r.len(), 2);
         assert_eq!(r[&key("web")].uid.as_deref(), Some("uid-web"));
         assert_eq!(r[&key("web")].taken_from.as_deref(), Some("node2"));
@@ -290,7 +280,7 @@ mod tests {
 
     #[test]
     fn nothing_announced_reports_nothing() {
-        assert!(reported(&Plan::default(), &HashMap::new(), |_| None).is_empty());
+        assert!(reported(&Plan::default(), |_| None, |_| None).is_empty());
         assert!(announced(&Plan::default()).is_empty());
     }
 
@@ -383,10 +373,9 @@ mod tests {
             .flatten()
             .collect();
         let v = views(&kept, &[slice("web", "node2"), slice("other", "node3")]);
-        assert_eq!(v.services.len(), 1);
-        assert_eq!(v.services[0].key, key("web"));
-        assert_eq!(v.services[0].serving_nodes, names(&["node2"]));
-        assert_eq!(v.uids.get(&key("web")), Some(&Some("u1".to_string())));
-        assert!(!v.uids.contains_key(&key("pending")));
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].key, key("web"));
+        assert_eq!(v[0].serving_nodes, names(&["node2"]));
+        assert_eq!(v[0].uid.as_deref(), Some("u1"));
     }
 }

@@ -343,7 +343,6 @@ impl Layer2 {
             answer_until,
             standing,
         } = membership;
-        let uids = views.uids();
         let me_node = report::node_state(nodes.get(&self.settings.me));
         let members_now = members.len();
         if claims {
@@ -374,13 +373,9 @@ impl Layer2 {
             tracing::warn!(%interface, %error, "cannot announce");
         }
         for report in self.failures.new_reports(plan, &failures) {
-            io.announce_failed(
-                &report.service,
-                uids.get(&report.service).cloned().flatten(),
-                report.message,
-            );
+            io.announce_failed(&report.service, views.uid(&report.service), report.message);
         }
-        let desired = step::reported(plan, uids, |key| planner.taken_from(key));
+        let desired = step::reported(plan, |key| views.uid(key), |key| planner.taken_from(key));
         let announced = step::announced(plan);
         tracing::debug!(
             services = plan.services.len(),

@@ -189,15 +189,20 @@ mod tests {
     use super::*;
     use crate::bgp::plan::{PeerPlan, RouteAttributes};
     use crate::l2::plan::Announcement;
+    use crate::view::ServiceObject;
     use ferrolb_bgp::packet::Community;
     use ipnet::IpNet;
+    use std::sync::Arc;
 
     fn view(name: &str, ip: &str) -> ServiceView {
         ServiceView {
-            key: ServiceKey::new("web", name),
-            labels: Default::default(),
-            ips: vec![ip.parse().unwrap()],
-            local_traffic: false,
+            service: Arc::new(ServiceObject {
+                key: ServiceKey::new("web", name),
+                labels: Default::default(),
+                ips: vec![ip.parse().unwrap()],
+                local_traffic: false,
+                uid: None,
+            }),
             serving_nodes: BTreeSet::new(),
             any_serving: true,
         }
