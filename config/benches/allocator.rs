@@ -4,10 +4,8 @@
 //! Run: `cargo bench -p ferrolb-config --bench allocator -- --warm-up-time 1 --measurement-time 3`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -18,50 +16,8 @@ use ferrolb_config::allocator::{
 use ferrolb_config::model::Pool;
 use ferrolb_config::selector::Labels;
 
-/// Counts live heap bytes so that the allocator's memory can be measured exactly.
-struct Counting;
-
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-/// Counting is on only while memory is measured, so that timings carry no counting overhead.
-static COUNTING: AtomicBool = AtomicBool::new(false);
-
-fn count(delta: isize) {
-    if COUNTING.load(Ordering::Relaxed) {
-        LIVE_BYTES.fetch_add(delta, Ordering::Relaxed);
-    }
-}
-
-// The workspace denies unsafe code; a global allocator cannot be written without it. It only
-// forwards to the system allocator and counts.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static HEAP: ferrolb_testkit::heap::Counting = ferrolb_testkit::heap::Counting;
 
 #[repr(C)]
 struct Timespec {
@@ -92,9 +48,7 @@ fn cpu_time() -> Duration {
     Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
-fn live_bytes() -> isize {
-    LIVE_BYTES.load(Ordering::Relaxed)
-}
+use ferrolb_testkit::heap::live_bytes;
 
 fn pool(cidr: &str) -> Pool {
     let name = format!("pool-{}", cidr.replace(['/', ':', '.'], "-"));
@@ -164,7 +118,7 @@ fn memory_of(cidr: &str, n: usize) -> (isize, usize) {
 /// Prints the allocator's memory. Everything measured is allocated and freed while counting is
 /// on, so the differences are exact.
 fn report_memory() {
-    COUNTING.store(true, Ordering::Relaxed);
+    ferrolb_testkit::heap::start();
     println!("== allocator heap memory (counting global allocator, requests dropped) ==");
     for cidr in ["10.0.0.0/8", "fd00::/64", "::/0"] {
         let before = live_bytes();
@@ -203,7 +157,7 @@ fn report_memory() {
         a.free_space_intervals()
     );
     drop(a);
-    COUNTING.store(false, Ordering::Relaxed);
+    ferrolb_testkit::heap::stop();
     println!();
 }
 

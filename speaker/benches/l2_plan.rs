@@ -14,9 +14,6 @@
 //! Run: `cargo bench -p ferrolb-speaker --bench l2_plan -- --warm-up-time 1 --measurement-time 3`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
-
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -30,61 +27,11 @@ use ferrolb_speaker::l2::plan::{self, Inputs};
 use ferrolb_speaker::l2::planner::Planner;
 use ferrolb_speaker::service_views::{Changed, ViewMap};
 use ferrolb_speaker::view::{NodeView, ServiceObject, ServiceView, SliceObject};
+use ferrolb_testkit::heap;
 use ferrolb_testkit::model::pool;
 
-/// Counts live heap bytes while [`COUNTING`] is on.
-struct Counting;
-
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-/// Counting is on only while memory is measured, so that timings carry no counting overhead.
-static COUNTING: AtomicBool = AtomicBool::new(false);
-
-fn count(delta: isize) {
-    if COUNTING.load(Ordering::Relaxed) {
-        LIVE_BYTES.fetch_add(delta, Ordering::Relaxed);
-    }
-}
-
-// The workspace denies unsafe code; a global allocator cannot be written without it. It only
-// forwards to the system allocator and counts.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// The heap bytes `make` leaves allocated (its result kept until counted).
-fn heap<T>(make: impl FnOnce() -> T) -> (T, isize) {
-    LIVE_BYTES.store(0, Ordering::Relaxed);
-    COUNTING.store(true, Ordering::Relaxed);
-    let value = make();
-    COUNTING.store(false, Ordering::Relaxed);
-    (value, LIVE_BYTES.load(Ordering::Relaxed))
-}
+static HEAP: ferrolb_testkit::heap::Counting = ferrolb_testkit::heap::Counting;
 
 /// Prints the heap of the views and of the planner over them (the views are shared with the
 /// planner, so its figure is what it adds).
@@ -94,13 +41,13 @@ fn memory(node_counts: &[u32], service_counts: &[u32]) {
         let (nodes, members) = cluster(n);
         for &s in service_counts {
             let views = services(s, n);
-            let (map, views_bytes) = heap(|| -> ViewMap {
+            let (map, views_bytes) = heap::measure(|| -> ViewMap {
                 views
                     .iter()
                     .map(|v| (v.key.clone(), Arc::new(v.clone())))
                     .collect()
             });
-            let (planner, planner_bytes) = heap(|| {
+            let (planner, planner_bytes) = heap::measure(|| {
                 let mut planner = Planner::new("node-00000");
                 planner.update(&config, nodes.clone(), members.clone(), &map, &Changed::All);
                 planner

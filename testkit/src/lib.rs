@@ -15,6 +15,7 @@
 #![allow(clippy::expect_used)]
 
 pub mod frr;
+pub mod heap;
 pub mod model;
 pub mod netns;
 pub mod objects;
