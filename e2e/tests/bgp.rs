@@ -474,7 +474,12 @@ async fn graceful_restart_keeps_paths_through_a_speaker_restart(ctx: Ctx) -> any
                 look == 0 || stale == BTreeSet::from(["node3".to_string()]),
                 "look {look}: stale paths {stale:?}, want node3's only"
             );
-            http_from_ext(lab, &ip).with_context(|| format!("look {look}: HTTP through {ip}"))?;
+            if let Err(e) = http_from_ext(lab, &ip) {
+                // It failed once in CI (look 9 of 10, a 3 s timeout) with every path still in
+                // the router's table: say where the packets went.
+                let path = data_path(lab, &ip);
+                return Err(e.context(format!("look {look}: HTTP through {ip}; {path}")));
+            }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         ctx.speakers.start("node3")?;
@@ -507,6 +512,50 @@ async fn graceful_restart_keeps_paths_through_a_speaker_restart(ctx: Ctx) -> any
     .await;
     outcome?;
     restored
+}
+
+/// Where traffic to `ip` from the external client goes, for a failure's message: the router's
+/// route and the next hop it picks, and on each node the kube-proxy rules that name the IP and
+/// the connections tracked to it.
+fn data_path(lab: &Lab, ip: &str) -> String {
+    let show = |host: &str, program: &str, args: &[&str]| {
+        lab.exec(host, program, args)
+            .map(|out| out.trim().replace('\n', " | "))
+            .unwrap_or_else(|e| format!("({e:#})"))
+    };
+    // The next hop the router picks for the client's packets, as they arrive from its side.
+    let ext = lab
+        .ipv4_of("ext")
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let towards_ext = show("router", "ip", &["-o", "-4", "route", "get", &ext]);
+    let dev = towards_ext
+        .split_whitespace()
+        .skip_while(|w| *w != "dev")
+        .nth(1)
+        .unwrap_or_default();
+    let mut out = format!(
+        "router route: {}; router picks: {}",
+        show(
+            "router",
+            "ip",
+            &["-4", "route", "show", &format!("{ip}/32")]
+        ),
+        show(
+            "router",
+            "ip",
+            &["-4", "route", "get", ip, "from", &ext, "iif", dev]
+        ),
+    );
+    for node in NODES {
+        let rules = show(node, "iptables-save", &["-t", "nat"]);
+        let naming = rules.matches(ip).count();
+        let tracked = show(node, "conntrack", &["-L", "-d", ip]);
+        out.push_str(&format!(
+            "; {node}: {naming} nat rule(s) name {ip}, conntrack: {tracked}"
+        ));
+    }
+    out
 }
 
 /// Whether the ServiceBGPStatus `name` exists.
