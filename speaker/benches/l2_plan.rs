@@ -168,16 +168,8 @@ fn views(c: &mut Criterion, service_counts: &[u32]) {
             })
             .collect();
         // Reduced as the watches reduce them on arrival.
-        let svcs: Vec<_> = svcs
-            .iter()
-            .filter_map(|s| ServiceObject::reduce(s, None))
-            .map(Arc::new)
-            .collect();
-        let slices: Vec<_> = slices
-            .iter()
-            .filter_map(|s| SliceObject::reduce(s))
-            .map(Arc::new)
-            .collect();
+        let svcs = ServiceObject::reduce_all(&svcs, None);
+        let slices = SliceObject::reduce_all(&slices);
         group.bench_function(BenchmarkId::from_parameter(s), |b| {
             b.iter(|| black_box(ferrolb_speaker::l2::step::views(&svcs, &slices)))
         });

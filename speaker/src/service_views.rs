@@ -150,16 +150,10 @@ mod tests {
 
     impl Source for Caches {
         fn services(&self) -> Vec<Arc<ServiceObject>> {
-            let kept = self.services.iter();
-            kept.filter_map(|s| ServiceObject::reduce(s, None))
-                .map(Arc::new)
-                .collect()
+            ServiceObject::reduce_all(&self.services, None)
         }
         fn slices(&self) -> Vec<Arc<SliceObject>> {
-            let kept = self.slices.iter();
-            kept.filter_map(|s| SliceObject::reduce(s))
-                .map(Arc::new)
-                .collect()
+            SliceObject::reduce_all(&self.slices)
         }
     }
 

@@ -96,6 +96,13 @@ impl ServiceObject {
             local_traffic,
         })
     }
+
+    /// What the speaker keeps of each of `services` (for a test or bench that holds whole
+    /// objects, as the watch would see them).
+    pub fn reduce_all(services: &[Arc<Service>], lb_class: Option<&str>) -> Vec<Arc<Self>> {
+        let kept = services.iter().filter_map(|s| Self::reduce(s, lb_class));
+        kept.map(Arc::new).collect()
+    }
 }
 
 /// What the speaker keeps of an EndpointSlice with a serving endpoint: its Service and where
@@ -134,6 +141,12 @@ impl SliceObject {
             serving_nodes,
             any_serving,
         })
+    }
+
+    /// What the speaker keeps of each of `slices` (see [`ServiceObject::reduce_all`]).
+    pub fn reduce_all(slices: &[Arc<EndpointSlice>]) -> Vec<Arc<Self>> {
+        let kept = slices.iter().filter_map(|s| Self::reduce(s));
+        kept.map(Arc::new).collect()
     }
 }
 

@@ -298,16 +298,10 @@ metadata: {name: l2, namespace: metallb-system}
 
     impl Source for Fake {
         fn services(&self) -> Vec<Arc<ServiceObject>> {
-            let kept = self.services.iter();
-            kept.filter_map(|s| ServiceObject::reduce(s, None))
-                .map(Arc::new)
-                .collect()
+            ServiceObject::reduce_all(&self.services, None)
         }
         fn slices(&self) -> Vec<Arc<SliceObject>> {
-            let kept = self.slices.iter();
-            kept.filter_map(|s| SliceObject::reduce(s))
-                .map(Arc::new)
-                .collect()
+            SliceObject::reduce_all(&self.slices)
         }
         fn take_changed(&self) -> Changed {
             self.changed.replace(Changed::Keys(BTreeSet::new()))
