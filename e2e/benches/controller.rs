@@ -123,47 +123,9 @@ async fn start_serving(
     Ok(controller)
 }
 
-/// The lab's kube-proxies, stopped (SIGSTOP) until dropped.
-struct PausedKubeProxies(Vec<i32>);
-
-impl PausedKubeProxies {
-    fn pause(lab: &Lab) -> Self {
-        let pids: Vec<i32> = State::load(&lab.dir)
-            .ok()
-            .flatten()
-            .map(|s| {
-                s.processes
-                    .into_iter()
-                    .filter(|p| p.name.starts_with("kube-proxy"))
-                    .map(|p| p.pid)
-                    .collect()
-            })
-            .unwrap_or_default();
-        for pid in &pids {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid),
-                nix::sys::signal::Signal::SIGSTOP,
-            );
-        }
-        println!("kube-proxy: {} paused for the run", pids.len());
-        Self(pids)
-    }
-}
-
-impl Drop for PausedKubeProxies {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid),
-                nix::sys::signal::Signal::SIGCONT,
-            );
-        }
-    }
-}
-
 async fn bench(lab: &Lab) -> anyhow::Result<()> {
     let _paused = (std::env::var("FERROLB_BENCH_KUBE_PROXY").as_deref() != Ok("run"))
-        .then(|| PausedKubeProxies::pause(lab));
+        .then(|| ferrolb_e2e::bench::PausedKubeProxies::pause(lab));
     let kubeconfig = ferrolb::install(lab)?;
     let scope = TestScope::new(lab, "bench-controller").await?;
     lab.apply(&format!(

@@ -160,7 +160,7 @@ async fn measure(
         .map(|n| read_counters(lab, n))
         .collect::<anyhow::Result<_>>()?;
     let cpu_before = cpu_ticks(deployment);
-    let watch_before = watch_events(&client).await?;
+    let watch_before = all_watch_events(&client).await?;
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let elapsed = started.elapsed().as_secs_f64();
@@ -169,7 +169,7 @@ async fn measure(
         .map(|n| read_counters(lab, n))
         .collect::<anyhow::Result<_>>()?;
     let cpu_after = cpu_ticks(deployment);
-    let watch_after = watch_events(&client).await?;
+    let watch_after = all_watch_events(&client).await?;
     let per_node: Vec<(f64, f64)> = counters_before
         .iter()
         .zip(&counters_after)
@@ -296,25 +296,14 @@ fn cpu_ticks(deployment: &Deployment) -> BTreeMap<String, u64> {
         .speakers
         .pids()
         .into_iter()
-        .filter_map(|(node, pid)| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // Fields after the command name, which is in parentheses and may hold spaces.
-            let rest = stat.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let utime: u64 = f.get(11)?.parse().ok()?;
-            let stime: u64 = f.get(12)?.parse().ok()?;
-            Some((node, utime + stime))
-        })
+        .filter_map(|(node, pid)| Some((node, ferrolb_e2e::bench::cpu_ticks(pid)?)))
         .collect()
 }
 
 /// The API server's watch events so far, all resources.
-async fn watch_events(client: &kube::Client) -> anyhow::Result<f64> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let page = client.request_text(request).await?;
-    Ok(page
-        .lines()
-        .filter(|l| l.starts_with("apiserver_watch_events_total{"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+async fn all_watch_events(client: &kube::Client) -> anyhow::Result<f64> {
+    Ok(ferrolb_e2e::apiserver_metrics::watch_events(client)
+        .await?
+        .values()
         .sum())
 }

@@ -32,35 +32,50 @@ pub type Requests = BTreeMap<(String, String), f64>;
 /// Parses the `apiserver_request_total` samples of a metrics page into [`Requests`].
 pub fn parse_requests(page: &str) -> Requests {
     let mut requests = Requests::new();
-    for line in page.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels.split(',').find_map(|pair| {
-                let (k, v) = pair.split_once('=')?;
-                (k == name).then(|| v.trim_matches('"').to_string())
-            })
-        };
-        let verb = label("verb").unwrap_or_default();
-        let group = label("group").filter(|g| !g.is_empty());
+    for (labels, value) in samples(page, "apiserver_request_total") {
+        let verb = labels.get("verb").unwrap_or_default();
         let mut what = format!(
             "{}/{}",
-            group.as_deref().unwrap_or("core"),
-            label("resource").unwrap_or_default()
+            labels.group(),
+            labels.get("resource").unwrap_or_default()
         );
-        if let Some(sub) = label("subresource").filter(|s| !s.is_empty()) {
+        if let Some(sub) = labels.get("subresource").filter(|s| !s.is_empty()) {
             what = format!("{what}/{sub}");
         }
         *requests.entry((verb, what)).or_default() += value;
     }
     requests
+}
+
+/// The label set of one sample, as written on the metrics page.
+struct Labels<'a>(&'a str);
+
+impl Labels<'_> {
+    /// The value of label `name`.
+    fn get(&self, name: &str) -> Option<String> {
+        self.0.split(',').find_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            (k == name).then(|| v.trim_matches('"').to_string())
+        })
+    }
+
+    /// The API group, `core` for the core group.
+    fn group(&self) -> String {
+        self.get("group")
+            .filter(|g| !g.is_empty())
+            .unwrap_or_else(|| "core".to_string())
+    }
+}
+
+/// The samples of counter `metric` on a metrics page, with their labels.
+fn samples<'a>(page: &'a str, metric: &str) -> Vec<(Labels<'a>, f64)> {
+    let prefix = format!("{metric}{{");
+    page.lines()
+        .filter_map(|line| {
+            let (labels, value) = line.strip_prefix(&prefix)?.rsplit_once("} ")?;
+            Some((Labels(labels), value.trim().parse::<f64>().ok()?))
+        })
+        .collect()
 }
 
 /// The API server's request counters now, reads included.
@@ -83,6 +98,45 @@ pub fn per_minute(before: &Writes, after: &Writes, seconds: f64) -> Writes {
             let d = n - before.get(what).copied().unwrap_or(0.0);
             (d > 0.0).then(|| (what.clone(), d * 60.0 / seconds.max(1e-9)))
         })
+        .collect()
+}
+
+/// Watch events the API server has sent so far, per kind (`group/kind`, `core` for the core
+/// group, from `apiserver_watch_events_total`), summed over versions.
+pub type WatchEvents = BTreeMap<String, f64>;
+
+/// Parses the `apiserver_watch_events_total` samples of a metrics page into [`WatchEvents`].
+/// The kind's label is `kind` up to Kubernetes 1.32 and `resource` after.
+pub fn parse_watch_events(page: &str) -> WatchEvents {
+    let mut events = WatchEvents::new();
+    for (labels, value) in samples(page, "apiserver_watch_events_total") {
+        let kind = labels
+            .get("resource")
+            .or_else(|| labels.get("kind"))
+            .unwrap_or_default();
+        *events
+            .entry(format!("{}/{kind}", labels.group()))
+            .or_default() += value;
+    }
+    events
+}
+
+/// The API server's watch event counters now.
+pub async fn watch_events(client: &kube::Client) -> anyhow::Result<WatchEvents> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(parse_watch_events(&client.request_text(request).await?))
+}
+
+/// The change of each counter between two readings, per second over `seconds`, leaving out
+/// those that did not grow.
+pub fn per_second(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    seconds: f64,
+) -> BTreeMap<String, f64> {
+    per_minute(before, after, seconds)
+        .into_iter()
+        .map(|(k, v)| (k, v / 60.0))
         .collect()
 }
 
@@ -145,6 +199,22 @@ apiserver_request_duration_seconds_bucket{verb="PUT",le="0.1"} 5
             Writes::from([
                 ("core/events".to_string(), 12.0),
                 ("metallb.io/servicel2statuses".to_string(), 4.0),
+            ])
+        );
+    }
+
+    #[test]
+    fn counts_watch_events_per_kind_under_either_label() {
+        let page = r#"apiserver_watch_events_total{group="",kind="Node",version="v1"} 5
+apiserver_watch_events_total{group="coordination.k8s.io",resource="leases",version="v1"} 7
+apiserver_watch_events_total{group="coordination.k8s.io",resource="leases",version="v1beta1"} 1
+apiserver_watch_events_sizes_bucket{group="",kind="Node",version="v1",le="1024"} 3
+"#;
+        assert_eq!(
+            parse_watch_events(page),
+            WatchEvents::from([
+                ("core/Node".to_string(), 5.0),
+                ("coordination.k8s.io/leases".to_string(), 8.0),
             ])
         );
     }

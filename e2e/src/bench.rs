@@ -363,6 +363,64 @@ pub fn mib(bytes: Option<u64>) -> f64 {
     bytes.unwrap_or(0) as f64 / 1048576.0
 }
 
+/// CPU time a process's live threads have run, in nanoseconds (the first field of each
+/// `/proc/PID/task/TID/schedstat`): [`cpu_ticks`]'s 10 ms steps are too coarse to time one
+/// change. A thread that exited takes its time with it, so read it over short windows.
+pub fn cpu_ns(pid: i32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
+}
+
+/// The lab's kube-proxies, stopped (SIGSTOP) until dropped.
+pub struct PausedKubeProxies(Vec<i32>);
+
+impl PausedKubeProxies {
+    /// Stops every kube-proxy of the lab's state.
+    pub fn pause(lab: &Lab) -> Self {
+        let pids: Vec<i32> = crate::lab::State::load(&lab.dir)
+            .ok()
+            .flatten()
+            .map(|s| {
+                s.processes
+                    .into_iter()
+                    .filter(|p| p.name.starts_with("kube-proxy"))
+                    .map(|p| p.pid)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGSTOP,
+            );
+        }
+        println!("kube-proxy: {} paused for the run", pids.len());
+        Self(pids)
+    }
+}
+
+impl Drop for PausedKubeProxies {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -28,6 +28,7 @@ pub mod process;
 pub mod router;
 pub mod scope;
 pub mod service;
+pub mod simulated_nodes;
 pub mod suite;
 pub mod topology;
 
