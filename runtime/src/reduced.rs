@@ -65,35 +65,51 @@ impl<Q: Hash + Eq + Clone, V> Reduced<Q, V> {
     /// Applies one watch event: an object applied or deleted, or a step of a (re-)list,
     /// whose objects replace the whole cache once it is complete, as a reflector's do (a
     /// list after a gap must drop what was deleted in the gap). `list` holds the list being
-    /// read.
+    /// read. Returns whether the event can matter to a reader: an applied or deleted object
+    /// whose reduction changed, a listed object kept, or the end of a list.
     fn apply<K>(
         &self,
         event: &Event<K>,
         list: &mut Option<HashMap<Q, Arc<V>>>,
         key: &impl Fn(&K) -> Q,
         reduce: &mut impl FnMut(&K) -> Option<V>,
-    ) {
+    ) -> bool
+    where
+        V: PartialEq,
+    {
         match event {
             Event::Apply(o) => {
                 let k = key(o);
                 match reduce(o) {
-                    Some(v) => self.write(|map| map.insert(k, Arc::new(v))),
-                    None => self.write(|map| map.remove(&k)),
-                };
+                    Some(v) => self.write(|map| match map.get(&k) {
+                        Some(old) if **old == v => false,
+                        _ => {
+                            map.insert(k, Arc::new(v));
+                            true
+                        }
+                    }),
+                    None => self.write(|map| map.remove(&k).is_some()),
+                }
             }
             Event::Delete(o) => {
                 let k = key(o);
-                self.write(|map| map.remove(&k));
+                self.write(|map| map.remove(&k).is_some())
             }
-            Event::Init => *list = Some(HashMap::new()),
-            Event::InitApply(o) => {
-                if let Some(v) = reduce(o) {
+            Event::Init => {
+                *list = Some(HashMap::new());
+                false
+            }
+            Event::InitApply(o) => match reduce(o) {
+                Some(v) => {
                     list.get_or_insert_default().insert(key(o), Arc::new(v));
+                    true
                 }
-            }
+                None => false,
+            },
             Event::InitDone => {
                 let listed = list.take().unwrap_or_default();
                 self.write(|map| *map = listed);
+                true
             }
         }
     }
@@ -101,9 +117,11 @@ impl<Q: Hash + Eq + Clone, V> Reduced<Q, V> {
 
 /// Watches `stream` into a new reduced cache: each object is kept as `reduce` of it under
 /// `key` of it, or not at all when `reduce` gives `None` (and a value kept for an earlier
-/// version goes). Calls `on` after each change, with the whole object, once the cache holds
-/// the result. A failed watch is logged and retried with backoff; the task ends when `on`
-/// returns `false`.
+/// version goes). Calls `on` once the cache holds the result of an event that can matter to a
+/// reader: with the whole object when its reduction changed (an object whose reduction stays
+/// the same, or stays nothing, calls nothing: most of a cluster's Service and EndpointSlice
+/// updates), and at the end of each list. A failed watch is logged and retried with backoff;
+/// the task ends when `on` returns `false`.
 pub fn reflect_reduced<K, Q, V, S>(
     stream: S,
     kind: &'static str,
@@ -114,7 +132,7 @@ pub fn reflect_reduced<K, Q, V, S>(
 where
     K: Send + 'static,
     Q: Hash + Eq + Clone + Send + Sync + 'static,
-    V: Send + Sync + 'static,
+    V: PartialEq + Send + Sync + 'static,
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {
     let cache = Reduced::default();
@@ -131,7 +149,9 @@ where
                     continue;
                 }
             };
-            writer.apply(&event, &mut list, &key, &mut reduce);
+            if !writer.apply(&event, &mut list, &key, &mut reduce) {
+                continue;
+            }
             let go_on = match &event {
                 Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => on(Change::Object(o)),
                 Event::InitDone => on(Change::Listed),
@@ -158,10 +178,10 @@ mod tests {
         cache: &Reduced<&'static str, u32>,
         list: &mut Option<HashMap<&'static str, Arc<u32>>>,
         event: Event<Obj>,
-    ) {
+    ) -> bool {
         cache.apply(&event, list, &|o: &Obj| o.0, &mut |o: &Obj| {
             o.1.is_multiple_of(2).then_some(o.1)
-        });
+        })
     }
 
     fn kept(cache: &Reduced<&'static str, u32>) -> Vec<(&'static str, u32)> {
@@ -199,5 +219,29 @@ mod tests {
         assert_eq!(kept(&cache), [("gone", 2), ("stays", 2)]);
         apply(&cache, &mut list, Event::InitDone);
         assert_eq!(kept(&cache), [("new", 8), ("stays", 6)]);
+    }
+
+    #[test]
+    fn only_an_event_that_changes_what_is_kept_matters() {
+        let cache = Reduced::default();
+        let mut list = None;
+        assert!(apply(&cache, &mut list, Event::Apply(("a", 2))));
+        // The same reduction again (another field of the object changed): nothing to do.
+        assert!(!apply(&cache, &mut list, Event::Apply(("a", 2))));
+        assert!(apply(&cache, &mut list, Event::Apply(("a", 4))));
+        // Objects that reduce to nothing, before and after: nothing to do.
+        assert!(!apply(&cache, &mut list, Event::Apply(("b", 3))));
+        assert!(!apply(&cache, &mut list, Event::Apply(("b", 5))));
+        assert!(!apply(&cache, &mut list, Event::Delete(("b", 5))));
+        // Kept, then no longer: that matters, as does its delete while kept.
+        assert!(apply(&cache, &mut list, Event::Apply(("a", 7))));
+        assert!(apply(&cache, &mut list, Event::Apply(("a", 8))));
+        assert!(apply(&cache, &mut list, Event::Delete(("a", 8))));
+        // A list: its kept objects and its end matter (the end replaces the cache).
+        assert!(!apply(&cache, &mut list, Event::Init));
+        assert!(!apply(&cache, &mut list, Event::InitApply(("c", 9))));
+        assert!(apply(&cache, &mut list, Event::InitApply(("d", 10))));
+        assert!(apply(&cache, &mut list, Event::InitDone));
+        assert_eq!(kept(&cache), [("d", 10)]);
     }
 }

@@ -267,7 +267,9 @@ where
 }
 
 /// Watches every `K` of the cluster into a reduced cache: `reduce` says what is kept of each
-/// object (nothing, for most). `observe` hears each change before the loop is woken.
+/// object (nothing, for most). `observe` hears each change before the loop is woken; an event
+/// that leaves the kept value as it was (most Service and EndpointSlice updates of a cluster
+/// concern nothing the speaker keeps) wakes nothing.
 fn watch_reduced<K, V>(
     api: Api<K>,
     kind: &'static str,
@@ -278,7 +280,7 @@ fn watch_reduced<K, V>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
-    V: Send + Sync + 'static,
+    V: PartialEq + Send + Sync + 'static,
 {
     let wake = wake.clone();
     let mut counted = false;
