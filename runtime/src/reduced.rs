@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::{Stream, StreamExt};
@@ -23,12 +24,15 @@ use crate::watch::{Change, Continue, WatchBackoff};
 #[derive(Debug)]
 pub struct Reduced<Q, V> {
     map: Arc<RwLock<HashMap<Q, Arc<V>>>>,
+    /// Counts the changes to `map`, bumped under its write lock.
+    generation: Arc<AtomicU64>,
 }
 
 impl<Q, V> Clone for Reduced<Q, V> {
     fn clone(&self) -> Self {
         Self {
             map: self.map.clone(),
+            generation: self.generation.clone(),
         }
     }
 }
@@ -37,6 +41,7 @@ impl<Q: Hash + Eq, V> Default for Reduced<Q, V> {
     fn default() -> Self {
         Self {
             map: Arc::default(),
+            generation: Arc::default(),
         }
     }
 }
@@ -52,14 +57,28 @@ impl<Q: Hash + Eq + Clone, V> Reduced<Q, V> {
         self.read(|map| map.values().cloned().collect())
     }
 
+    /// A number that changes whenever the kept values do: a reader that reads it before the
+    /// values and finds it equal to an earlier reading has the same values as then, and
+    /// need not read them again (a speaker checks its Nodes every heartbeat interval).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     fn read<T>(&self, f: impl FnOnce(&HashMap<Q, Arc<V>>) -> T) -> T {
         // A panic while the lock was held cannot leave the map half-changed: each write is
         // one insert, remove or swap.
         f(&self.map.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    fn write<T>(&self, f: impl FnOnce(&mut HashMap<Q, Arc<V>>) -> T) -> T {
-        f(&mut self.map.write().unwrap_or_else(PoisonError::into_inner))
+    /// Runs `f` on the map; when it returns true (it changed the map), bumps the generation
+    /// before the lock is released, so a reader that sees the new generation sees the change.
+    fn write(&self, f: impl FnOnce(&mut HashMap<Q, Arc<V>>) -> bool) -> bool {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = f(&mut map);
+        if changed {
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        changed
     }
 
     /// Applies one watch event: an object applied or deleted, or a step of a (re-)list,
@@ -108,8 +127,10 @@ impl<Q: Hash + Eq + Clone, V> Reduced<Q, V> {
             },
             Event::InitDone => {
                 let listed = list.take().unwrap_or_default();
-                self.write(|map| *map = listed);
-                true
+                self.write(|map| {
+                    *map = listed;
+                    true
+                })
             }
         }
     }
@@ -243,5 +264,28 @@ mod tests {
         assert!(apply(&cache, &mut list, Event::InitApply(("d", 10))));
         assert!(apply(&cache, &mut list, Event::InitDone));
         assert_eq!(kept(&cache), [("d", 10)]);
+    }
+
+    #[test]
+    fn the_generation_moves_with_every_change_and_only_then() {
+        let cache = Reduced::default();
+        let mut list = None;
+        let g0 = cache.generation();
+        apply(&cache, &mut list, Event::Apply(("a", 2)));
+        let g1 = cache.generation();
+        assert_ne!(g0, g1);
+        apply(&cache, &mut list, Event::Apply(("a", 2)));
+        apply(&cache, &mut list, Event::Apply(("b", 3)));
+        apply(&cache, &mut list, Event::Delete(("b", 3)));
+        assert_eq!(cache.generation(), g1, "nothing kept changed");
+        apply(&cache, &mut list, Event::Delete(("a", 2)));
+        let g2 = cache.generation();
+        assert_ne!(g2, g1);
+        // A list changes the cache when it completes, not before.
+        apply(&cache, &mut list, Event::Init);
+        apply(&cache, &mut list, Event::InitApply(("c", 4)));
+        assert_eq!(cache.generation(), g2);
+        apply(&cache, &mut list, Event::InitDone);
+        assert_ne!(cache.generation(), g2);
     }
 }

@@ -26,7 +26,7 @@ use ferrolb_layer2::liveness::Member;
 use ferrolb_speaker::l2::plan::{self, Inputs};
 use ferrolb_speaker::l2::planner::Planner;
 use ferrolb_speaker::service_views::{Changed, ViewMap};
-use ferrolb_speaker::view::{NodeView, ServiceObject, ServiceView, SliceObject};
+use ferrolb_speaker::view::{NodeMap, NodeView, ServiceObject, ServiceView, SliceObject};
 use ferrolb_testkit::heap;
 use ferrolb_testkit::model::pool;
 
@@ -85,9 +85,10 @@ fn name(i: u32) -> String {
     format!("node-{i:05}")
 }
 
-/// `n` nodes, every one a live speaker with eth0.
-fn cluster(n: u32) -> (BTreeMap<String, NodeView>, BTreeMap<String, Member>) {
-    let nodes = (0..n)
+/// `n` nodes, every one a live speaker with eth0. The Nodes come shared, as the speaker's Node
+/// cache hands them to the planner while none changes.
+fn cluster(n: u32) -> (Arc<NodeMap>, BTreeMap<String, Member>) {
+    let nodes: NodeMap = (0..n)
         .map(|i| {
             let view = NodeView {
                 name: name(i),
@@ -105,7 +106,7 @@ fn cluster(n: u32) -> (BTreeMap<String, NodeView>, BTreeMap<String, Member>) {
             (name(i), member)
         })
         .collect();
-    (nodes, members)
+    (Arc::new(nodes), members)
 }
 
 /// `s` dual-stack Services, one in ten with `externalTrafficPolicy: Local` and endpoints on

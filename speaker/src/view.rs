@@ -11,9 +11,8 @@ use std::sync::Arc;
 
 use ferrolb_config::allocator::{ServiceKey, is_ours};
 use ferrolb_config::selector::Labels;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Label that keeps a node out of every announcement (a Kubernetes well-known label).
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -200,6 +199,9 @@ pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceKey> {
     ))
 }
 
+/// The Nodes by name.
+pub type NodeMap = std::collections::BTreeMap<String, NodeView>;
+
 /// A node as planning sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeView {
@@ -248,41 +250,18 @@ impl NodeView {
         }
     }
 
+    /// What the speaker keeps of a Node (its watch cache holds this, not the Node): nothing
+    /// for a Node without a name. Images, capacity, node info, the spec and the conditions'
+    /// times are most of a Node and change on their own; a kubelet's status update that
+    /// changes none of this leaves the view equal, and wakes nothing.
+    pub fn reduce(node: &Node) -> Option<Self> {
+        node.metadata.name.is_some().then(|| Self::from_node(node))
+    }
+
     /// Whether the node may attract traffic at all (condition and exclusion label).
     pub fn may_announce(&self) -> bool {
         !self.network_unavailable && !self.excluded
     }
-}
-
-/// Keeps of a Node only what planning and validation read: name and labels, the
-/// `NetworkUnavailable` condition, and its InternalIPs and ExternalIPs (images, capacity, node
-/// info and the spec go: they are most of a Node).
-pub fn trim_node(node: &mut Node) {
-    let meta = &mut node.metadata;
-    node.metadata = ObjectMeta {
-        name: meta.name.take(),
-        labels: meta.labels.take(),
-        ..ObjectMeta::default()
-    };
-    node.spec = None;
-    node.status = node.status.take().map(|status| NodeStatus {
-        conditions: status.conditions.map(|c| {
-            c.into_iter()
-                .filter(|c| c.type_ == "NetworkUnavailable")
-                .map(|c| NodeCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..NodeCondition::default()
-                })
-                .collect()
-        }),
-        addresses: status.addresses.map(|a| {
-            a.into_iter()
-                .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-                .collect()
-        }),
-        ..NodeStatus::default()
-    });
 }
 
 #[cfg(test)]
@@ -415,7 +394,7 @@ mod tests {
     }
 
     #[test]
-    fn planning_reads_the_same_from_trimmed_nodes() {
+    fn a_node_reduces_to_what_planning_and_validation_read() {
         let node = objects::node("n1")
             .labels([(EXCLUDE_LABEL, ""), ("zone", "a")])
             .annotation("a", "b")
@@ -436,9 +415,43 @@ mod tests {
                 n.status.get_or_insert_default().images = Some(vec![image]);
             })
             .build();
-        let mut trimmed = node.clone();
-        trim_node(&mut trimmed);
-        assert_eq!(NodeView::from_node(&trimmed), NodeView::from_node(&node));
-        assert!(trimmed.spec.is_none() && trimmed.status.as_ref().unwrap().images.is_none());
+        // What a kubelet rewrites on its own (heartbeat times, images) leaves the view equal.
+        let mut later = node.clone();
+        later.status.as_mut().unwrap().images = None;
+        for c in later
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .iter_mut()
+            .flatten()
+        {
+            c.last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        }
+        later.metadata.annotations = None;
+        assert_eq!(NodeView::reduce(&later), NodeView::reduce(&node));
+        let view = NodeView::reduce(&node).unwrap();
+        assert_eq!(view.name, "n1");
+        assert!(view.excluded && view.network_unavailable);
+        assert_eq!(
+            view.addresses,
+            [
+                "198.18.0.11".parse::<IpAddr>().unwrap(),
+                "203.0.113.1".parse().unwrap()
+            ]
+        );
+        // A new label is a new view.
+        later
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("rack".into(), "r1".into());
+        assert_ne!(NodeView::reduce(&later), NodeView::reduce(&node));
+        let mut nameless = node.clone();
+        nameless.metadata.name = None;
+        assert_eq!(NodeView::reduce(&nameless), None);
     }
 }

@@ -1,7 +1,7 @@
-//! Watches of the objects the speaker plans from, cached in reflector stores, or, for Services
-//! and EndpointSlices (every one of the cluster), in reduced caches that keep only what
-//! planning reads of those that concern the speaker. Every change wakes the work loop;
-//! configuration changes also mark the configuration for re-validation.
+//! Watches of the objects the speaker plans from, cached in reflector stores, or, for Nodes,
+//! Services and EndpointSlices (every one of the cluster), in reduced caches that keep only
+//! what planning reads of those that concern the speaker. A change of what is kept wakes the
+//! work loop; configuration and Node changes also mark the configuration for re-validation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::l2::presence::selector;
 use crate::service_views::Changed;
-use crate::view::{ServiceObject, SliceObject, slice_service, trim_node};
+use crate::view::{NodeView, ServiceObject, SliceObject, slice_service};
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_config::model::{Config, PeerPassword};
 use ferrolb_config::validate::{NodeInfo, Validated};
@@ -43,8 +43,8 @@ pub struct Stores {
     pub services: Reduced<ServiceKey, ServiceObject>,
     /// EndpointSlices that name a Service, reduced ([`SliceObject`]).
     pub slices: Reduced<SliceKey, SliceObject>,
-    /// Nodes.
-    pub nodes: Store<Node>,
+    /// Nodes, reduced ([`NodeView`]), by name.
+    pub nodes: Reduced<String, NodeView>,
     /// The Secrets BGPPeers name (`passwordSecret`), holding only the `password` key.
     pub secrets: NamedSecrets,
     /// The speakers' presence Leases (not watched with `--membership=voters`, whose presence
@@ -122,7 +122,10 @@ impl Stores {
             .nodes
             .state()
             .iter()
-            .map(|n| NodeInfo::from_metadata(&n.metadata))
+            .map(|n| NodeInfo {
+                name: n.name.clone(),
+                labels: n.labels.clone(),
+            })
             .collect();
         self.config.validate(&self.config.objects(namespace, nodes))
     }
@@ -168,16 +171,6 @@ impl Wake {
             self.config_dirty.store(true, Ordering::Relaxed);
         }
     }
-}
-
-/// What a change of a watched kind does to the work loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OnChange {
-    /// Wakes a step that re-validates the configuration first (Node labels select
-    /// advertisements).
-    StepAndConfig,
-    /// Nothing: the periodic check reads it ([`Wake::counted`]).
-    Quiet,
 }
 
 /// Which Services the watches saw change, and the EndpointSlices seen for each.
@@ -230,17 +223,14 @@ impl ServiceChanges {
     }
 }
 
-/// Watches every `K` (of a namespace, or of the cluster) into a cache, trimming each object
-/// (`managedFields` always: the speaker never reads them, and they are about half an object).
-/// `observe` hears each change before the loop is woken.
-fn watch<K>(
+/// Watches the `K` that `selector` picks in `api` into a cache (without `managedFields`: the
+/// speaker never reads them, and they are about half an object). Its changes wake nothing but
+/// its first list ([`Wake::counted`]): the periodic check reads the cache.
+fn watch_quietly<K>(
     api: Api<K>,
     selector: watcher::Config,
     kind: &'static str,
     wake: &Wake,
-    on_change: OnChange,
-    trim: fn(&mut K),
-    mut observe: impl FnMut(&Change<'_, K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -251,56 +241,50 @@ where
     reflect(
         watcher(api, selector),
         kind,
-        move |o: &mut K| {
-            o.meta_mut().managed_fields = None;
-            trim(o);
-        },
+        |o: &mut K| o.meta_mut().managed_fields = None,
         move |change| {
-            observe(&change);
             let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
-            match on_change {
-                OnChange::StepAndConfig => wake.heard(first, true),
-                OnChange::Quiet => wake.counted(first),
-            }
+            wake.counted(first)
         },
+    )
+}
+
+/// The namespace and name of a namespaced object, as a Service's key.
+fn service_key<K: Resource>(o: &K) -> ServiceKey {
+    let meta = o.meta();
+    ServiceKey::new(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
     )
 }
 
 /// Watches every `K` of the cluster into a reduced cache: `reduce` says what is kept of each
 /// object (nothing, for most). `observe` hears each change before the loop is woken; an event
 /// that leaves the kept value as it was (most Service and EndpointSlice updates of a cluster
-/// concern nothing the speaker keeps) wakes nothing.
-fn watch_reduced<K, V>(
+/// concern nothing the speaker keeps) wakes nothing. Values are kept under `key` of their
+/// object; `config` says whether a change also marks the configuration for re-validation.
+fn watch_reduced<K, Q, V>(
     api: Api<K>,
     kind: &'static str,
     wake: &Wake,
+    key: impl Fn(&K) -> Q + Send + 'static,
     reduce: impl FnMut(&K) -> Option<V> + Send + 'static,
+    config: bool,
     mut observe: impl FnMut(&Change<'_, K>) + Send + 'static,
-) -> Reduced<ServiceKey, V>
+) -> Reduced<Q, V>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+    Q: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     V: PartialEq + Send + Sync + 'static,
 {
     let wake = wake.clone();
     let mut counted = false;
-    reflect_reduced(
-        watcher(api, all()),
-        kind,
-        |o: &K| {
-            let meta = o.meta();
-            ServiceKey::new(
-                meta.namespace.as_deref().unwrap_or_default(),
-                meta.name.as_deref().unwrap_or_default(),
-            )
-        },
-        reduce,
-        move |change| {
-            observe(&change);
-            let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
-            wake.heard(first, false)
-        },
-    )
+    reflect_reduced(watcher(api, all()), kind, key, reduce, move |change| {
+        observe(&change);
+        let first = matches!(change, Change::Listed) && !std::mem::replace(&mut counted, true);
+        wake.heard(first, config)
+    })
 }
 
 /// Every object of a kind (no selector).
@@ -343,7 +327,9 @@ pub fn start(
                 Api::all(client.clone()),
                 "services",
                 &wake,
+                service_key,
                 move |svc: &Service| ServiceObject::reduce(svc, lb_class.as_deref()),
+                false,
                 move |c| on_service.service(c),
             )
         },
@@ -351,17 +337,20 @@ pub fn start(
             Api::all(client.clone()),
             "endpointslices",
             &wake,
+            service_key,
             SliceObject::reduce,
+            false,
             move |c| on_slice.slice(c),
         ),
         // Node labels select advertisements: the configuration is re-read when they change.
-        nodes: watch(
+        // A kubelet's status update that changes no view (most of them) wakes nothing.
+        nodes: watch_reduced(
             Api::all(client.clone()),
-            all(),
             "nodes",
             &wake,
-            OnChange::StepAndConfig,
-            trim_node,
+            |node: &Node| node.metadata.name.clone().unwrap_or_default(),
+            NodeView::reduce,
+            true,
             |_| {},
         ),
         secrets: NamedSecrets {
@@ -372,14 +361,11 @@ pub fn start(
         // The speakers' presence Leases: the known set of the quorum rule. Their renewals wake
         // nothing: the membership check every heartbeat interval reads them.
         presence: presence_group.map(|group| {
-            watch(
+            watch_quietly(
                 Api::namespaced(client.clone(), namespace),
                 watcher::Config::default().labels(&selector(group)),
                 "leases",
                 &wake,
-                OnChange::Quiet,
-                |_| {},
-                |_| {},
             )
         }),
         changes,

@@ -393,7 +393,7 @@ pub const CALLS: &[Call] = &[
         call: "records.replace(&name, &PostParams::default(), &lease)",
     },
     // ---- speaker
-    // Nodes and the presence Leases (by a label selector) into reflector caches; Services and
+    // The presence Leases (by a label selector) into a reflector cache; Nodes, Services and
     // EndpointSlices into reduced caches.
     Call {
         by: S,
@@ -403,7 +403,7 @@ pub const CALLS: &[Call] = &[
         verbs: LIST_WATCH,
         name: None,
         file: "speaker/src/watch.rs",
-        call: "watcher(api, selector)",
+        call: "watcher(api, all())",
     },
     Call {
         by: S,

@@ -27,7 +27,7 @@ use ferrolb_layer2::owner;
 
 use crate::l2::plan::{self, Covered, Inputs, Plan};
 use crate::service_views::{Changed, ViewMap};
-use crate::view::NodeView;
+use crate::view::NodeMap;
 
 /// What the planner remembers of one sharing group, kept under the group's id: its least
 /// Service key. Nearly every group is one Service, so a group costs no allocation of its own
@@ -101,7 +101,7 @@ impl Holders {
 pub struct Planner {
     me: String,
     config: Arc<Config>,
-    nodes: BTreeMap<String, NodeView>,
+    nodes: Arc<NodeMap>,
     members: BTreeMap<String, Member>,
     /// Every Service handed in, covered or not (shared with the caller's views).
     services: ViewMap,
@@ -126,7 +126,7 @@ impl Planner {
         Planner {
             me: me.to_string(),
             config: Arc::default(),
-            nodes: BTreeMap::new(),
+            nodes: Arc::default(),
             members: BTreeMap::new(),
             services: BTreeMap::new(),
             holders: HashMap::new(),
@@ -185,7 +185,7 @@ impl Planner {
     pub fn update(
         &mut self,
         config: &Arc<Config>,
-        nodes: BTreeMap<String, NodeView>,
+        nodes: Arc<NodeMap>,
         members: BTreeMap<String, Member>,
         services: &ViewMap,
         changed: &Changed,
@@ -207,7 +207,12 @@ impl Planner {
             }
             return self.replan(all);
         }
-        let mut changed_nodes: BTreeSet<String> = changed_keys(&self.nodes, &nodes);
+        // The Nodes come shared while none changed: then there is nothing to compare.
+        let mut changed_nodes: BTreeSet<String> = if Arc::ptr_eq(&self.nodes, &nodes) {
+            BTreeSet::new()
+        } else {
+            changed_keys(&self.nodes, &nodes)
+        };
         changed_nodes.extend(changed_keys(&self.members, &members));
         self.nodes = nodes;
         self.members = members;
@@ -464,7 +469,7 @@ impl Planner {
 pub struct Snapshot {
     me: String,
     config: Arc<Config>,
-    nodes: BTreeMap<String, NodeView>,
+    nodes: Arc<NodeMap>,
     /// The candidates the plan was made with.
     pub members: BTreeMap<String, Member>,
     /// The Services planned, by key.
@@ -506,8 +511,7 @@ mod tests {
 
     use super::*;
     use crate::l2::plan::ServiceOutcome;
-    use crate::view::ServiceObject;
-    use crate::view::ServiceView;
+    use crate::view::{NodeView, ServiceObject, ServiceView};
     use ferrolb_config::model::{L2Advertisement, PoolSelection};
     use ferrolb_config::selector::Selector;
     use ferrolb_testkit::model::pool;
@@ -665,7 +669,9 @@ mod tests {
     /// The world the changes act on.
     struct World {
         config: Arc<Config>,
-        nodes: BTreeMap<String, NodeView>,
+        /// Shared with the planner between changes, as the speaker's Node cache is: a change
+        /// makes a new map (`Arc::make_mut` while the planner holds the old one).
+        nodes: Arc<NodeMap>,
         members: BTreeMap<String, Member>,
         services: BTreeMap<usize, ServiceView>,
         /// The Services changed since the last update, as the watches would mark them.
@@ -674,7 +680,7 @@ mod tests {
 
     impl World {
         fn new() -> Self {
-            let nodes = (0..NODES)
+            let nodes: NodeMap = (0..NODES)
                 .map(|i| {
                     let name = node_name(i);
                     let view = NodeView {
@@ -696,7 +702,7 @@ mod tests {
                 .collect();
             World {
                 config: config(0),
-                nodes,
+                nodes: Arc::new(nodes),
                 members,
                 services: BTreeMap::new(),
                 marked: BTreeSet::new(),
@@ -731,9 +737,9 @@ mod tests {
                             excluded: *excluded,
                             addresses: vec![],
                         };
-                        self.nodes.insert(name, view);
+                        Arc::make_mut(&mut self.nodes).insert(name, view);
                     } else {
-                        self.nodes.remove(&name);
+                        Arc::make_mut(&mut self.nodes).remove(&name);
                     }
                 }
                 Change::Member {

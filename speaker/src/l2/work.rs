@@ -22,15 +22,15 @@ use crate::report::live::{Layer2Step, Live};
 use crate::report::{self, Standing};
 use crate::run::loop_io::{Heartbeats, LoopIo};
 use crate::service_views::{Changed, ServiceViews};
-use crate::view::NodeView;
+use crate::view::{NodeMap, NodeView};
 use ferrolb_explain::speaker_report::NodeState;
 
 /// Who may own IPs, from [`Layer2::check`].
 pub(crate) struct Membership {
     /// The interfaces that may announce.
     pub usable: BTreeMap<String, Interface>,
-    /// The Nodes, reduced to what planning reads.
-    pub nodes: BTreeMap<String, NodeView>,
+    /// The Nodes, reduced to what planning reads (shared while they do not change).
+    pub nodes: Arc<NodeMap>,
     /// The speakers that may own IPs, this node included when it may.
     pub members: BTreeMap<String, Member>,
     /// Whether this node claims IPs now.
@@ -89,6 +89,19 @@ pub(crate) struct Layer2 {
     metrics: Metrics,
     /// The live report `kubectl ferrolb explain` reads.
     live: Live,
+    /// The Nodes as the last check read them.
+    nodes_read: Option<NodesRead>,
+}
+
+/// The Nodes as a membership check read them, kept while the cache's generation stays: the
+/// check runs every heartbeat interval, and reading every Node each time would cost O(N) at
+/// rest. Shared with the plan, which then sees at once that no Node changed.
+struct NodesRead {
+    /// The generation of the Node cache they were read at.
+    generation: u64,
+    nodes: Arc<NodeMap>,
+    /// Each Node's addresses, for the voters' link.
+    addresses: Arc<BTreeMap<String, Vec<IpAddr>>>,
 }
 
 impl Layer2 {
@@ -108,6 +121,7 @@ impl Layer2 {
             failures: step::FailureLog::default(),
             metrics,
             live,
+            nodes_read: None,
         }
     }
 
@@ -139,29 +153,41 @@ impl Layer2 {
             .map(|(n, i)| (n.clone(), i.clone()))
             .collect();
         let usable_names: BTreeSet<String> = usable.keys().cloned().collect();
-        let nodes: BTreeMap<String, NodeView> = io
-            .nodes()
-            .iter()
-            .map(|n| NodeView::from_node(n))
-            .map(|v| (v.name.clone(), v))
-            .collect();
-        // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk names
-        // cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
-        io.set_peers(
-            nodes
-                .values()
-                .filter(|n| n.name != me)
-                .filter_map(|n| n.addresses.first().copied())
-                .collect(),
-            nodes.keys().cloned().collect(),
-        );
-        let (o, known, heard) = match io.voters() {
-            // The voters decide: the presence set is the Nodes, the reports the voters'.
-            Some(link) => {
+        let generation = io.nodes_generation();
+        let read = match self.nodes_read.take() {
+            Some(read) if read.generation == generation => read,
+            _ => {
+                let nodes: NodeMap = io
+                    .nodes()
+                    .iter()
+                    .map(|v| (v.name.clone(), NodeView::clone(v)))
+                    .collect();
+                // Heartbeat state is kept for Nodes only: a deleted Node's entry goes, and junk
+                // names cannot grow the table (ferrolb_layer2::liveness::Membership::set_nodes).
+                io.set_peers(
+                    nodes
+                        .values()
+                        .filter(|n| n.name != me)
+                        .filter_map(|n| n.addresses.first().copied())
+                        .collect(),
+                    nodes.keys().cloned().collect(),
+                );
                 let addresses = nodes
                     .iter()
                     .map(|(n, v)| (n.clone(), v.addresses.clone()))
                     .collect();
+                NodesRead {
+                    generation,
+                    nodes: Arc::new(nodes),
+                    addresses: Arc::new(addresses),
+                }
+            }
+        };
+        let (nodes, addresses) = (read.nodes.clone(), read.addresses.clone());
+        self.nodes_read = Some(read);
+        let (o, known, heard) = match io.voters() {
+            // The voters decide: the presence set is the Nodes, the reports the voters'.
+            Some(link) => {
                 let checked = link.check(&addresses, &usable_names, now);
                 // The speakers known and heard, as the heartbeats count them: the presence set,
                 // and the other speakers the voters list.

@@ -23,7 +23,6 @@ use ferrolb_layer2::quorum::Report;
 use ferrolb_layer2::tenure::Tenure;
 use ferrolb_runtime::events::EventQueue;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
 
 use crate::bgp::step::Bgp;
 use crate::l2::announce::Announcer;
@@ -49,8 +48,11 @@ pub struct Heartbeats {
 /// The Services and EndpointSlices, and which of them changed, come through
 /// [`Source`](crate::service_views::Source).
 pub(crate) trait LoopIo: Source {
-    /// The cached Nodes.
-    fn nodes(&self) -> Vec<Arc<Node>>;
+    /// The cached Nodes, as planning reads them.
+    fn nodes(&self) -> Vec<Arc<NodeView>>;
+    /// A number that changes whenever the cached Nodes do: equal readings, equal Nodes (the
+    /// check every heartbeat interval reads the Nodes again only when it moved).
+    fn nodes_generation(&self) -> u64;
     /// The speakers' presence Leases.
     fn presence(&self) -> Vec<Arc<Lease>>;
     /// Whether the configuration changed since the last call.
@@ -130,8 +132,12 @@ impl Source for World {
 }
 
 impl LoopIo for World {
-    fn nodes(&self) -> Vec<Arc<Node>> {
+    fn nodes(&self) -> Vec<Arc<NodeView>> {
         self.stores.nodes.state()
+    }
+
+    fn nodes_generation(&self) -> u64 {
+        self.stores.nodes.generation()
     }
 
     fn presence(&self) -> Vec<Arc<Lease>> {

@@ -309,8 +309,16 @@ metadata: {name: l2, namespace: metallb-system}
     }
 
     impl LoopIo for Fake {
-        fn nodes(&self) -> Vec<Arc<Node>> {
-            self.nodes.clone()
+        fn nodes(&self) -> Vec<Arc<NodeView>> {
+            self.nodes
+                .iter()
+                .map(|n| Arc::new(NodeView::from_node(n)))
+                .collect()
+        }
+
+        fn nodes_generation(&self) -> u64 {
+            // The fake's Nodes never change.
+            0
         }
         fn presence(&self) -> Vec<Arc<Lease>> {
             NODES.iter().map(|n| presence(n)).collect()
