@@ -122,7 +122,9 @@ fn main() {
             let lab = Lab::up(Options::default(), &lab_exe).await?;
             row(&lab, n, &services, &mut cells, &mut moves).await
         });
-        let _ = ferrolb_e2e::down();
+        if let Err(e) = ferrolb_e2e::down() {
+            eprintln!("speaker_grid bench: lab down: {e:#}");
+        }
         if let Err(e) = result {
             failed = Some(e.context(format!("at {n} nodes")));
             break;
