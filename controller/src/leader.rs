@@ -44,6 +44,17 @@ impl Timing {
         }
         Ok(())
     }
+
+    /// How long a leader waits after a successful renewal before it renews again: a third of
+    /// the lease duration (kubelet renews its node Lease at a quarter), so a quiet cluster
+    /// costs a few Lease writes a minute rather than one every retry period. At most half the
+    /// renew deadline, so that a failed renewal is retried every retry period before the
+    /// deadline ends the grant, and at least one retry period.
+    pub fn renew_every(&self) -> Duration {
+        (self.lease_duration / 3)
+            .min(self.renew_deadline / 2)
+            .max(self.retry_period)
+    }
 }
 
 /// What a Lease says, as far as election goes.
@@ -95,6 +106,8 @@ pub struct Elector {
     /// Whether we have ever seen the Lease held (by anyone, ourselves included).
     seen_held: bool,
     leading_until: Option<Instant>,
+    /// When the last successful renewal began, while leading.
+    renewed_at: Option<Instant>,
 }
 
 impl Elector {
@@ -107,7 +120,19 @@ impl Elector {
             missing_since: None,
             seen_held: false,
             leading_until: None,
+            renewed_at: None,
         }
+    }
+
+    /// Whether the Lease is to be read and written at `now`: always, unless this replica
+    /// leads and renewed less than [`Timing::renew_every`] ago. Nobody else can take the Lease
+    /// meanwhile (that needs a whole lease duration of silence), and a renewal that fails is
+    /// retried at the next retry period.
+    pub fn due(&self, now: Instant) -> bool {
+        !self.is_leading(now)
+            || self
+                .renewed_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.timing.renew_every())
     }
 
     /// Decides the next step from what the Lease says now.
@@ -165,12 +190,14 @@ impl Elector {
     pub fn succeeded(&mut self, started: Instant) -> Instant {
         let until = started + self.timing.renew_deadline;
         self.leading_until = Some(until);
+        self.renewed_at = Some(started);
         until
     }
 
     /// Gives up leadership at once (lost a race, or shutting down).
     pub fn resign(&mut self) {
         self.leading_until = None;
+        self.renewed_at = None;
     }
 
     /// Whether we may act as leader at `now`.
@@ -333,17 +360,10 @@ async fn run(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => break,
         }
-        let current = match campaign.lease.api.get_opt(&name).await {
-            Ok(lease) => lease,
-            Err(e) => {
-                tracing::warn!(error = %e, lease = %name, "reading the leader Lease failed");
-                continue;
-            }
-        };
-        let view = current.as_ref().map(LeaseView::of);
         let started = Instant::now();
         // A work loop that is stuck or gone must not keep the Lease: stop renewing (and
-        // writing); the Lease lapses and a standby takes over.
+        // writing); the Lease lapses and a standby takes over. Checked every retry period,
+        // also between renewals.
         if let Err(why) = pulse.check_at(started) {
             if elector.is_leading(started) {
                 tracing::error!(lease = %name, "{why}: giving up leadership");
@@ -352,6 +372,17 @@ async fn run(
             let _ = tx.send(None);
             continue;
         }
+        if !elector.due(started) {
+            continue;
+        }
+        let current = match campaign.lease.api.get_opt(&name).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                tracing::warn!(error = %e, lease = %name, "reading the leader Lease failed");
+                continue;
+            }
+        };
+        let view = current.as_ref().map(LeaseView::of);
         let step = elector.decide(view.as_ref(), started);
         if step == Step::Wait {
             if elector.is_leading(started) {
@@ -551,6 +582,44 @@ mod tests {
             Elector::new("a", T).decide(None, Instant::now()),
             Step::Create
         );
+    }
+
+    #[test]
+    fn a_leader_renews_at_a_third_of_the_lease_and_retries_before_its_deadline() {
+        // The shipped timings: every 5 s (at the first retry period after it: 6 s), so 10
+        // writes a minute instead of 30.
+        assert_eq!(T.renew_every(), Duration::from_secs(5));
+        // A long lease with a short deadline: half the deadline, so retries still fit.
+        let long = Timing {
+            lease_duration: Duration::from_secs(60),
+            ..T
+        };
+        assert_eq!(long.renew_every(), Duration::from_secs(5));
+        // Fast timings (the lab's): never below one retry period.
+        let fast = Timing {
+            lease_duration: Duration::from_millis(900),
+            renew_deadline: Duration::from_millis(600),
+            retry_period: Duration::from_millis(300),
+        };
+        assert_eq!(fast.renew_every(), Duration::from_millis(300));
+
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut e = Elector::new("a", T);
+        // Not leading: every retry period.
+        assert!(e.due(t0));
+        assert_eq!(e.decide(Some(&held_by("a", "1")), t0), Step::Renew);
+        e.succeeded(t0);
+        assert!(!e.due(at(2)) && !e.due(at(4)));
+        assert!(e.due(at(6)));
+        // The renewal at 6 s fails: retried at 8 s, still inside the grant (until 10 s).
+        assert!(e.is_leading(at(8)) && e.due(at(8)));
+        e.succeeded(at(8));
+        assert!(!e.due(at(10)) && e.due(at(14)));
+        // Once the grant lapses, every retry period again.
+        assert!(e.due(at(30)));
+        e.resign();
+        assert!(e.due(at(9)));
     }
 
     #[test]
