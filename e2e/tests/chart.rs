@@ -750,6 +750,41 @@ fn speaker_service_bgp_status_can_be_turned_off() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `speaker.statusWrites` paces the status objects' writes (issue #40: a rollout must not
+/// rewrite N·S objects at once): 20 a second with bursts of 100 by default; the schema refuses
+/// a negative rate and a burst below 1.
+fn speaker_status_writes_are_paced() -> anyhow::Result<()> {
+    let env = speaker_env(&[])?;
+    ensure!(
+        env.get("FERROLB_STATUS_WRITES_PER_SECOND")
+            .map(String::as_str)
+            == Some("20")
+            && env.get("FERROLB_STATUS_WRITES_BURST").map(String::as_str) == Some("100"),
+        "{env:?}"
+    );
+    let env = speaker_env(&[
+        "--set",
+        "speaker.statusWrites.perSecond=2.5",
+        "--set",
+        "speaker.statusWrites.burst=10",
+    ])?;
+    ensure!(
+        env.get("FERROLB_STATUS_WRITES_PER_SECOND")
+            .map(String::as_str)
+            == Some("2.5")
+            && env.get("FERROLB_STATUS_WRITES_BURST").map(String::as_str) == Some("10"),
+        "{env:?}"
+    );
+    for set in [
+        "speaker.statusWrites.perSecond=-1",
+        "speaker.statusWrites.burst=0",
+    ] {
+        let err = render_error(&["--set", set])?;
+        ensure!(err.contains("schema"), "--set {set}: {err}");
+    }
+    Ok(())
+}
+
 /// `controller.nodeAddresses.enabled` turns node addresses on and tells the controller whose
 /// speakers' presence to read; off by default, so a MetalLB migration behaves as before.
 fn controller_node_addresses_value() -> anyhow::Result<()> {
@@ -2638,6 +2673,11 @@ fn main() -> std::process::ExitCode {
             "speaker_service_bgp_status_can_be_turned_off",
             no_helm.clone(),
             speaker_service_bgp_status_can_be_turned_off,
+        )
+        .offline(
+            "speaker_status_writes_are_paced",
+            no_helm.clone(),
+            speaker_status_writes_are_paced,
         )
         .offline(
             "rendered_rbac_equals_the_rbac_files_the_lab_tests_run_with",

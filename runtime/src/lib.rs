@@ -17,6 +17,7 @@ pub mod events;
 pub mod failpoint;
 pub mod health;
 pub mod owner;
+pub mod rate;
 pub mod reduced;
 pub mod server;
 pub mod tls;

@@ -132,6 +132,17 @@ pub struct Args {
     /// not affected.
     #[arg(long, env = "FERROLB_BGP_STATUS_OBJECTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub bgp_status_objects: bool,
+    /// API writes a second for status objects (ServiceL2Status and ServiceBGPStatus: creates,
+    /// status patches and deletes), on average; 0: no limit. A rollout or a mass move can
+    /// need thousands per speaker, and every speaker writes at once: this bounds what a
+    /// cluster of N speakers sends the API server to N times this. Announcing is never
+    /// delayed: only the objects that report it are.
+    #[arg(long, env = "FERROLB_STATUS_WRITES_PER_SECOND", default_value_t = 20.0)]
+    pub status_writes_per_second: f64,
+    /// Status object writes that may go at once after a quiet time (a failover of a few
+    /// dozen IPs is reported without waiting).
+    #[arg(long, env = "FERROLB_STATUS_WRITES_BURST", default_value_t = 100)]
+    pub status_writes_burst: u32,
 }
 
 /// How the speakers decide who may own layer 2 IPs (`--membership`).

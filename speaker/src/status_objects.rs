@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use ferrolb_config::allocator::ServiceKey;
 use ferrolb_runtime::events::{EventQueue, Queued};
 use ferrolb_runtime::owner::{Owner, OwnerCell};
+use ferrolb_runtime::rate::Pacer;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -94,6 +95,9 @@ pub struct Scope {
     pub owner: OwnerCell,
     /// The speaker's Event queue (`nodeAssigned`).
     pub events: EventQueue,
+    /// Spaces out the writes (creates, status patches, owner patches and deletes), shared by
+    /// both kinds' writers (`--status-writes-per-second`).
+    pub pace: Pacer,
 }
 
 /// Starts the writer; send the desired state into the returned channel (the latest value wins).
@@ -115,11 +119,13 @@ async fn run<K: StatusKind>(scope: Scope, mut rx: watch::Receiver<Desired<K>>) {
         node,
         owner,
         events,
+        pace,
     } = scope;
     let writer = Writer::<K> {
         api: Api::namespaced(client, &namespace),
         node: Arc::from(node.as_str()),
         events,
+        pace,
         owner,
         adopted: Mutex::new(Adopted::default()),
         owner_refused: AtomicBool::new(false),
@@ -275,6 +281,7 @@ struct Writer<K: StatusKind> {
     api: Api<K::Object>,
     node: Arc<str>,
     events: EventQueue,
+    pace: Pacer,
     /// The speaker's DaemonSet, owner of the objects it writes.
     owner: OwnerCell,
     /// Objects this run has written with the owner, or given it.
@@ -306,7 +313,7 @@ impl<K: StatusKind> Writer<K> {
             .cloned()
             .collect();
         for name in stale {
-            match self.api.delete(&name, &DeleteParams::default()).await {
+            match self.delete(&name).await {
                 Ok(_) => {
                     written.remove(&name);
                 }
@@ -402,7 +409,7 @@ impl<K: StatusKind> Writer<K> {
     /// scan of every status object at every move).
     async fn remove_of(&self, key: &ServiceKey, from: &str) {
         let name = object_name::<K>(key, from);
-        match self.api.delete(&name, &DeleteParams::default()).await {
+        match self.delete(&name).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => {
@@ -449,7 +456,7 @@ impl<K: StatusKind> Writer<K> {
             let Some(name) = meta.name.clone().filter(|_| keys.contains(&of)) else {
                 continue;
             };
-            if let Err(e) = self.api.delete(&name, &DeleteParams::default()).await {
+            if let Err(e) = self.delete(&name).await {
                 tracing::debug!(kind = K::KIND, object = %name, error = %e, "deleting another node's object");
             }
         }
@@ -475,11 +482,13 @@ impl<K: StatusKind> Writer<K> {
             ]
             .into(),
         );
+        self.pace.wait().await;
         let created = match self.api.create(&PostParams::default(), &object).await {
             // OwnerReferencesPermissionEnforcement without `delete`: written without an owner.
             Err(kube::Error::Api(e)) if e.code == 403 && owner.is_some() => {
                 self.refused(&e);
                 object.meta_mut().owner_references = None;
+                self.pace.wait().await;
                 self.api.create(&PostParams::default(), &object).await
             }
             other => other,
@@ -498,6 +507,7 @@ impl<K: StatusKind> Writer<K> {
             Err(e) => return Err(e),
         }
         // A merge patch replaces lists whole, so an interface or peer no longer used disappears.
+        self.pace.wait().await;
         self.api
             .patch_status(
                 name,
@@ -510,6 +520,15 @@ impl<K: StatusKind> Writer<K> {
 }
 
 impl<K: StatusKind> Writer<K> {
+    /// Deletes object `name`, paced.
+    async fn delete(&self, name: &str) -> Result<(), kube::Error> {
+        self.pace.wait().await;
+        self.api
+            .delete(name, &DeleteParams::default())
+            .await
+            .map(|_| ())
+    }
+
     /// Gives `owner` an object found existing (an earlier run's, or one written before the
     /// owner was known), once per run and owner. A refusal is logged once and not tried again:
     /// it never stops the status writes.
@@ -518,6 +537,7 @@ impl<K: StatusKind> Writer<K> {
             return Ok(());
         }
         // A merge patch replaces the list whole: an earlier owner is no longer named.
+        self.pace.wait().await;
         let patched = self
             .api
             .patch(name, &PatchParams::default(), &owner.merge_patch())

@@ -30,6 +30,7 @@ use crate::report::auth::{Authorizer, CachePolicy, KubeReviewer};
 use crate::report::live::Live;
 use crate::status_objects::{self, Scope};
 use crate::watch;
+use ferrolb_runtime::rate::{Pacer, Rate};
 use loop_io::World;
 use speaker::Speaker;
 
@@ -157,6 +158,10 @@ async fn start(args: Args) -> anyhow::Result<Running> {
         node: args.node_name.clone(),
         owner: owner.clone(),
         events: events.clone(),
+        pace: Pacer::new(Rate {
+            per_second: args.status_writes_per_second,
+            burst: args.status_writes_burst,
+        }),
     };
     let (status_tx, status_task) = status_objects::spawn::<status::Layer2>(scope.clone());
     tracing::info!(node = %args.node_name, namespace = %args.common.namespace, "ferrolb-speaker starting");
