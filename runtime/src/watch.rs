@@ -18,6 +18,7 @@ use ferrolb_config::crd::{
 };
 use ferrolb_config::validate::{ConfigError, Kind, NodeInfo, ObjectRef, Objects, Validated};
 use futures::{Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -289,6 +290,7 @@ impl ConfigWatch<'_> {
         );
         let page_size = self.page_size;
         let (reader, mut writer) = reflector::store();
+        let cache = reader.clone();
         let refused = self.refused.clone();
         tokio::spawn(async move {
             let mut decoder = Decoder::<K>::new(kind);
@@ -317,13 +319,22 @@ impl ConfigWatch<'_> {
                         }
                     };
                     let listed = matches!(event, Event::InitDone);
-                    let quiet = matches!(event, Event::Init);
+                    let mut quiet = matches!(event, Event::Init);
                     if let Some(mut typed) = decoder.decode(event) {
                         match &mut typed {
                             Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => {
                                 trim_config_object(o)
                             }
                             Event::Init | Event::InitDone => {}
+                        }
+                        // A status write (the controller's pool counters, one per allocation)
+                        // changes nothing validation reads: no new configuration to build.
+                        if let Event::Apply(o) = &typed
+                            && cache
+                                .get(&reflector::ObjectRef::from_obj(o))
+                                .is_some_and(|old| same_for_validation(old.meta(), o.meta()))
+                        {
+                            quiet = true;
                         }
                         writer.apply_watcher_event(&typed);
                     }
@@ -347,6 +358,19 @@ impl ConfigWatch<'_> {
         });
         reader
     }
+}
+
+/// Whether two versions of a configuration object are the same to validation: the same spec
+/// (`generation`, which a write of the status subresource leaves as it is), labels,
+/// annotations, deletion mark and finalizers. Without a generation on either side, never.
+fn same_for_validation(old: &ObjectMeta, new: &ObjectMeta) -> bool {
+    old.generation.is_some()
+        && old.generation == new.generation
+        && old.uid == new.uid
+        && old.labels == new.labels
+        && old.annotations == new.annotations
+        && old.deletion_timestamp == new.deletion_timestamp
+        && old.finalizers == new.finalizers
 }
 
 /// Sleeps until `at`, or for ever when there is nothing to wait for.
@@ -540,6 +564,52 @@ mod tests {
     use super::*;
     use kube::runtime::utils::Backoff;
     use std::time::Duration;
+
+    #[test]
+    fn a_status_write_is_the_same_configuration_and_a_spec_or_label_change_is_not() {
+        let old = ObjectMeta {
+            name: Some("pool".into()),
+            uid: Some("u1".into()),
+            generation: Some(3),
+            resource_version: Some("10".into()),
+            labels: Some([("a".to_string(), "b".to_string())].into()),
+            ..ObjectMeta::default()
+        };
+        // The controller's status write: a new resourceVersion, the same generation.
+        let status = ObjectMeta {
+            resource_version: Some("11".into()),
+            ..old.clone()
+        };
+        assert!(same_for_validation(&old, &status));
+        let spec = ObjectMeta {
+            generation: Some(4),
+            ..status.clone()
+        };
+        assert!(!same_for_validation(&old, &spec));
+        let label = ObjectMeta {
+            labels: None,
+            ..status.clone()
+        };
+        assert!(!same_for_validation(&old, &label));
+        let deleting = ObjectMeta {
+            deletion_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            )),
+            ..status.clone()
+        };
+        assert!(!same_for_validation(&old, &deleting));
+        let made_again = ObjectMeta {
+            uid: Some("u2".into()),
+            ..status.clone()
+        };
+        assert!(!same_for_validation(&old, &made_again));
+        // No generation to go by: always a change.
+        let bare = ObjectMeta {
+            generation: None,
+            ..old.clone()
+        };
+        assert!(!same_for_validation(&bare, &bare));
+    }
 
     /// An IPAddressPool of ferrolb's namespace as the API server sends it, with `spec`.
     fn pool(name: &str, spec: serde_json::Value) -> DynamicObject {
