@@ -762,11 +762,10 @@ fn speaker_status_writes_are_paced() -> anyhow::Result<()> {
             && env.get("FERROLB_STATUS_WRITES_BURST").map(String::as_str) == Some("100"),
         "{env:?}"
     );
+    // `--set` would pass 2.5 as a string; a values file or --set-json passes a number.
     let env = speaker_env(&[
-        "--set",
-        "speaker.statusWrites.perSecond=2.5",
-        "--set",
-        "speaker.statusWrites.burst=10",
+        "--set-json",
+        r#"speaker.statusWrites={"perSecond":2.5,"burst":10}"#,
     ])?;
     ensure!(
         env.get("FERROLB_STATUS_WRITES_PER_SECOND")

@@ -591,7 +591,7 @@ pub const CALLS: &[Call] = &[
         verbs: &["delete"],
         name: None,
         file: "speaker/src/status_objects.rs",
-        call: "self.api.delete(name, &DeleteParams::default())",
+        call: ".delete(name, &DeleteParams::default())",
     },
     Call {
         by: S,
