@@ -218,6 +218,15 @@ async fn row(
         simulated.names().len(),
         started.elapsed()
     );
+    // kube-controller-manager labels and annotates each new Node once (its TTL and OS label):
+    // at 1,000 nodes a minute of Node events that would land in the first cell's figures.
+    let started = Instant::now();
+    let quiet = nodes_settle(&client).await?;
+    println!(
+        "{n} nodes: Node events {} after {:.1?}",
+        if quiet { "settled" } else { "still coming" },
+        started.elapsed()
+    );
     lab.apply(&format!(
         "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {{name: grid, namespace: {NAMESPACE}}}\nspec:\n  addresses: ['198.18.64.0/18']\n  serviceAllocation: {{priority: 1, namespaces: [{SCOPE}]}}\n---\napiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {{name: grid, namespace: {NAMESPACE}}}\nspec: {{ipAddressPools: [grid]}}\n"
     ))?;
@@ -256,6 +265,29 @@ async fn row(
     drop(controller);
     drop(simulated);
     outcome
+}
+
+/// Waits until the API server sends fewer than one Node watch event a second over 5 s (at
+/// most 3 minutes); returns whether it did.
+async fn nodes_settle(client: &kube::Client) -> anyhow::Result<bool> {
+    let nodes = |events: &apiserver_metrics::WatchEvents| -> f64 {
+        events
+            .iter()
+            .filter(|(kind, _)| *kind == "core/nodes" || *kind == "core/Node")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut last = nodes(&apiserver_metrics::watch_events(client).await?);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = nodes(&apiserver_metrics::watch_events(client).await?);
+        if now - last < 5.0 {
+            return Ok(true);
+        }
+        last = now;
+    }
+    Ok(false)
 }
 
 /// Stops the controller when dropped, also on error.
