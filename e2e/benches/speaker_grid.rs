@@ -483,17 +483,7 @@ fn print_cell(c: &Cell) {
 
 /// The nodes the bench's ServiceL2Status objects name, one per announced Service.
 fn status_nodes(lab: &Lab) -> anyhow::Result<Vec<String>> {
-    let out = lab.kubectl(&[
-        "get",
-        "servicel2statuses",
-        "-n",
-        NAMESPACE,
-        "-l",
-        &format!("metallb.io/service-namespace={SCOPE}"),
-        "-o",
-        "jsonpath={.items[*].status.node}",
-    ])?;
-    Ok(out.split_whitespace().map(str::to_string).collect())
+    ferrolb::l2_status_nodes(lab, &format!("metallb.io/service-namespace={SCOPE}"))
 }
 
 /// Kills the speaker that owns most movers and counts the API requests until every one of its

@@ -734,6 +734,22 @@ impl crate::suite::Fixture for Deployment {
     }
 }
 
+/// The nodes that the ServiceL2Status objects matching `selector` (a label selector, such as
+/// `metallb.io/service-namespace=ns`) name in their status, one per object.
+pub fn l2_status_nodes(lab: &Lab, selector: &str) -> anyhow::Result<Vec<String>> {
+    let out = lab.kubectl(&[
+        "get",
+        "servicel2statuses",
+        "-n",
+        NAMESPACE,
+        "-l",
+        selector,
+        "-o",
+        "jsonpath={.items[*].status.node}",
+    ])?;
+    Ok(out.split_whitespace().map(str::to_string).collect())
+}
+
 /// One speaker's metric, scraped in its node.
 pub fn speaker_metric(lab: &Lab, node: &str, name: &str) -> anyhow::Result<f64> {
     let page = lab.exec(

@@ -31,17 +31,10 @@ type Ctx = Deployment;
 
 /// The nodes whose ServiceL2Status says they announce Service `ns/name`.
 fn status_owners(lab: &Lab, ns: &str, name: &str) -> anyhow::Result<Vec<String>> {
-    let out = lab.kubectl(&[
-        "get",
-        "servicel2statuses",
-        "-n",
-        ferrolb::NAMESPACE,
-        "-l",
+    ferrolb::l2_status_nodes(
+        lab,
         &format!("metallb.io/service-namespace={ns},metallb.io/service-name={name}"),
-        "-o",
-        "jsonpath={.items[*].status.node}",
-    ])?;
-    Ok(out.split_whitespace().map(str::to_string).collect())
+    )
 }
 
 /// Waits until exactly one node reports announcing the Service and returns it.

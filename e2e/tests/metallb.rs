@@ -125,17 +125,10 @@ async fn served_in_layer2(lab: &Lab, ips: &[String]) -> anyhow::Result<String> {
 
 /// The nodes MetalLB's ServiceL2Status objects name for Service `ns/web`.
 fn l2_status_nodes(lab: &Lab, ns: &str) -> anyhow::Result<Vec<String>> {
-    let out = lab.kubectl(&[
-        "get",
-        "servicel2statuses",
-        "-n",
-        NAMESPACE,
-        "-l",
+    ferrolb_e2e::ferrolb::l2_status_nodes(
+        lab,
         &format!("metallb.io/service-namespace={ns},metallb.io/service-name=web"),
-        "-o",
-        "jsonpath={.items[*].status.node}",
-    ])?;
-    Ok(out.split_whitespace().map(str::to_string).collect())
+    )
 }
 
 /// Layer 2: MetalLB's controller gives a dual-stack Service an IP of each family from the pool,
