@@ -365,6 +365,9 @@ struct Starting {
 /// All sessions of this node.
 pub struct Driver {
     peers: BTreeMap<String, Handle>,
+    /// Stopped sessions that may still be closing their connection, by peer address: a new
+    /// session with the same peer waits for them (see `session::run`).
+    closing: Vec<(IpAddr, JoinHandle<()>)>,
     observer: Arc<dyn Observer>,
     listener: listen::Listener,
 }
@@ -374,6 +377,7 @@ impl Driver {
     pub fn new(observer: Arc<dyn Observer>) -> Self {
         Self {
             peers: BTreeMap::new(),
+            closing: Vec::new(),
             observer,
             listener: listen::Listener::new(),
         }
@@ -496,11 +500,13 @@ impl Driver {
             .filter(|(name, h)| desired.get(*name).is_none_or(|(s, _)| *s != h.settings))
             .map(|(name, _)| name.clone())
             .collect();
+        self.closing.retain(|(_, task)| !task.is_finished());
         for name in gone {
             if let Some(h) = self.peers.remove(&name) {
                 tracing::info!(peer = %name, "stopping BGP session");
                 let _ = h.stop.send(true);
                 self.observer.session_up(&name, false);
+                self.closing.push((h.settings.connect.peer.ip(), h.task));
             }
         }
         let mut refused = BTreeMap::new();
@@ -553,6 +559,11 @@ impl Driver {
             let (stop_tx, stop_rx) = watch::channel(false);
             let (incoming_tx, incoming_rx) = s.incoming;
             let (bfd_tx, bfd_rx) = watch::channel(None);
+            let peer = s.settings.connect.peer.ip();
+            let (predecessors, others) = std::mem::take(&mut self.closing)
+                .into_iter()
+                .partition(|(address, _)| *address == peer);
+            self.closing = others;
             let session = session::run(
                 s.settings.clone(),
                 routes_rx,
@@ -562,7 +573,10 @@ impl Driver {
                 bfd_rx,
                 self.observer.clone(),
             );
-            let task = tokio::spawn(session.instrument(super::peer_span(&name)));
+            let predecessors = predecessors.into_iter().map(|(_, task)| task).collect();
+            let task = tokio::spawn(
+                session::after(predecessors, session).instrument(super::peer_span(&name)),
+            );
             self.peers.insert(
                 name,
                 Handle {
@@ -614,7 +628,7 @@ impl Driver {
 
     /// Stops every session with a Cease NOTIFICATION and waits (at most `limit`) for the tasks.
     pub async fn shutdown(self, limit: Duration) {
-        let mut tasks = Vec::new();
+        let mut tasks: Vec<JoinHandle<()>> = self.closing.into_iter().map(|(_, t)| t).collect();
         for (name, h) in self.peers {
             let _ = h.stop.send(true);
             self.observer.session_up(&name, false);
@@ -682,6 +696,77 @@ mod tests {
         assert_ne!(before[1], after[1], "peer b kept its old settings");
         assert!(d.apply(BTreeMap::new()).is_empty());
         assert!(d.status().is_empty());
+        d.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A BGPPeer edit replaces the session; the new one connects only once the peer has closed
+    /// the old connection (after reading its Cease), so the peer never sees the new connection
+    /// beside an Established one: that looks like a connection collision, which FRR 8.4 with
+    /// dynamic neighbours left half-dead for minutes in the lab.
+    #[tokio::test]
+    async fn a_replaced_session_connects_once_the_old_connection_is_closed() {
+        use tokio::io::AsyncReadExt as _;
+        let router = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut p = peer();
+        p.password = None;
+        p.target = PeerTarget::Address("127.0.0.1".parse().unwrap());
+        p.port = router.local_addr().unwrap().port();
+        p.router_id = Some("192.0.2.254".parse().unwrap());
+        let addrs: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap()];
+        let desired = |p: &Peer| {
+            let settings = PeerSettings::from_peer(p, &addrs, None).unwrap();
+            BTreeMap::from([("r".to_string(), (settings, AdjRibOut::new()))])
+        };
+        let accept = || async {
+            tokio::time::timeout(Duration::from_secs(10), router.accept())
+                .await
+                .expect("no connection from the session")
+                .unwrap()
+                .0
+        };
+        let mut d = Driver::new(Arc::new(NoObserver));
+        assert!(d.apply(desired(&p)).is_empty());
+        let mut old = accept().await;
+        // Our OPEN, then (after the edit) our Cease and our half-close.
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let mut edited = false;
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), old.read(&mut chunk))
+                .await
+                .expect("the old session neither sent nor closed")
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&chunk[..n]);
+            if !edited && seen.len() >= 19 {
+                edited = true;
+                p.hold_time = Duration::from_secs(30);
+                p.keepalive_time = Duration::from_secs(10);
+                assert!(d.apply(desired(&p)).is_empty());
+            }
+        }
+        assert!(edited, "no OPEN: {seen:?}");
+        let open_len = usize::from(u16::from_be_bytes([seen[16], seen[17]]));
+        assert_eq!(
+            seen.get(open_len + 18),
+            Some(&3),
+            "no NOTIFICATION: {seen:?}"
+        );
+        // The old connection is still open on our side: the new session waits.
+        let early = tokio::time::timeout(Duration::from_millis(500), router.accept()).await;
+        assert!(
+            early.is_err(),
+            "the new session connected beside the old connection"
+        );
+        drop(old);
+        let mut new = accept().await;
+        let n = tokio::time::timeout(Duration::from_secs(10), new.read(&mut chunk))
+            .await
+            .expect("no OPEN on the new connection")
+            .unwrap();
+        assert!(n >= 19 && chunk[18] == 1, "no OPEN: {:?}", &chunk[..n]);
         d.shutdown(Duration::from_secs(1)).await;
     }
 

@@ -12,11 +12,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Observer, PeerSettings, PeerStatus, socket};
@@ -57,6 +59,9 @@ struct Link {
     timers: BTreeMap<TimerKey, Instant>,
     codec: CodecContext,
     pending: VecDeque<Event>,
+    /// The task is ending: a dropped connection waits for the peer to close its side (see
+    /// [`close_and_wait`]).
+    linger: bool,
 }
 
 impl Link {
@@ -69,6 +74,7 @@ impl Link {
             timers: BTreeMap::new(),
             codec: CodecContext::default(),
             pending: VecDeque::new(),
+            linger: false,
         }
     }
 
@@ -149,7 +155,11 @@ impl Link {
             }
             Action::DropTcp => {
                 if let Some(mut c) = self.conn.take() {
-                    let _ = c.writer.shutdown().await;
+                    if self.linger {
+                        close_and_wait(c).await;
+                    } else {
+                        let _ = c.writer.shutdown().await;
+                    }
                 }
                 self.connecting = None;
                 self.codec = CodecContext::default();
@@ -240,6 +250,48 @@ async fn read(conn: Option<&mut Conn>) -> std::io::Result<Vec<u8>> {
         }
         None => std::future::pending().await,
     }
+}
+
+/// How long a stopping session waits for the peer to close the connection after our Cease.
+pub(super) const LINGER: Duration = Duration::from_secs(2);
+
+/// How long a new session waits for the previous session with the same peer to end.
+pub(super) const PREDECESSOR_WAIT: Duration = Duration::from_secs(3);
+
+/// Half-closes `conn` after our last message and waits (at most [`LINGER`]) until the peer
+/// closes its side. A peer closes once it has read our NOTIFICATION (RFC 4271 §6.4), so when
+/// this returns the peer has taken the session down. A new connection opened before that
+/// looks like a connection collision with an Established session, which FRR 8.4 with dynamic
+/// neighbours could leave half-dead for minutes: it refused every new connection (Cease /
+/// Connection Collision Resolution) while the old session, already closed here, stayed
+/// Established there (seen in the lab's `bgp` suite after a BGPPeer change).
+async fn close_and_wait(mut conn: Conn) {
+    let _ = conn.writer.shutdown().await;
+    let drained = async {
+        let mut chunk = [0u8; 4096];
+        // Whatever the peer still sends is of no use any more: read until its FIN or an error.
+        while let Ok(n) = conn.reader.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    if tokio::time::timeout(LINGER, drained).await.is_err() {
+        tracing::debug!("the peer did not close the connection after our Cease: dropping it");
+    }
+}
+
+/// Runs `session` once `predecessors` (the tasks of stopped sessions with the same peer) have
+/// ended, or after [`PREDECESSOR_WAIT`]: connecting while one of them is still saying goodbye
+/// to the peer would collide with it there (see [`close_and_wait`]).
+pub(super) async fn after(predecessors: Vec<JoinHandle<()>>, session: impl Future<Output = ()>) {
+    if !predecessors.is_empty() {
+        let ended = futures::future::join_all(predecessors);
+        if tokio::time::timeout(PREDECESSOR_WAIT, ended).await.is_err() {
+            tracing::debug!("the previous session with this peer is still ending: starting anyway");
+        }
+    }
+    session.await;
 }
 
 /// Runs the session until `stop` turns true. `incoming` delivers the connections the peer
@@ -423,10 +475,14 @@ impl Task {
     }
 
     /// ManualStop on every connection, then Cease goes out on each.
+    /// The task ends only once the peer has closed its side too (bounded by [`LINGER`]), so
+    /// that a session started next for the same peer never meets this one's connection there.
     async fn stop(&mut self) {
         self.primary.pending.push_back(Event::ManualStop);
+        self.primary.linger = true;
         if let Some(l) = self.secondary.as_mut() {
             l.pending.push_back(Event::ManualStop);
+            l.linger = true;
         }
         self.process(&AdjRibOut::new()).await;
     }
