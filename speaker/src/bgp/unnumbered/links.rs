@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::bgp::driver::{OnLink, PeerStatus};
 use crate::bgp::unnumbered::Timers;
-use crate::bgp::unnumbered::discovery::{Discovery, Link};
+use crate::bgp::unnumbered::discovery::{Discovery, Found, Link};
 use crate::l2::interfaces::parse_mac;
 use ferrolb_bgp::fsm::State;
 use tokio::sync::{Notify, watch};
@@ -170,18 +170,8 @@ impl Links {
                 };
             tracing::info!(interface = %name, link_local = %link.link_local, "looking for the unnumbered BGP peer");
             let mut found = discovery.found();
-            let changed = self.changed.clone();
-            // Only a new peer matters to the plan, not the counters of refused messages.
-            let waker = tokio::spawn(async move {
-                let mut peer = found.borrow_and_update().peer;
-                while found.changed().await.is_ok() {
-                    let now = found.borrow_and_update().peer;
-                    if now != peer {
-                        peer = now;
-                        changed.notify_one();
-                    }
-                }
-            });
+            let peer = found.borrow_and_update().peer;
+            let waker = tokio::spawn(wake_on_new_peer(found, peer, self.changed.clone()));
             self.running.insert(
                 name.to_string(),
                 Running {
@@ -219,6 +209,28 @@ impl Drop for Links {
     fn drop(&mut self) {
         if let Some(task) = self.recheck.take() {
             task.abort();
+        }
+    }
+}
+
+/// Wakes the loop (`changed`) whenever discovery's peer differs from the last one the loop was
+/// told of, starting from `peer`: what the plan read when discovery started, not what this task
+/// reads once it first runs, or a peer found in between would wake no one and the session
+/// would wait for an unrelated event (seen in the bgp suite: 40 s after a link came back up).
+/// Only a new peer matters to the plan, not the counters of refused messages.
+async fn wake_on_new_peer(
+    mut found: watch::Receiver<Found>,
+    mut peer: Option<Ipv6Addr>,
+    changed: Arc<Notify>,
+) {
+    loop {
+        let now = found.borrow_and_update().peer;
+        if now != peer {
+            peer = now;
+            changed.notify_one();
+        }
+        if found.changed().await.is_err() {
+            return;
         }
     }
 }
@@ -270,6 +282,8 @@ fn link_local(name: &str) -> Option<Ipv6Addr> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::expect_used)]
+
     use super::*;
 
     /// What discovery is told: a link is Established while any of its sessions is, and
@@ -295,6 +309,27 @@ mod tests {
         assert!(sessions.established());
         sessions.set(Vec::new());
         assert!(!sessions.established(), "the sessions were taken away");
+    }
+
+    /// A peer found between the plan's read and the waker's first run still wakes the loop.
+    #[tokio::test]
+    async fn a_peer_found_before_the_waker_runs_wakes_the_loop() {
+        let (tx, rx) = watch::channel(Found::default());
+        let changed = Arc::new(Notify::new());
+        // The plan read "no peer"; discovery finds one before the waker is first polled.
+        let planned = rx.borrow().peer;
+        tx.send_modify(|f| f.peer = Some(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)));
+        let waker = tokio::spawn(wake_on_new_peer(rx, planned, changed.clone()));
+        tokio::time::timeout(std::time::Duration::from_secs(10), changed.notified())
+            .await
+            .expect("the loop was not woken for the peer found");
+        // A later peer wakes it again.
+        tx.send_modify(|f| f.replacements += 1);
+        tx.send_modify(|f| f.peer = Some(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2)));
+        tokio::time::timeout(std::time::Duration::from_secs(10), changed.notified())
+            .await
+            .expect("the loop was not woken for the new peer");
+        waker.abort();
     }
 
     /// A missing interface is unusable, named, and starts nothing.
