@@ -47,7 +47,7 @@ impl Presence {
             "presence leases",
             |l: &mut Lease| l.metadata.managed_fields = None,
             move |change| {
-                if let Change::Object(lease) = &change {
+                if let Change::Object(lease) | Change::Deleted(lease) = &change {
                     seen_now(&seen, lease, Instant::now());
                 }
                 on(change)

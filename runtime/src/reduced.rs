@@ -174,7 +174,8 @@ where
                 continue;
             }
             let go_on = match &event {
-                Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => on(Change::Object(o)),
+                Event::Apply(o) | Event::InitApply(o) => on(Change::Object(o)),
+                Event::Delete(o) => on(Change::Deleted(o)),
                 Event::InitDone => on(Change::Listed),
                 Event::Init => true,
             };

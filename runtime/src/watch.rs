@@ -29,8 +29,10 @@ use serde::de::DeserializeOwned;
 /// What a watch tells its owner.
 #[derive(Debug)]
 pub enum Change<'a, K> {
-    /// An object was listed, added, changed or deleted (the cache already holds the result).
+    /// An object was listed, added or changed (the cache already holds it).
     Object(&'a K),
+    /// An object was deleted (the cache no longer holds it): its last state.
+    Deleted(&'a K),
     /// The watch's initial list (or a re-list) is complete.
     Listed,
 }
@@ -125,9 +127,8 @@ where
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             let go_on = match event {
-                Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => {
-                    on(Change::Object(&o))
-                }
+                Ok(Event::Apply(o) | Event::InitApply(o)) => on(Change::Object(&o)),
+                Ok(Event::Delete(o)) => on(Change::Deleted(&o)),
                 Ok(Event::InitDone) => on(Change::Listed),
                 Ok(Event::Init) => true,
                 Err(e) => {

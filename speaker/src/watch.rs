@@ -197,7 +197,7 @@ impl ServiceChanges {
     /// A Service's event: its view may have changed.
     fn service(&self, change: &Change<'_, Service>) {
         match change {
-            Change::Object(svc) => self.mark(ServiceKey::new(
+            Change::Object(svc) | Change::Deleted(svc) => self.mark(ServiceKey::new(
                 svc.metadata.namespace.as_deref().unwrap_or_default(),
                 svc.metadata.name.as_deref().unwrap_or_default(),
             )),
@@ -208,7 +208,7 @@ impl ServiceChanges {
     /// An EndpointSlice's event: its Service's view may have changed.
     fn slice(&self, change: &Change<'_, EndpointSlice>) {
         match change {
-            Change::Object(slice) => {
+            Change::Object(slice) | Change::Deleted(slice) => {
                 let (Some(key), Some(name)) = (slice_service(slice), slice.metadata.name.clone())
                 else {
                     return;

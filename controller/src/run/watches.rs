@@ -2,6 +2,9 @@
 //! Namespaces and Nodes, and the `metallb.io` configuration of ferrolb's namespace. Each hands
 //! the loop a [`Work`] item per change and one when its initial list is complete.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+
 use ferrolb_runtime::failpoint::Failpoints;
 use ferrolb_runtime::watch::{Change, ConfigChange, ConfigStores, Continue, reflect};
 use futures::StreamExt;
@@ -83,7 +86,7 @@ pub(super) fn start(
         namespaces: starter.metadata::<Namespace>("namespaces", |n| {
             Work::Namespace(n.metadata.name.clone().unwrap_or_default())
         }),
-        nodes: starter.metadata::<Node>("nodes", |_| Work::Config),
+        nodes: starter.nodes(),
         config: starter.config(namespace),
     };
     let presence = presence_group.map(|group| {
@@ -173,8 +176,35 @@ impl Starter<'_> {
             kind,
             slim::name_and_labels,
             move |change| match change {
-                Change::Object(o) => send(&tx, map(o)),
+                Change::Object(o) | Change::Deleted(o) => send(&tx, map(o)),
                 Change::Listed => send(&tx, Work::Synced(kind)),
+            },
+        )
+    }
+
+    /// Watches the Nodes' names and labels, which the configuration is validated with (node
+    /// selectors): only a Node that comes, goes or changes its labels means validating again,
+    /// not kubelet's status reports (one a Node every few minutes, each a metadata change),
+    /// which made every one of them an O(N) validation: N/300 a second at rest.
+    fn nodes(&mut self) -> Store<PartialObjectMeta<Node>> {
+        self.started += 1;
+        let tx = self.tx.clone();
+        let mut labels = LabelMemo::default();
+        reflect(
+            watcher(
+                Api::<PartialObjectMeta<Node>>::all(self.client.clone()),
+                watcher::Config::default().page_size(PAGE_SIZE),
+            ),
+            "nodes",
+            slim::name_and_labels,
+            move |change| match change {
+                Change::Object(o) => !labels.changed(o) || send(&tx, Work::Config),
+                Change::Deleted(o) => {
+                    labels.forget(o);
+                    send(&tx, Work::Config)
+                }
+                // A re-list reports no deletion: whatever went meanwhile counts now.
+                Change::Listed => send(&tx, Work::Synced("nodes")) && send(&tx, Work::Config),
             },
         )
     }
@@ -230,7 +260,7 @@ impl Starter<'_> {
         self.started += 1;
         let tx = self.tx.clone();
         Presence::watch(self.client, namespace, group, move |change| match change {
-            Change::Object(_) => send(&tx, Work::Presence),
+            Change::Object(_) | Change::Deleted(_) => send(&tx, Work::Presence),
             Change::Listed => send(&tx, Work::Synced("presence leases")),
         })
     }
@@ -292,5 +322,67 @@ async fn forward_services(
         {
             return false;
         }
+    }
+}
+
+/// A fingerprint of each Node's labels, to tell a label change from any other update.
+#[derive(Default)]
+struct LabelMemo {
+    seen: HashMap<String, u64>,
+    hasher: RandomState,
+}
+
+impl LabelMemo {
+    /// Whether `node` is new or its labels differ from the last time (and remembers them).
+    fn changed(&mut self, node: &PartialObjectMeta<Node>) -> bool {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let fingerprint = self.hasher.hash_one(&node.metadata.labels);
+        self.seen.insert(name, fingerprint) != Some(fingerprint)
+    }
+
+    /// `node` is gone.
+    fn forget(&mut self, node: &PartialObjectMeta<Node>) {
+        if let Some(name) = &node.metadata.name {
+            self.seen.remove(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> PartialObjectMeta<Node> {
+        let mut node = PartialObjectMeta::<Node>::default();
+        node.metadata.name = Some(name.to_string());
+        node.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        node
+    }
+
+    /// Only a new Node, or new labels, is a change; an update that keeps them is not, and a
+    /// Node that left and came back is new again.
+    #[test]
+    fn only_a_label_change_is_a_change() {
+        let mut memo = LabelMemo::default();
+        assert!(memo.changed(&node("n1", &[("zone", "a")])));
+        assert!(memo.changed(&node("n2", &[("zone", "a")])));
+        assert!(
+            !memo.changed(&node("n1", &[("zone", "a")])),
+            "kubelet's status report"
+        );
+        assert!(memo.changed(&node("n1", &[("zone", "b")])));
+        assert!(memo.changed(&node("n1", &[("zone", "b"), ("rack", "1")])));
+        assert!(memo.changed(&node("n1", &[])));
+        assert!(!memo.changed(&node("n2", &[("zone", "a")])));
+        memo.forget(&node("n2", &[("zone", "a")]));
+        assert!(
+            memo.changed(&node("n2", &[("zone", "a")])),
+            "a Node back after leaving"
+        );
     }
 }
