@@ -366,7 +366,7 @@ struct Starting {
 pub struct Driver {
     peers: BTreeMap<String, Handle>,
     /// Stopped sessions that may still be closing their connection, by peer address: a new
-    /// session with the same peer waits for them (see `session::run`).
+    /// session with the same peer waits for them (see `session::after`).
     closing: Vec<(IpAddr, JoinHandle<()>)>,
     observer: Arc<dyn Observer>,
     listener: listen::Listener,
