@@ -8,6 +8,7 @@
 //!
 //! * `FERROLB_BENCH_NODES` (default `3,20`): the lab sizes, comma-separated (at most 60).
 //! * `FERROLB_BENCH_SECONDS` (default 20): the window measured at rest, per membership.
+//! * `FERROLB_BENCH_MEMBERSHIP` (default `legacy,voters`): the memberships measured.
 //!
 //! Each size brings a lab up with that many nodes (a network namespace, a Ready Node object and
 //! a kube-proxy each) and a speaker on every node. Per membership, once every speaker is ready
@@ -16,7 +17,8 @@
 //! counts), how many of them exceed one Ethernet frame (1,472 bytes of payload), each
 //! speaker's CPU (utime + stime) and RSS, and the API server's watch events
 //! (`apiserver_watch_events_total`). Voters: the first five nodes (three below five nodes).
-//! Prints figures; asserts nothing.
+//! A membership whose speakers are not all ready within 120 s is reported as such (which node,
+//! and why) and the bench goes on. Prints figures; asserts nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -43,24 +45,38 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    let memberships: Vec<String> = std::env::var("FERROLB_BENCH_MEMBERSHIP")
+        .unwrap_or_else(|_| "legacy,voters".to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
     anyhow::ensure!(ferrolb_e2e::is_root(), "the bench needs root (the lab)");
     ferrolb::build_binaries(&ferrolb_e2e::bench::BINARIES)?;
     let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
     let mut rows = Vec::new();
+    let mut unsettled = Vec::new();
     for nodes in sizes {
         let options = Options {
             nodes,
             ..Options::default()
         };
         let lab = Lab::up(options, &lab_exe).await?;
-        let result = measure_size(&lab, seconds).await;
+        let result = measure_size(&lab, seconds, &memberships).await;
         ferrolb_e2e::bench::lab_done()?;
-        rows.extend(result?);
+        for outcome in result? {
+            match outcome {
+                Ok(row) => rows.push(row),
+                Err(why) => unsettled.push(why),
+            }
+        }
     }
     println!();
     println!("{}", table_header());
     for r in &rows {
         println!("{}", table_row(r));
+    }
+    for why in &unsettled {
+        println!("{why}");
     }
     Ok(())
 }
@@ -84,7 +100,12 @@ struct Row {
     watch_events: f64,
 }
 
-async fn measure_size(lab: &Lab, seconds: u64) -> anyhow::Result<Vec<Row>> {
+/// Each membership's row at this size, or (as text) why its speakers did not settle.
+async fn measure_size(
+    lab: &Lab,
+    seconds: u64,
+    memberships: &[String],
+) -> anyhow::Result<Vec<Result<Row, String>>> {
     let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
     for node in &nodes {
         install_counters(lab, node)?;
@@ -101,13 +122,41 @@ async fn measure_size(lab: &Lab, seconds: u64) -> anyhow::Result<Vec<Row>> {
         ("legacy", vec![]),
         ("voters", vec!["--membership=voters", voters_flag.as_str()]),
     ] {
+        if !memberships.iter().any(|m| m == membership) {
+            continue;
+        }
         let deployment = Deployment::start_with_speakers(lab, "scale", &pool, &[], &args)?;
-        let row = measure(lab, &deployment, &nodes, membership, seconds).await;
+        let settled = settle(lab, &nodes).await;
+        let row = match settled {
+            Ok(()) => Ok(measure(lab, &deployment, &nodes, membership, seconds).await),
+            Err(e) => Err(format!(
+                "{:>5} {:>10} did not settle: {e:#}",
+                nodes.len(),
+                membership
+            )),
+        };
         deployment.stop();
-        rows.push(row?);
-        println!("{}", rows.last().map(table_row).unwrap_or_default());
+        match row {
+            Ok(row) => {
+                let row = row?;
+                println!("{}", table_row(&row));
+                rows.push(Ok(row));
+            }
+            Err(why) => {
+                println!("{why}");
+                rows.push(Err(why));
+            }
+        }
     }
     Ok(rows)
+}
+
+/// Waits (at most 120 s each) until every node's speaker is ready.
+async fn settle(lab: &Lab, nodes: &[String]) -> anyhow::Result<()> {
+    for node in nodes {
+        ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(120)).await?;
+    }
+    Ok(())
 }
 
 /// The table's header, its columns as [`table_row`] fills them.
@@ -149,9 +198,6 @@ async fn measure(
     membership: &'static str,
     seconds: u64,
 ) -> anyhow::Result<Row> {
-    for node in nodes {
-        ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(120)).await?;
-    }
     // Past the start: the speakers settle and claim.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let client = lab.client().await?;
