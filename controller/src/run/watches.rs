@@ -83,9 +83,7 @@ pub(super) fn start(
     };
     starter.services(failpoints.clone());
     let stores = Stores {
-        namespaces: starter.metadata::<Namespace>("namespaces", |n| {
-            Work::Namespace(n.metadata.name.clone().unwrap_or_default())
-        }),
+        namespaces: starter.namespaces(),
         nodes: starter.nodes(),
         config: starter.config(namespace),
     };
@@ -151,11 +149,12 @@ impl Starter<'_> {
         });
     }
 
-    /// Watches the metadata of every object of kind `K` (names and labels only are kept).
+    /// Watches the metadata of every object of kind `K` (names and labels only are kept); `on`
+    /// hears each change and says whether the watch goes on.
     fn metadata<K>(
         &mut self,
         kind: &'static str,
-        map: fn(&PartialObjectMeta<K>) -> Work,
+        on: impl FnMut(Change<'_, PartialObjectMeta<K>>) -> Continue + Send + 'static,
     ) -> Store<PartialObjectMeta<K>>
     where
         PartialObjectMeta<K>: Resource<DynamicType = ()>
@@ -167,7 +166,6 @@ impl Starter<'_> {
             + 'static,
     {
         self.started += 1;
-        let tx = self.tx.clone();
         reflect(
             watcher(
                 Api::<PartialObjectMeta<K>>::all(self.client.clone()),
@@ -175,38 +173,39 @@ impl Starter<'_> {
             ),
             kind,
             slim::name_and_labels,
-            move |change| match change {
-                Change::Object(o) | Change::Deleted(o) => send(&tx, map(o)),
-                Change::Listed => send(&tx, Work::Synced(kind)),
-            },
+            on,
         )
     }
 
-    /// Watches the Nodes' names and labels, which the configuration is validated with (node
-    /// selectors): only a Node that comes, goes or changes its labels means validating again,
-    /// not kubelet's status reports (one a Node every few minutes, each a metadata change),
-    /// which made every one of them an O(N) validation: N/300 a second at rest.
+    /// Namespaces' names and labels: a namespace's labels decide which pools its Services may
+    /// use.
+    fn namespaces(&mut self) -> Store<PartialObjectMeta<Namespace>> {
+        let tx = self.tx.clone();
+        self.metadata("namespaces", move |change| match change {
+            Change::Object(n) | Change::Deleted(n) => send(
+                &tx,
+                Work::Namespace(n.metadata.name.clone().unwrap_or_default()),
+            ),
+            Change::Listed => send(&tx, Work::Synced("namespaces")),
+        })
+    }
+
+    /// Nodes' names and labels, which the configuration is validated with (node selectors):
+    /// only a Node that comes, goes or changes its labels means validating again, not
+    /// kubelet's status reports (one a Node every few minutes, each a metadata change), which
+    /// made every one of them an O(N) validation: N/300 a second at rest.
     fn nodes(&mut self) -> Store<PartialObjectMeta<Node>> {
-        self.started += 1;
         let tx = self.tx.clone();
         let mut labels = LabelMemo::default();
-        reflect(
-            watcher(
-                Api::<PartialObjectMeta<Node>>::all(self.client.clone()),
-                watcher::Config::default().page_size(PAGE_SIZE),
-            ),
-            "nodes",
-            slim::name_and_labels,
-            move |change| match change {
-                Change::Object(o) => !labels.changed(o) || send(&tx, Work::Config),
-                Change::Deleted(o) => {
-                    labels.forget(o);
-                    send(&tx, Work::Config)
-                }
-                // A re-list reports no deletion: whatever went meanwhile counts now.
-                Change::Listed => send(&tx, Work::Synced("nodes")) && send(&tx, Work::Config),
-            },
-        )
+        self.metadata("nodes", move |change| match change {
+            Change::Object(o) => !labels.changed(o) || send(&tx, Work::Config),
+            Change::Deleted(o) => {
+                labels.forget(o);
+                send(&tx, Work::Config)
+            }
+            // A re-list reports no deletion: whatever went meanwhile counts now.
+            Change::Listed => send(&tx, Work::Synced("nodes")) && send(&tx, Work::Config),
+        })
     }
 
     /// Watches every object of kind `K`, keeping only what `read` takes of each (keyed by

@@ -123,22 +123,11 @@ pub const CALLS: &[Call] = &[
         by: C,
         scope: Scope::Cluster,
         group: "",
-        resources: &["namespaces"],
+        resources: &["namespaces", "nodes"],
         verbs: LIST_WATCH,
         name: None,
         file: "controller/src/run/watches.rs",
         call: "Api::<PartialObjectMeta<K>>::all(self.client.clone())",
-    },
-    // Nodes' names and labels, for the configuration's validation.
-    Call {
-        by: C,
-        scope: Scope::Cluster,
-        group: "",
-        resources: &["nodes"],
-        verbs: LIST_WATCH,
-        name: None,
-        file: "controller/src/run/watches.rs",
-        call: "Api::<PartialObjectMeta<Node>>::all(self.client.clone())",
     },
     // Node addresses (controller.nodeAddresses): Nodes' addresses and readiness, and which
     // nodes hold a Service's ready endpoints.
