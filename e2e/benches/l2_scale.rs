@@ -126,27 +126,23 @@ async fn measure_size(
             continue;
         }
         let deployment = Deployment::start_with_speakers(lab, "scale", &pool, &[], &args)?;
-        let settled = settle(lab, &nodes).await;
-        let row = match settled {
-            Ok(()) => Ok(measure(lab, &deployment, &nodes, membership, seconds).await),
-            Err(e) => Err(format!(
+        let outcome = match settle(lab, &nodes).await {
+            Ok(()) => measure(lab, &deployment, &nodes, membership, seconds)
+                .await
+                .map(Ok),
+            Err(e) => Ok(Err(format!(
                 "{:>5} {:>10} did not settle: {e:#}",
                 nodes.len(),
                 membership
-            )),
+            ))),
         };
         deployment.stop();
-        match row {
-            Ok(row) => {
-                let row = row?;
-                println!("{}", table_row(&row));
-                rows.push(Ok(row));
-            }
-            Err(why) => {
-                println!("{why}");
-                rows.push(Err(why));
-            }
+        let outcome = outcome?;
+        match &outcome {
+            Ok(row) => println!("{}", table_row(row)),
+            Err(why) => println!("{why}"),
         }
+        rows.push(outcome);
     }
     Ok(rows)
 }
