@@ -1140,7 +1140,8 @@ async fn dual_stack_address_family_decides_the_families(ctx: Ctx) -> anyhow::Res
 /// router: FRR answers it with Cease / Connection Collision Resolution, and FRR 8.4 with
 /// dynamic neighbours then kept refusing that node for minutes (a CI failure of this suite,
 /// reproduced in 29 of 40 edits before the fix). Every edit ends with the three sessions new
-/// and Established, and the router logged no collision.
+/// and Established, and the router logged no collision. The same six edits with BFD hold no
+/// new session down for the end of the old session's BFD.
 async fn editing_the_peer_restarts_every_session_cleanly(ctx: Ctx) -> anyhow::Result<()> {
     let lab = &ctx.lab;
     let collisions = || -> anyhow::Result<usize> {
@@ -1150,6 +1151,20 @@ async fn editing_the_peer_restarts_every_session_cleanly(ctx: Ctx) -> anyhow::Re
             .lines()
             .filter(|l| l.contains("(Cease/Connection Collision Resolution)"))
             .count())
+    };
+    // How many times the speakers held a BGP session down for BFD.
+    let held = || -> anyhow::Result<usize> {
+        let mut n = 0;
+        for node in NODES {
+            let path = lab.dir.join("logs").join(format!("speaker-{node}.log"));
+            let log = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            n += log
+                .lines()
+                .filter(|l| l.contains("stopping the BGP session until BFD is up again"))
+                .count();
+        }
+        Ok(n)
     };
     let nodes: Vec<String> = NODES
         .iter()
@@ -1162,10 +1177,38 @@ async fn editing_the_peer_restarts_every_session_cleanly(ctx: Ctx) -> anyhow::Re
         .collect::<anyhow::Result<_>>()?;
     let before = collisions()?;
     let _restore = SuitePeer(lab);
+    edit_six_times(lab, &nodes, "").await?;
+    let after = collisions()?;
+    ensure!(
+        after == before,
+        "the router logged {} connection collisions with the nodes",
+        after - before
+    );
+    // With BFD: FRR deletes a dynamic neighbour's BFD session with its BGP session and creates
+    // another for the new one. The old BFD session's end is no failure of the new BGP session,
+    // which must not be held down for it (it was, after about one edit in eight).
+    let _bfd = WithBfd::apply(
+        lab,
+        "{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}",
+    )?;
+    wait_router_bfd(lab, &NODES, &["up"]).await?;
+    let before = held()?;
+    edit_six_times(lab, &nodes, "  bfdProfile: bfd\n").await?;
+    let held = held()? - before;
+    ensure!(
+        held == 0,
+        "the speakers held {held} new BGP sessions down for BFD after an edit of the BGPPeer"
+    );
+    Ok(())
+}
+
+/// Edits the suite's BGPPeer (plus `extra`) six times, its hold time switching between 12 s and
+/// 9 s, and waits after each edit for a new Established session from every node in `nodes`.
+async fn edit_six_times(lab: &Lab, nodes: &[String], extra: &str) -> anyhow::Result<()> {
     for round in 0..6 {
         let hold = if round % 2 == 0 { "12s" } else { "9s" };
         let edited = std::time::Instant::now();
-        lab.apply(&bgp_peer("").replace("holdTime: 9s", &format!("holdTime: {hold}")))?;
+        lab.apply(&bgp_peer(extra).replace("holdTime: 9s", &format!("holdTime: {hold}")))?;
         wait_for(
             &format!("edit {round} (holdTime {hold}): a new Established session from every node"),
             ROUTE_TIMEOUT,
@@ -1194,12 +1237,6 @@ async fn editing_the_peer_restarts_every_session_cleanly(ctx: Ctx) -> anyhow::Re
         // older than one, so that a session from before an edit never passes for a new one.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    let after = collisions()?;
-    ensure!(
-        after == before,
-        "the router logged {} connection collisions with the nodes",
-        after - before
-    );
     Ok(())
 }
 

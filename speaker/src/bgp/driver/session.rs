@@ -317,6 +317,7 @@ pub(super) async fn run(
             t.stop().await;
             return;
         }
+        bfd.bgp_established(t.primary.session.state() == State::Established);
         let deadline = t.next_timer();
         let sleep = async {
             match deadline {
