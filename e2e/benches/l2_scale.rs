@@ -1,14 +1,17 @@
-//! Layer 2 membership at rest with many speakers in the lab: what each speaker sends and
-//! receives on the heartbeat port, its CPU and memory, and the API server's watch events, for
-//! today's heartbeats (`--membership=legacy`) and the voters (`--membership=voters`, decision
-//! 0023), side by side, at each lab size (issue #34, item 3).
+//! Layer 2 membership with many speakers in the lab: at rest, what each speaker sends and
+//! receives on the heartbeat port, its CPU and memory, and the API server's watch events; then
+//! the client's outage when the owner of a Service IP loses its link. For today's heartbeats
+//! (`--membership=legacy`), the voters (`--membership=voters`, decision 0023) and MetalLB's
+//! speakers (memberlist), side by side, at each lab size (issue #34, item 3).
 //!
 //! `cargo bench -p ferrolb-e2e --bench l2_scale` (as root; it builds what it runs first).
 //! Environment:
 //!
 //! * `FERROLB_BENCH_NODES` (default `3,20`): the lab sizes, comma-separated (at most 60).
 //! * `FERROLB_BENCH_SECONDS` (default 20): the window measured at rest, per membership.
-//! * `FERROLB_BENCH_MEMBERSHIP` (default `legacy,voters`): the memberships measured.
+//! * `FERROLB_BENCH_MEMBERSHIP` (default `legacy,voters,metallb`): the memberships measured
+//!   (`metallb`: MetalLB v0.15.2's speakers, as `ferrolb_e2e::metallb` runs them).
+//! * `FERROLB_BENCH_TRIALS` (default 10): link cuts per membership and size.
 //!
 //! Each size brings a lab up with that many nodes (a network namespace, a Ready Node object and
 //! a kube-proxy each) and a speaker on every node. Per membership, once every speaker is ready
@@ -18,15 +21,29 @@
 //! speaker's CPU (utime + stime) and RSS, and the API server's watch events
 //! (`apiserver_watch_events_total`). Voters: the first five nodes (three below five nodes).
 //! A membership whose speakers are not all ready within 120 s is reported as such (which node,
-//! and why) and the bench goes on. Prints figures; asserts nothing.
+//! and why) and the bench goes on. MetalLB's speakers have no readiness endpoint: they get 20 s
+//! to join (memberlist's TCP push/pull, one exchange per node every 30 s, is not counted).
+//!
+//! Then the failover: a Service whose pods run on two nodes away from its IP's owner; each trial
+//! probes the IP from the client every 10 ms for 4 s, cuts the owner's link at 1 s, and takes
+//! the longest gap between answers (`ferrolb_e2e::systems::failover_trial`, as the side-by-side
+//! bench does). Prints figures; asserts nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ferrolb_e2e::Lab;
+use ferrolb_e2e::bench::percentile;
 use ferrolb_e2e::ferrolb::{self, Deployment};
+use ferrolb_e2e::metallb::MetalLb;
+use ferrolb_e2e::scope::TestScope;
+use ferrolb_e2e::service::{ingress_ips, wait_ips};
+use ferrolb_e2e::systems::{Fault, Running, failover_trial};
 use ferrolb_e2e::topology::Options;
+use ferrolb_testkit::objects::service;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 /// The iptables chain the bench counts in, in every node's namespace.
 const CHAIN: &str = "FERROLB-BENCH-HB";
@@ -46,10 +63,11 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let memberships: Vec<String> = std::env::var("FERROLB_BENCH_MEMBERSHIP")
-        .unwrap_or_else(|_| "legacy,voters".to_string())
+        .unwrap_or_else(|_| "legacy,voters,metallb".to_string())
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
+    let trials = ferrolb_e2e::bench::trials(10);
     anyhow::ensure!(ferrolb_e2e::is_root(), "the bench needs root (the lab)");
     ferrolb::build_binaries(&ferrolb_e2e::bench::BINARIES)?;
     let lab_exe = ferrolb::workspace_binary("ferrolb-lab")?;
@@ -61,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
             ..Options::default()
         };
         let lab = Lab::up(options, &lab_exe).await?;
-        let result = measure_size(&lab, seconds, &memberships).await;
+        let result = measure_size(&lab, seconds, trials, &memberships).await;
         ferrolb_e2e::bench::lab_done()?;
         for outcome in result? {
             match outcome {
@@ -98,12 +116,15 @@ struct Row {
     rss_mib: f64,
     /// The API server's watch events per second, all resources.
     watch_events: f64,
+    /// The client's outage when the owner's link is cut: p50, p99 and max, milliseconds.
+    outage_ms: [f64; 3],
 }
 
 /// Each membership's row at this size, or (as text) why its speakers did not settle.
 async fn measure_size(
     lab: &Lab,
     seconds: u64,
+    trials: usize,
     memberships: &[String],
 ) -> anyhow::Result<Vec<Result<Row, String>>> {
     let nodes: Vec<String> = lab.topology.nodes().map(|h| h.name.clone()).collect();
@@ -121,13 +142,24 @@ async fn measure_size(
     for (membership, args) in [
         ("legacy", vec![]),
         ("voters", vec!["--membership=voters", voters_flag.as_str()]),
+        ("metallb", vec![]),
     ] {
         if !memberships.iter().any(|m| m == membership) {
             continue;
         }
-        let deployment = Deployment::start_with_speakers(lab, "scale", &pool, &[], &args)?;
-        let outcome = match settle(lab, &nodes).await {
-            Ok(()) => measure(lab, &deployment, &nodes, membership, seconds)
+        let running = if membership == "metallb" {
+            Running::MetalLb(MetalLb::start(lab, &pool).await?)
+        } else {
+            Running::Ferrolb(Deployment::start_with_speakers(
+                lab,
+                "scale",
+                &pool,
+                &[],
+                &args,
+            )?)
+        };
+        let outcome = match settle(lab, &running, &nodes).await {
+            Ok(()) => measure(lab, &running, &nodes, membership, seconds, trials)
                 .await
                 .map(Ok),
             Err(e) => Ok(Err(format!(
@@ -136,7 +168,7 @@ async fn measure_size(
                 membership
             ))),
         };
-        deployment.stop();
+        running.stop();
         let outcome = outcome?;
         match &outcome {
             Ok(row) => println!("{}", table_row(row)),
@@ -147,8 +179,13 @@ async fn measure_size(
     Ok(rows)
 }
 
-/// Waits (at most 120 s each) until every node's speaker is ready.
-async fn settle(lab: &Lab, nodes: &[String]) -> anyhow::Result<()> {
+/// Waits (at most 120 s each) until every node's speaker is ready; MetalLB's, which say
+/// nothing, get 20 s to join.
+async fn settle(lab: &Lab, running: &Running, nodes: &[String]) -> anyhow::Result<()> {
+    if let Running::MetalLb(_) = running {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        return Ok(());
+    }
     for node in nodes {
         ferrolb::wait_speaker_ready(lab, node, Duration::from_secs(120)).await?;
     }
@@ -158,7 +195,7 @@ async fn settle(lab: &Lab, nodes: &[String]) -> anyhow::Result<()> {
 /// The table's header, its columns as [`table_row`] fills them.
 fn table_header() -> String {
     format!(
-        "{:>5} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>12}",
+        "{:>5} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>12} {:>20}",
         "nodes",
         "membership",
         "dgram/s/node",
@@ -167,14 +204,15 @@ fn table_header() -> String {
         ">1 frame",
         "CPU %/spk",
         "RSS MiB",
-        "watch ev/s"
+        "watch ev/s",
+        "cut p50/p99/max ms"
     )
 }
 
 /// One row of the table (also printed as each membership is measured).
 fn table_row(r: &Row) -> String {
     format!(
-        "{:>5} {:>10} {:>12.1} {:>12.2} {:>12.1} {:>10} {:>10.2} {:>10.1} {:>12.1}",
+        "{:>5} {:>10} {:>12.1} {:>12.2} {:>12.1} {:>10} {:>10.2} {:>10.1} {:>12.1} {:>20}",
         r.nodes,
         r.membership,
         r.datagrams_per_node,
@@ -183,16 +221,21 @@ fn table_row(r: &Row) -> String {
         r.over_one_frame,
         r.cpu_percent,
         r.rss_mib,
-        r.watch_events
+        r.watch_events,
+        format!(
+            "{:.0}/{:.0}/{:.0}",
+            r.outage_ms[0], r.outage_ms[1], r.outage_ms[2]
+        )
     )
 }
 
 async fn measure(
     lab: &Lab,
-    deployment: &Deployment,
+    running: &Running,
     nodes: &[String],
     membership: &'static str,
     seconds: u64,
+    trials: usize,
 ) -> anyhow::Result<Row> {
     // Past the start: the speakers settle and claim.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -201,7 +244,7 @@ async fn measure(
         .iter()
         .map(|n| read_counters(lab, n))
         .collect::<anyhow::Result<_>>()?;
-    let cpu_before = cpu_ticks(deployment);
+    let cpu_before = cpu_ticks(running, nodes);
     let watch_before = all_watch_events(&client).await?;
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
@@ -210,7 +253,7 @@ async fn measure(
         .iter()
         .map(|n| read_counters(lab, n))
         .collect::<anyhow::Result<_>>()?;
-    let cpu_after = cpu_ticks(deployment);
+    let cpu_after = cpu_ticks(running, nodes);
     let watch_after = all_watch_events(&client).await?;
     let per_node: Vec<(f64, f64)> = counters_before
         .iter()
@@ -235,14 +278,14 @@ async fn measure(
             Some((after - before) as f64 / 100.0 / elapsed * 100.0)
         })
         .collect();
-    let rss: Vec<f64> = deployment
-        .speakers
-        .pids()
+    let rss: Vec<f64> = running
+        .speaker_pids(nodes)
         .iter()
         .filter_map(|(_, pid)| ferrolb::rss_bytes(*pid))
         .map(|b| b as f64 / 1024.0 / 1024.0)
         .collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let outage_ms = link_cuts(lab, running, nodes, membership, trials).await?;
     Ok(Row {
         nodes: nodes.len(),
         membership,
@@ -253,7 +296,71 @@ async fn measure(
         cpu_percent: mean(&cpu),
         rss_mib: mean(&rss),
         watch_events: (watch_after - watch_before) / elapsed,
+        outage_ms,
     })
+}
+
+/// The client's outage over `trials` cuts of the owner's link: p50, p99 and max, ms. The
+/// Service's pods run on two nodes other than the owner.
+async fn link_cuts(
+    lab: &Lab,
+    running: &Running,
+    nodes: &[String],
+    membership: &str,
+    trials: usize,
+) -> anyhow::Result<[f64; 3]> {
+    let mut scope = TestScope::new(lab, &format!("l2-scale-{membership}")).await?;
+    let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
+    scope.deploy("seed", &[nodes[0].as_str()]).await?;
+    api.create(
+        &PostParams::default(),
+        &service("probe")
+            .selector("app", "seed")
+            .named_port("udp", 8081, 8081, "UDP")
+            .build(),
+    )
+    .await?;
+    let ip = ingress_ips(&wait_ips(&api, "probe", 1).await?).remove(0);
+    let owner = lab.answering_node("client", &ip).await?;
+    let away: Vec<&str> = nodes
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != owner)
+        .take(2)
+        .collect();
+    scope.deploy("probe", &away).await?;
+    api.patch(
+        "probe",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"selector": {"app": "probe"}}})),
+    )
+    .await?;
+    scope.wait_ready_endpoints("probe", away.len()).await?;
+    let mut gaps = Vec::new();
+    for trial in 0..trials {
+        let gap = failover_trial(
+            lab,
+            running,
+            Fault::LinkCut,
+            &ip,
+            &owner,
+            Duration::from_secs(4),
+            Duration::from_secs(1),
+        )
+        .await?;
+        println!(
+            "{:>5} {membership}: trial {trial}: {owner}'s link cut, longest gap {gap:.0} ms",
+            nodes.len()
+        );
+        gaps.push(Duration::from_secs_f64(gap / 1000.0));
+    }
+    gaps.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    Ok([
+        ms(percentile(&gaps, 0.5)),
+        ms(percentile(&gaps, 0.99)),
+        gaps.last().copied().map_or(0.0, ms),
+    ])
 }
 
 /// Counts UDP 7946 both ways in `node`'s namespace, and what leaves larger than one frame.
@@ -333,10 +440,9 @@ fn read_counters(lab: &Lab, node: &str) -> anyhow::Result<Counters> {
 }
 
 /// Each speaker's utime + stime, in clock ticks.
-fn cpu_ticks(deployment: &Deployment) -> BTreeMap<String, u64> {
-    deployment
-        .speakers
-        .pids()
+fn cpu_ticks(running: &Running, nodes: &[String]) -> BTreeMap<String, u64> {
+    running
+        .speaker_pids(nodes)
         .into_iter()
         .filter_map(|(node, pid)| Some((node, ferrolb_e2e::bench::cpu_ticks(pid)?)))
         .collect()

@@ -27,13 +27,14 @@ use std::time::{Duration, Instant};
 use ferrolb_e2e::Lab;
 use ferrolb_e2e::apiserver_metrics::{self, Writes};
 use ferrolb_e2e::bench::{
-    burst, cpu_ticks, env_usize, finish_probe, mib, percentile, percentiles, proc_status_bytes,
-    start_probe, wait_all, watch_ips,
+    burst, cpu_ticks, env_usize, mib, percentile, percentiles, proc_status_bytes, wait_all,
+    watch_ips,
 };
 use ferrolb_e2e::ferrolb::{self, Deployment, NAMESPACE};
 use ferrolb_e2e::metallb::MetalLb;
 use ferrolb_e2e::scope::TestScope;
 use ferrolb_e2e::service::{ingress_ips, wait_ips};
+use ferrolb_e2e::systems::{Fault, Running, failover_trial};
 use ferrolb_testkit::objects::service;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -44,56 +45,6 @@ const NODES: [&str; 3] = ["node1", "node2", "node3"];
 /// How long each failover trial probes; the kill comes after [`BEFORE_KILL`].
 const WINDOW: Duration = Duration::from_secs(25);
 const BEFORE_KILL: Duration = Duration::from_secs(2);
-
-/// One system running in the lab.
-enum Running {
-    MetalLb(MetalLb),
-    Ferrolb(Deployment),
-}
-
-impl Running {
-    fn name(&self) -> &'static str {
-        match self {
-            Running::MetalLb(_) => "MetalLB",
-            Running::Ferrolb(_) => "ferrolb",
-        }
-    }
-
-    fn controller_pid(&self) -> i32 {
-        match self {
-            Running::MetalLb(m) => m.controller.pid,
-            Running::Ferrolb(f) => f.controller.pid,
-        }
-    }
-
-    fn speaker_pid(&self, node: &str) -> Option<i32> {
-        match self {
-            Running::MetalLb(m) => m.speaker(node).map(|p| p.pid),
-            Running::Ferrolb(f) => f.speakers.process(node).map(|p| p.pid),
-        }
-    }
-
-    fn kill_speaker(&self, node: &str) {
-        match self {
-            Running::MetalLb(m) => m.kill_speaker(node),
-            Running::Ferrolb(f) => f.speakers.kill(node),
-        }
-    }
-
-    async fn start_speaker(&self, node: &str) -> anyhow::Result<()> {
-        match self {
-            Running::MetalLb(m) => m.start_speaker(node).await,
-            Running::Ferrolb(f) => f.speakers.start(node),
-        }
-    }
-
-    fn stop(&self) {
-        match self {
-            Running::MetalLb(m) => m.stop(),
-            Running::Ferrolb(f) => f.stop(),
-        }
-    }
-}
 
 /// The bench's pool: room for the burst, and the lab segment's layer 2 range first (the
 /// failover Service is created first and gets its first address).
@@ -198,41 +149,10 @@ async fn scenarios(lab: &Lab, running: &Running, lab_writes: f64) -> anyhow::Res
     for fault in [Fault::LinkCut, Fault::SpeakerKill] {
         let mut outages = Vec::new();
         for trial in 0..ferrolb_e2e::bench::trials(10) {
-            // The pods are away from the first owner: a fault there measures the announcement,
-            // not kube-proxy's handling of a dead endpoint. Both systems hand the IP back to it
-            // once it is healthy (rendezvous or consistent hashing; ferrolb after flap damping).
-            let owner = ferrolb_e2e::cluster::wait_for(
-                &format!("{first_owner} to answer for {ip} again"),
-                Duration::from_secs(180),
-                || async {
-                    let now = lab
-                        .answering_node("client", &ip)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if now == first_owner {
-                        Ok(Some(now))
-                    } else {
-                        Err(now)
-                    }
-                },
-            )
-            .await?;
-            let probe = start_probe(lab, "client", &ip, WINDOW)?;
-            tokio::time::sleep(BEFORE_KILL).await;
-            match fault {
-                Fault::LinkCut => lab.set_link(&owner, false)?,
-                Fault::SpeakerKill => running.kill_speaker(&owner),
-            }
-            let report = tokio::task::spawn_blocking(move || finish_probe(probe)).await??;
-            match fault {
-                Fault::LinkCut => lab.set_link(&owner, true)?,
-                Fault::SpeakerKill => running.start_speaker(&owner).await?,
-            }
-            println!(
-                "{name}: trial {trial}: {owner}: {fault:?}, longest gap {:.0} ms",
-                report.max_gap_ms
-            );
-            outages.push(report.max_gap_ms);
+            let gap =
+                failover_trial(lab, running, fault, &ip, &first_owner, WINDOW, BEFORE_KILL).await?;
+            println!("{name}: trial {trial}: {first_owner}: {fault:?}, longest gap {gap:.0} ms");
+            outages.push(gap);
         }
         if let Some(line) = percentiles(&format!("{name} L2 outage, {fault:?}"), outages.clone()) {
             println!("{line}");
@@ -496,16 +416,6 @@ fn show_writes(w: &Writes) -> String {
         .map(|(k, v)| format!("{k} {v:.1}"))
         .collect();
     format!("{:.1} ({})", apiserver_metrics::total(w), list.join(", "))
-}
-
-/// The layer 2 faults measured on the owner.
-#[derive(Clone, Copy, Debug)]
-enum Fault {
-    /// Its lab link goes down: the node is gone for the client.
-    LinkCut,
-    /// SIGKILL of its speaker: the node still forwards, so the client's neighbour entry keeps
-    /// working until a new owner announces itself.
-    SpeakerKill,
 }
 
 fn print_table(results: &[(&'static str, Figures)]) {

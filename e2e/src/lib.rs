@@ -30,6 +30,7 @@ pub mod scope;
 pub mod service;
 pub mod simulated_nodes;
 pub mod suite;
+pub mod systems;
 pub mod topology;
 
 pub use lab::{Lab, LabPod, down, is_root, lab_dir};
