@@ -39,12 +39,10 @@ use ferrolb_e2e::bench::percentile;
 use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::metallb::MetalLb;
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, wait_ips};
 use ferrolb_e2e::systems::{Fault, Running, failover_trial};
 use ferrolb_e2e::topology::Options;
-use ferrolb_testkit::objects::service;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 
 /// The iptables chain the bench counts in, in every node's namespace.
 const CHAIN: &str = "FERROLB-BENCH-HB";
@@ -321,34 +319,22 @@ async fn link_cuts(
 ) -> anyhow::Result<Result<[f64; 3], String>> {
     let mut scope = TestScope::new(lab, &format!("l2-scale-{membership}")).await?;
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
-    scope.deploy("seed", &[nodes[0].as_str()]).await?;
-    api.create(
-        &PostParams::default(),
-        &service("probe")
-            .selector("app", "seed")
-            .named_port("udp", 8081, 8081, "UDP")
-            .build(),
-    )
-    .await?;
-    let ip = ingress_ips(&wait_ips(&api, "probe", 1).await?).remove(0);
+    let ip = ferrolb_e2e::bench::probe_service(&mut scope, &api, &nodes[0]).await?;
     let owner = match sole_owner(lab, &ip).await {
         Ok(owner) => owner,
         Err(why) => return Ok(Err(why)),
     };
-    let away: Vec<&str> = nodes
-        .iter()
-        .map(String::as_str)
-        .filter(|n| *n != owner)
-        .take(2)
+    // Pods on two nodes other than the owner.
+    let candidates: Vec<&str> = std::iter::once(owner.as_str())
+        .chain(
+            nodes
+                .iter()
+                .map(String::as_str)
+                .filter(|n| *n != owner)
+                .take(2),
+        )
         .collect();
-    scope.deploy("probe", &away).await?;
-    api.patch(
-        "probe",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"selector": {"app": "probe"}}})),
-    )
-    .await?;
-    scope.wait_ready_endpoints("probe", away.len()).await?;
+    ferrolb_e2e::bench::serve_away_from(&mut scope, &api, "probe", &candidates, &owner).await?;
     // MetalLB's memberlist takes seconds to declare a node dead (5.6 s at 3 nodes in the
     // side-by-side bench, and its suspicion timeout grows with log N): its probe runs longer,
     // so that the gap is measured, not cut off by the window.

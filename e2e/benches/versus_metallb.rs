@@ -33,9 +33,7 @@ use ferrolb_e2e::bench::{
 use ferrolb_e2e::ferrolb::{self, Deployment, NAMESPACE};
 use ferrolb_e2e::metallb::MetalLb;
 use ferrolb_e2e::scope::TestScope;
-use ferrolb_e2e::service::{ingress_ips, wait_ips};
 use ferrolb_e2e::systems::{Fault, Running, failover_trial};
-use ferrolb_testkit::objects::service;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -133,16 +131,7 @@ async fn scenarios(lab: &Lab, running: &Running, lab_writes: f64) -> anyhow::Res
     let api: Api<Service> = Api::namespaced(lab.client().await?, &scope.namespace);
 
     // Failover first: the Service gets the pool's first address, on the lab segment.
-    scope.deploy("seed", &["node1"]).await?;
-    api.create(
-        &PostParams::default(),
-        &service("probe")
-            .selector("app", "seed")
-            .named_port("udp", 8081, 8081, "UDP")
-            .build(),
-    )
-    .await?;
-    let ip = ingress_ips(&wait_ips(&api, "probe", 1).await?).remove(0);
+    let ip = ferrolb_e2e::bench::probe_service(&mut scope, &api, "node1").await?;
     let first_owner = lab.answering_node("client", &ip).await?;
     ferrolb_e2e::bench::serve_away_from(&mut scope, &api, "probe", &NODES, &first_owner).await?;
     let mut figures = Vec::new();

@@ -27,6 +27,30 @@ pub async fn lab_up() -> anyhow::Result<Lab> {
     Lab::up(Options::default(), &lab_exe).await
 }
 
+/// Creates Service `probe` (UDP 8081, the lab pods' echo) in `scope` with one pod on `seed_node`,
+/// and returns its first ingress IP once allocated: a Service to fail over, whose pods
+/// [`serve_away_from`] then moves away from the IP's owner.
+pub async fn probe_service(
+    scope: &mut crate::scope::TestScope,
+    api: &Api<Service>,
+    seed_node: &str,
+) -> anyhow::Result<String> {
+    scope.deploy("seed", &[seed_node]).await?;
+    api.create(
+        &PostParams::default(),
+        &objects::service("probe")
+            .selector("app", "seed")
+            .named_port("udp", 8081, 8081, "UDP")
+            .build(),
+    )
+    .await?;
+    let status = crate::service::wait_ips(api, "probe", 1).await?;
+    crate::service::ingress_ips(&status)
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("Service probe has no ingress IP"))
+}
+
 /// Deploys pods of app `probe` on every node of `nodes` but `away_from`, points Service
 /// `service` at them and waits for their endpoints: a fault on `away_from` then measures the
 /// announcement, not kube-proxy's handling of a dead endpoint. Returns the nodes with pods.
