@@ -58,18 +58,43 @@ pub fn build_binaries(binaries: &[&str]) -> anyhow::Result<()> {
         binaries.join(", "),
         args.join(" ")
     );
-    let status = std::process::Command::new(cargo)
-        .args(&args)
-        .arg("--locked")
-        .current_dir(repo_root())
-        .status()
-        .context("running cargo")?;
+    let mut command = std::process::Command::new(cargo);
+    command.args(&args).arg("--locked").current_dir(repo_root());
+    without_running_package_env(&mut command);
+    let status = command.status().context("running cargo")?;
     ensure!(
         status.success(),
         "`cargo {}` failed: {status}",
         args.join(" ")
     );
     Ok(())
+}
+
+/// Removes from `command` what cargo sets for the bench or test it runs (`CARGO_PKG_*`,
+/// `CARGO_MANIFEST_*`, `CARGO_CRATE_NAME`, ...). Build scripts declare some of these with
+/// `rerun-if-env-changed` (ring's does: `CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...), and cargo
+/// compares them from its own environment: a cargo started with them set, then one without,
+/// each ran ring's build script again and rebuilt everything above it (rustls, kube), about
+/// 8 minutes of every lab bench's start.
+fn without_running_package_env(command: &mut std::process::Command) {
+    const SET_FOR_A_RUNNING_TARGET: [&str; 7] = [
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+        "CARGO_MANIFEST_LINKS",
+    ];
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || SET_FOR_A_RUNNING_TARGET.contains(&key)
+        {
+            command.env_remove(key);
+        }
+    }
 }
 
 /// target/<profile>/ of the running binary: binaries sit there, test and bench binaries in its
@@ -777,6 +802,36 @@ pub fn speaker_metric(lab: &Lab, node: &str, name: &str) -> anyhow::Result<f64> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    /// Under `cargo test` this process has the package variables cargo sets for what it runs;
+    /// the nested build must not see them (they made every lab bench rebuild ring and what
+    /// depends on it), and must keep the rest (`CARGO_HOME`, `PATH`, ...).
+    #[test]
+    fn the_nested_build_runs_without_the_running_package_variables() {
+        let package = |k: &str| k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_");
+        let present: BTreeSet<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| package(k))
+            .collect();
+        if std::env::var_os("CARGO").is_some() {
+            assert!(present.contains("CARGO_PKG_NAME"), "{present:?}");
+        }
+        let mut command = std::process::Command::new("true");
+        without_running_package_env(&mut command);
+        let removed: BTreeSet<String> = command
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            present.is_subset(&removed),
+            "{present:?} not all in {removed:?}"
+        );
+        for kept in ["CARGO", "CARGO_HOME", "PATH", "HOME"] {
+            assert!(!removed.contains(kept), "{kept} removed");
+        }
+    }
 
     #[test]
     fn the_build_command_names_each_package_and_binary_in_the_profile() {
