@@ -22,6 +22,7 @@ pub mod lab;
 pub mod logs;
 pub mod metallb;
 pub mod ndp;
+pub mod nemesis;
 pub mod pki;
 pub mod probe;
 pub mod process;
