@@ -76,7 +76,7 @@ pub fn build_binaries(binaries: &[&str]) -> anyhow::Result<()> {
 /// compares them from its own environment: a cargo started with them set, then one without,
 /// each ran ring's build script again and rebuilt everything above it (rustls, kube), about
 /// 8 minutes of every lab bench's start.
-fn without_running_package_env(command: &mut std::process::Command) {
+pub(crate) fn without_running_package_env(command: &mut std::process::Command) {
     const SET_FOR_A_RUNNING_TARGET: [&str; 7] = [
         "CARGO_CRATE_NAME",
         "CARGO_BIN_NAME",
@@ -541,6 +541,8 @@ pub struct Speakers {
     credentials: SpeakerCredentials,
     /// Arguments every speaker of the suite gets, before `FERROLB_LAB_SPEAKER_ARGS`'s.
     args: Vec<String>,
+    /// The speaker binary, when not the workspace's (a deliberately broken build).
+    exe: Option<PathBuf>,
     running: std::sync::Mutex<std::collections::BTreeMap<String, LabProcess>>,
 }
 
@@ -551,6 +553,7 @@ impl Speakers {
             lab: lab.clone(),
             credentials: install_speaker(lab)?,
             args: Vec::new(),
+            exe: None,
             running: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         })
     }
@@ -562,6 +565,14 @@ impl Speakers {
             args: args.iter().map(|s| s.to_string()).collect(),
             ..Self::new(lab)?
         })
+    }
+
+    /// The binary the speakers run.
+    fn exe(&self) -> anyhow::Result<PathBuf> {
+        match &self.exe {
+            Some(exe) => Ok(exe.clone()),
+            None => workspace_binary("ferrolb-speaker"),
+        }
     }
 
     /// The suite's arguments and `FERROLB_LAB_SPEAKER_ARGS`'s.
@@ -600,7 +611,7 @@ impl Speakers {
         let common = self.common_args();
         let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
         args.extend(["--gossip-next-key-file", &next]);
-        let p = start_speaker(&self.lab, &credentials, node, &args)?;
+        let p = spawn_speaker(&self.lab, &credentials, node, &args, None, &self.exe()?)?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }
@@ -610,7 +621,14 @@ impl Speakers {
         let common = self.common_args();
         let mut extra: Vec<&str> = common.iter().map(String::as_str).collect();
         extra.extend_from_slice(more);
-        let p = start_speaker(&self.lab, &self.credentials, node, &extra)?;
+        let p = spawn_speaker(
+            &self.lab,
+            &self.credentials,
+            node,
+            &extra,
+            None,
+            &self.exe()?,
+        )?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }
@@ -619,7 +637,14 @@ impl Speakers {
     pub fn start_clocked(&self, node: &str, offset: &str) -> anyhow::Result<()> {
         let common = self.common_args();
         let extra: Vec<&str> = common.iter().map(String::as_str).collect();
-        let p = start_speaker_clocked(&self.lab, &self.credentials, node, &extra, Some(offset))?;
+        let p = spawn_speaker(
+            &self.lab,
+            &self.credentials,
+            node,
+            &extra,
+            Some(offset),
+            &self.exe()?,
+        )?;
         self.running().insert(node.to_string(), p);
         Ok(())
     }
@@ -723,12 +748,29 @@ impl Deployment {
         controller_args: &[&str],
         speaker_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_with_speaker_exe(lab, name, config, controller_args, speaker_args, None)
+    }
+
+    /// [`Self::start_with_speakers`] with the speakers running `speaker_exe` when given (a
+    /// deliberately broken build, for the nemesis's checkers) instead of the workspace's.
+    pub fn start_with_speaker_exe(
+        lab: &Lab,
+        name: &str,
+        config: &str,
+        controller_args: &[&str],
+        speaker_args: &[&str],
+        speaker_exe: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let kubeconfig = install(lab)?;
         let controller = start_controller_with(lab, &kubeconfig, name, 7472, controller_args)?;
+        let speakers = Speakers {
+            exe: speaker_exe.map(Path::to_path_buf),
+            ..Speakers::with_args(lab, speaker_args)?
+        };
         let deployment = Self {
             lab: lab.clone(),
             controller,
-            speakers: std::sync::Arc::new(Speakers::with_args(lab, speaker_args)?),
+            speakers: std::sync::Arc::new(speakers),
         };
         let started = (|| {
             lab.apply(config)?;

@@ -34,12 +34,17 @@ pub fn solicitation(target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
 /// The Target Link-Layer Address of a Neighbor Advertisement for `target` (an ICMPv6 message as
 /// a raw socket reads it), or `None` for any other message.
 pub fn advertised_mac(message: &[u8], target: Ipv6Addr) -> Option<[u8; 6]> {
+    advertisement(message).and_then(|(t, mac)| (t == target).then_some(mac))
+}
+
+/// The target and Target Link-Layer Address of a Neighbor Advertisement (an ICMPv6 message as a
+/// raw socket reads it), or `None` for any other message.
+pub fn advertisement(message: &[u8]) -> Option<(Ipv6Addr, [u8; 6])> {
     if message.len() < 24 || message[0] != TYPE_NEIGHBOR_ADVERTISEMENT || message[1] != 0 {
         return None;
     }
-    if message[8..24] != target.octets() {
-        return None;
-    }
+    let target: [u8; 16] = message[8..24].try_into().ok()?;
+    let target = Ipv6Addr::from(target);
     let mut options = &message[24..];
     while options.len() >= 8 {
         let len = usize::from(options[1]) * 8;
@@ -47,15 +52,80 @@ pub fn advertised_mac(message: &[u8], target: Ipv6Addr) -> Option<[u8; 6]> {
             return None;
         }
         if options[0] == OPTION_TARGET_LINK_ADDRESS {
-            return options[2..8].try_into().ok();
+            return Some((target, options[2..8].try_into().ok()?));
         }
         options = &options[len..];
     }
     None
 }
 
+/// A raw ICMPv6 socket on one interface that sends Neighbor Solicitations and reads the
+/// advertisements that answer them (any target, any source).
+pub struct Asker {
+    socket: Socket,
+    index: u32,
+    mac: [u8; 6],
+}
+
+impl Asker {
+    /// Opens the socket on `interface`.
+    pub fn open(interface: &str) -> anyhow::Result<Self> {
+        let mac_file = format!("/sys/class/net/{interface}/address");
+        let mac_hex =
+            std::fs::read_to_string(&mac_file).with_context(|| format!("reading {mac_file}"))?;
+        let mut mac = [0u8; 6];
+        for (byte, part) in mac.iter_mut().zip(mac_hex.trim().split(':')) {
+            *byte =
+                u8::from_str_radix(part, 16).with_context(|| format!("{mac_file}: {mac_hex:?}"))?;
+        }
+        let index = interface_index(interface)?;
+        let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        socket.bind_device(Some(interface.as_bytes()))?;
+        socket.set_multicast_hops_v6(u32::from(ND_HOP_LIMIT))?;
+        socket.set_unicast_hops_v6(u32::from(ND_HOP_LIMIT))?;
+        socket.set_multicast_if_v6(index)?;
+        Ok(Self { socket, index, mac })
+    }
+
+    /// Sends one solicitation for `target` to its solicited-node group.
+    pub fn ask(&self, target: Ipv6Addr) -> anyhow::Result<()> {
+        let group = SocketAddrV6::new(solicited_node_multicast(target), 0, 0, self.index);
+        self.socket
+            .send_to(&solicitation(target, self.mac), &group.into())?;
+        Ok(())
+    }
+
+    /// The next advertisement read before `until`: its target and MAC; `None` once `until`
+    /// has passed.
+    pub fn answer_before(&self, until: Instant) -> anyhow::Result<Option<(Ipv6Addr, [u8; 6])>> {
+        let mut buf = [0u8; 1500];
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.socket.set_read_timeout(Some(left))?;
+            let n = match (&self.socket).read(&mut buf) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(answer) = advertisement(&buf[..n]) {
+                return Ok(Some(answer));
+            }
+        }
+    }
+}
+
 /// Formats a MAC as ndisc6 does (upper-case hex, colons).
-fn mac_text(mac: [u8; 6]) -> String {
+pub fn mac_text(mac: [u8; 6]) -> String {
     mac.iter()
         .map(|b| format!("{b:02X}"))
         .collect::<Vec<_>>()
@@ -70,45 +140,13 @@ pub fn solicit(
     count: u32,
     wait: Duration,
 ) -> anyhow::Result<()> {
-    let mac_file = format!("/sys/class/net/{interface}/address");
-    let mac_hex =
-        std::fs::read_to_string(&mac_file).with_context(|| format!("reading {mac_file}"))?;
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(mac_hex.trim().split(':')) {
-        *byte = u8::from_str_radix(part, 16).with_context(|| format!("{mac_file}: {mac_hex:?}"))?;
-    }
-    let index = interface_index(interface)?;
-    let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
-    socket.bind_device(Some(interface.as_bytes()))?;
-    socket.set_multicast_hops_v6(u32::from(ND_HOP_LIMIT))?;
-    socket.set_unicast_hops_v6(u32::from(ND_HOP_LIMIT))?;
-    socket.set_multicast_if_v6(index)?;
-    let group = SocketAddrV6::new(solicited_node_multicast(target), 0, 0, index);
-    let message = solicitation(target, mac);
-    let mut buf = [0u8; 1500];
+    let asker = Asker::open(interface)?;
     for _ in 0..count {
-        socket.send_to(&message, &group.into())?;
+        asker.ask(target)?;
         let until = Instant::now() + wait;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            socket.set_read_timeout(Some(left))?;
-            let n = match (&socket).read(&mut buf) {
-                Ok(n) => n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            if let Some(answer) = advertised_mac(&buf[..n], target) {
-                println!("Target link-layer address: {}", mac_text(answer));
+        while let Some((answered, mac)) = asker.answer_before(until)? {
+            if answered == target {
+                println!("Target link-layer address: {}", mac_text(mac));
             }
         }
     }

@@ -157,6 +157,30 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         wait_ms: u64,
     },
+    /// (internal) What a client sees of --ip during a nemesis run: every --interval-ms an
+    /// ARP/NDP request with every MAC answering it and a datagram to the echo port; prints JSON
+    /// lines (e2e/src/nemesis/observe.rs) for --duration-ms.
+    #[command(hide = true)]
+    NemesisObserve {
+        /// The IPs observed.
+        #[arg(long, required = true)]
+        ip: Vec<std::net::IpAddr>,
+        /// Interface to ask on.
+        #[arg(long, default_value = "eth0")]
+        interface: String,
+        /// Milliseconds between two probes of one IP.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+        /// How long to observe, milliseconds.
+        #[arg(long)]
+        duration_ms: u64,
+    },
+    /// Read a nemesis run's saved history (`target/nemesis/seed-<S>.json`) and print its
+    /// figures and every violation the checkers find; exit 1 when there is one.
+    NemesisCheck {
+        /// The history file.
+        history: PathBuf,
+    },
     /// (internal) Send one UDP datagram (hex bytes) to --to from --from-port with IP TTL --ttl
     /// (the BFD tests' hand-made control packets, e2e/src/faults.rs `send_udp`).
     #[command(hide = true)]
@@ -515,6 +539,19 @@ fn run(command: Command) -> anyhow::Result<i32> {
             wait_ms,
         } => ferrolb_e2e::ndp::solicit(&interface, target, count, Duration::from_millis(wait_ms))
             .map(|_| 0),
+        Command::NemesisObserve {
+            ip,
+            interface,
+            interval_ms,
+            duration_ms,
+        } => ferrolb_e2e::nemesis::observe::run(
+            &ip,
+            &interface,
+            Duration::from_millis(interval_ms),
+            Duration::from_millis(duration_ms),
+        )
+        .map(|_| 0),
+        Command::NemesisCheck { history } => nemesis_check(&history),
         Command::SendUdp {
             to,
             from_port,
@@ -544,6 +581,26 @@ fn run(command: Command) -> anyhow::Result<i32> {
             limit_ms,
         } => hold(ip, interval_ms, limit_ms),
     }
+}
+
+/// `nemesis-check`: the figures and violations of a saved nemesis history.
+fn nemesis_check(file: &std::path::Path) -> anyhow::Result<i32> {
+    use ferrolb_e2e::nemesis::{check, summary};
+    let text = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let history: check::History = serde_json::from_slice(&text)
+        .with_context(|| format!("{} is no nemesis history", file.display()))?;
+    let ips: std::collections::BTreeSet<std::net::IpAddr> = history
+        .observations
+        .iter()
+        .filter_map(|o| match o {
+            check::Observation::Echo { ip, .. } => Some(*ip),
+            _ => None,
+        })
+        .collect();
+    print!("{}", summary::summary(&history, ips.len()));
+    Ok(i32::from(
+        !check::check(&history, &check::Bounds::default()).is_empty(),
+    ))
 }
 
 /// `containerlab`: the lab's topology as a containerlab topology on stdout.

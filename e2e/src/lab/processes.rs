@@ -62,6 +62,17 @@ impl Lab {
         })
     }
 
+    /// [`Self::stop_keeping`] with SIGKILL: the component crashes, and starts again when the
+    /// outage ends.
+    pub fn kill_keeping(&self, name: &str) -> anyhow::Result<Outage<'_>> {
+        process::kill_now(&self.recorded(name)?);
+        Ok(Outage {
+            lab: self,
+            name: name.to_string(),
+            ended: false,
+        })
+    }
+
     /// The latest recorded process named `name`.
     fn recorded(&self, name: &str) -> anyhow::Result<LabProcess> {
         let state = State::load(&self.dir)?.context("the lab is not up")?;

@@ -24,7 +24,9 @@ pub enum Observation {
         /// Who answered.
         answered_by: Vec<String>,
     },
-    /// One datagram to `ip`'s echo port: answered or not.
+    /// Datagrams to `ip`'s echo port: one answered or not at `at`, or, with `until`, answers
+    /// from `at` to `until` with no gap longer than the recorder's thinning gap between them
+    /// (the recorder keeps runs, not every answer).
     Echo {
         /// Milliseconds from the start of the run.
         at: u64,
@@ -32,6 +34,9 @@ pub enum Observation {
         ip: IpAddr,
         /// Whether the pods answered.
         answered: bool,
+        /// The last answer of a run that began at `at`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        until: Option<u64>,
     },
     /// A Service's ingress IPs as its watch delivered them (empty: none, or deleted).
     ServiceIps {
@@ -72,6 +77,9 @@ pub struct History {
     pub observations: Vec<Observation>,
     /// The run's length, milliseconds.
     pub run: u64,
+    /// The cluster's nodes (how many faulted nodes can cost a healthy node its quorum).
+    #[serde(default)]
+    pub nodes: Vec<String>,
 }
 
 /// The bounds the checkers hold the run to.
@@ -89,6 +97,9 @@ pub struct Bounds {
     pub growth: f64,
     /// Growth below this many bytes is never a violation (allocator noise).
     pub growth_floor: u64,
+    /// How long after an edit of a Service its IPs may change (the API server and the
+    /// controller's leader may be among the faults meanwhile).
+    pub edit_effect: Duration,
 }
 
 impl Default for Bounds {
@@ -99,6 +110,7 @@ impl Default for Bounds {
             recovery: Duration::from_secs(5),
             growth: 0.2,
             growth_floor: 4 << 20,
+            edit_effect: Duration::from_secs(60),
         }
     }
 }
@@ -139,7 +151,10 @@ pub enum Violation {
     NotRecovered {
         /// The IP.
         ip: IpAddr,
-        /// The last answer seen (none: never after the heal).
+        /// The ARP/NDP answers (else the echo answers).
+        neighbour: bool,
+        /// The last answer before the silence that lasted past the bound (none: never
+        /// answered).
         last_answer: Option<u64>,
     },
     /// An outage that no fault in force (or just undone) can explain.
@@ -168,7 +183,7 @@ pub enum Violation {
 pub fn check(history: &History, bounds: &Bounds) -> Vec<Violation> {
     let mut v = two_owners(history);
     v.extend(ip_on_two_services(history));
-    v.extend(ip_changed(history));
+    v.extend(ip_changed(history, bounds));
     v.extend(recovery(history, bounds));
     v.extend(unexplained_outages(history, bounds));
     v.extend(memory_growth(history, bounds));
@@ -250,22 +265,29 @@ pub fn ip_on_two_services(history: &History) -> Vec<Violation> {
 }
 
 /// A Service's IPs change only after the workload edited (or created) it: never under a running
-/// Service. A Service with no IP yet getting its first is no change.
-pub fn ip_changed(history: &History) -> Vec<Violation> {
+/// Service. A Service with no IP yet getting its first is no change. An edit allows one change
+/// within [`Bounds::edit_effect`]: an update that leaves the IPs as they are (the edit's own
+/// watch event) does not spend it, and an edit that never takes effect (refused while the API
+/// server was down) does not allow a change for the rest of the run.
+pub fn ip_changed(history: &History, bounds: &Bounds) -> Vec<Violation> {
     let mut last: BTreeMap<&str, &Vec<IpAddr>> = BTreeMap::new();
-    let mut edited: BTreeSet<&str> = BTreeSet::new();
+    // The latest edit of each Service not spent yet.
+    let mut edited: BTreeMap<&str, u64> = BTreeMap::new();
     let mut out = Vec::new();
     for o in in_order(history) {
         match o {
-            Observation::ServiceEdited { service, .. } => {
-                edited.insert(service);
+            Observation::ServiceEdited { at, service } => {
+                edited.insert(service, *at);
             }
             Observation::ServiceIps {
                 at, service, ips, ..
             } => {
                 let before = last.insert(service, ips);
                 let changed = before.is_some_and(|b| !b.is_empty() && b != ips);
-                if changed && !edited.contains(service.as_str()) {
+                let allowed = edited
+                    .get(service.as_str())
+                    .is_some_and(|t| at.saturating_sub(*t) <= ms(bounds.edit_effect));
+                if changed && !allowed {
                     out.push(Violation::IpChanged {
                         at: *at,
                         service: service.clone(),
@@ -273,7 +295,7 @@ pub fn ip_changed(history: &History) -> Vec<Violation> {
                         to: ips.clone(),
                     });
                 }
-                if !ips.is_empty() {
+                if changed || before.is_some_and(|b| b.is_empty() && !ips.is_empty()) {
                     // The edit has taken effect: a later change needs a later edit.
                     edited.remove(service.as_str());
                 }
@@ -284,12 +306,20 @@ pub fn ip_changed(history: &History) -> Vec<Violation> {
     out
 }
 
-/// The echo answers per IP, in time order.
-fn echoes(history: &History) -> BTreeMap<IpAddr, Vec<(u64, bool)>> {
-    let mut per_ip: BTreeMap<IpAddr, Vec<(u64, bool)>> = BTreeMap::new();
+/// The echo probes per IP, in time order, as (first, last, answered): a run of answers from
+/// first to last, or one probe (first == last).
+fn echoes(history: &History) -> BTreeMap<IpAddr, Vec<(u64, u64, bool)>> {
+    let mut per_ip: BTreeMap<IpAddr, Vec<(u64, u64, bool)>> = BTreeMap::new();
     for o in in_order(history) {
-        if let Observation::Echo { at, ip, answered } = o {
-            per_ip.entry(*ip).or_default().push((*at, *answered));
+        if let Observation::Echo {
+            at,
+            ip,
+            answered,
+            until,
+        } = o
+        {
+            let last = until.unwrap_or(*at).max(*at);
+            per_ip.entry(*ip).or_default().push((*at, last, *answered));
         }
     }
     per_ip
@@ -300,7 +330,9 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// Every IP probed after the last fault is undone answers within [`Bounds::recovery`] of it, and
-/// keeps answering to the end of the run.
+/// keeps answering to the end of the run: no echo outage and no ARP/NDP silence longer than
+/// [`Bounds::outage`] lasts past that deadline. (A client's neighbour cache hides an IP that
+/// nobody announces for a while, so the echo alone would not show it.)
 pub fn recovery(history: &History, bounds: &Bounds) -> Vec<Violation> {
     let healed = history
         .faults
@@ -310,28 +342,97 @@ pub fn recovery(history: &History, bounds: &Bounds) -> Vec<Violation> {
         .unwrap_or(0);
     let deadline = healed + ms(bounds.recovery);
     let mut out = Vec::new();
-    for (ip, probes) in echoes(history) {
-        let after: Vec<&(u64, bool)> = probes.iter().filter(|(t, _)| *t >= deadline).collect();
-        if after.is_empty() {
-            continue;
-        }
-        if after.iter().any(|(_, answered)| !answered) {
-            out.push(Violation::NotRecovered {
-                ip,
-                last_answer: probes
-                    .iter()
-                    .rev()
-                    .find(|(t, a)| *a && *t >= healed)
-                    .map(|(t, _)| *t),
-            });
+    for (neighbour, gaps) in [
+        (false, outages(history, bounds)),
+        (true, silences(history, bounds)),
+    ] {
+        for (ip, gaps) in gaps {
+            if let Some((from, _)) = gaps.iter().find(|(_, to)| *to > deadline) {
+                out.push(Violation::NotRecovered {
+                    ip,
+                    neighbour,
+                    last_answer: (*from > 0).then_some(*from),
+                });
+            }
         }
     }
     out
 }
 
-/// Every outage (no answer for longer than [`Bounds::outage`]) overlaps a fault that can cause
-/// it: one on the node that answered for the IP when the outage began, in force or undone less
-/// than [`Bounds::after_heal`] before; or an edit of a Service holding the IP.
+/// Every IP's spans with no ARP/NDP answer longer than [`Bounds::outage`]: from the first
+/// request nobody answered to the next one answered (the run's end if none).
+pub fn silences(history: &History, bounds: &Bounds) -> BTreeMap<IpAddr, Vec<(u64, u64)>> {
+    let mut all: BTreeMap<IpAddr, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut open: BTreeMap<IpAddr, Option<u64>> = BTreeMap::new();
+    for o in in_order(history) {
+        let Observation::Neighbour {
+            at,
+            ip,
+            answered_by,
+        } = o
+        else {
+            continue;
+        };
+        let since = open.entry(*ip).or_default();
+        all.entry(*ip).or_default();
+        match (answered_by.is_empty(), *since) {
+            (true, None) => *since = Some(*at),
+            (false, Some(from)) => {
+                if at.saturating_sub(from) > ms(bounds.outage) {
+                    all.entry(*ip).or_default().push((from, *at));
+                }
+                *since = None;
+            }
+            _ => {}
+        }
+    }
+    for (ip, since) in open {
+        if let Some(from) = since
+            && history.run.saturating_sub(from) > ms(bounds.outage)
+        {
+            all.entry(ip)
+                .or_default()
+                .push((from, history.run.max(from)));
+        }
+    }
+    all
+}
+
+/// Every IP's outages: the last answer before each gap longer than [`Bounds::outage`] and
+/// the first after it (the last probe's time for a gap that lasts to the end).
+pub fn outages(history: &History, bounds: &Bounds) -> BTreeMap<IpAddr, Vec<(u64, u64)>> {
+    let mut all = BTreeMap::new();
+    for (ip, probes) in echoes(history) {
+        let mut last_answer: Option<u64> = None;
+        let mut gaps = Vec::new();
+        for (first, last, answered) in &probes {
+            if *answered {
+                if let Some(from) = last_answer
+                    && first.saturating_sub(from) > ms(bounds.outage)
+                {
+                    gaps.push((from, *first));
+                }
+                last_answer = Some(last_answer.map_or(*last, |l| l.max(*last)));
+            }
+        }
+        if let (Some(from), Some((_, end, _))) = (last_answer, probes.last())
+            && end.saturating_sub(from) > ms(bounds.outage)
+        {
+            gaps.push((from, *end));
+        }
+        all.insert(ip, gaps);
+    }
+    all
+}
+
+/// Every outage (no answer for longer than [`Bounds::outage`]) overlaps a cause, in force or
+/// undone less than [`Bounds::after_heal`] before:
+/// - a fault on the node that answered for the IP when the outage began, or on the first node
+///   that answered after it (an IP moving back to a node that came back);
+/// - faults on enough nodes to cost a healthy node its quorum: half of the cluster rounded up
+///   (with 3 nodes, a node cut from one peer and one cut from the other leave the third with
+///   no majority it both hears and is heard by: it must stop answering);
+/// - an edit of a Service holding the IP.
 pub fn unexplained_outages(history: &History, bounds: &Bounds) -> Vec<Violation> {
     // Who answered for each IP, over time.
     let mut owners: BTreeMap<IpAddr, Vec<(u64, &Vec<String>)>> = BTreeMap::new();
@@ -355,24 +456,11 @@ pub fn unexplained_outages(history: &History, bounds: &Bounds) -> Vec<Violation>
     }
     let slack = ms(bounds.after_heal);
     let mut out = Vec::new();
-    for (ip, probes) in echoes(history) {
-        let mut last_answer: Option<u64> = None;
-        let mut gaps = Vec::new();
-        for (t, answered) in &probes {
-            if *answered {
-                if let Some(from) = last_answer
-                    && t - from > ms(bounds.outage)
-                {
-                    gaps.push((from, *t));
-                }
-                last_answer = Some(*t);
-            }
-        }
-        if let (Some(from), Some((end, _))) = (last_answer, probes.last())
-            && end - from > ms(bounds.outage)
-        {
-            gaps.push((from, *end));
-        }
+    let mut gaps: BTreeMap<IpAddr, Vec<(u64, u64)>> = outages(history, bounds);
+    for (ip, silent) in silences(history, bounds) {
+        gaps.entry(ip).or_default().extend(silent);
+    }
+    for (ip, gaps) in gaps {
         for (from, to) in gaps {
             let owner = owners.get(&ip).and_then(|seen| {
                 seen.iter()
@@ -380,13 +468,28 @@ pub fn unexplained_outages(history: &History, bounds: &Bounds) -> Vec<Violation>
                     .find(|(t, _)| *t <= from)
                     .and_then(|(_, who)| who.first().cloned())
             });
-            let by_fault = history.faults.iter().any(|w| {
-                let (start, end) = (ms(w.start), ms(w.end()) + slack);
-                let overlaps = start <= to && from <= end;
-                overlaps
-                    && w.kind.reach() == Reach::TargetsIps
-                    && (owner.is_none() || w.target == owner)
+            let next_owner = owners.get(&ip).and_then(|seen| {
+                seen.iter()
+                    .find(|(t, _)| *t > from)
+                    .and_then(|(_, who)| who.first().cloned())
             });
+            let in_reach: Vec<&Window> = history
+                .faults
+                .iter()
+                .filter(|w| {
+                    let (start, end) = (ms(w.start), ms(w.end()) + slack);
+                    start <= to && from <= end && w.kind.reach() == Reach::TargetsIps
+                })
+                .collect();
+            let on_owner = in_reach.iter().any(|w| {
+                owner.is_none()
+                    || w.target == owner
+                    || (next_owner.is_some() && w.target == next_owner)
+            });
+            let faulted: BTreeSet<&Option<String>> = in_reach.iter().map(|w| &w.target).collect();
+            let quorum_at_risk =
+                !history.nodes.is_empty() && faulted.len() >= history.nodes.len().div_ceil(2);
+            let by_fault = on_owner || quorum_at_risk;
             let by_edit = services_of.get(&ip).is_some_and(|held_by| {
                 edits
                     .iter()
@@ -479,6 +582,7 @@ mod tests {
                 at: i * 10,
                 ip: ip("198.18.200.0"),
                 answered: !dark.contains(&(i * 10)),
+                until: None,
             })
             .collect()
     }
@@ -497,6 +601,7 @@ mod tests {
             faults,
             observations,
             run: 60_000,
+            nodes: ["node1", "node2", "node3"].map(String::from).to_vec(),
         }
     }
 
@@ -561,7 +666,29 @@ mod tests {
                 svc(4, "a/x", None, &["198.18.200.2"]),
             ],
         );
-        assert!(ip_changed(&fine).is_empty());
+        let b = Bounds::default();
+        assert!(ip_changed(&fine, &b).is_empty());
+        // The edit's own update, with the IPs unchanged, does not spend it.
+        let two_events = history(
+            vec![],
+            vec![
+                svc(2, "a/x", None, &["198.18.200.1"]),
+                edit(3, "a/x"),
+                svc(4, "a/x", None, &["198.18.200.1"]),
+                svc(5, "a/x", None, &["198.18.200.2"]),
+            ],
+        );
+        assert!(ip_changed(&two_events, &b).is_empty());
+        // An edit that never took effect allows no change a long time after.
+        let stale = history(
+            vec![],
+            vec![
+                svc(2, "a/x", None, &["198.18.200.1"]),
+                edit(3, "a/x"),
+                svc(70_000, "a/x", None, &["198.18.200.2"]),
+            ],
+        );
+        assert_eq!(ip_changed(&stale, &b).len(), 1);
         let unasked = history(
             vec![],
             vec![
@@ -572,7 +699,7 @@ mod tests {
                 svc(9, "a/x", None, &["198.18.200.3"]),
             ],
         );
-        assert_eq!(ip_changed(&unasked).len(), 1);
+        assert_eq!(ip_changed(&unasked, &b).len(), 1);
         // An IP taken away under a running Service is a change too.
         let lost = history(
             vec![],
@@ -581,7 +708,7 @@ mod tests {
                 svc(4, "a/x", None, &[]),
             ],
         );
-        assert_eq!(ip_changed(&lost).len(), 1);
+        assert_eq!(ip_changed(&lost, &b).len(), 1);
     }
 
     #[test]
@@ -603,6 +730,17 @@ mod tests {
             unexplained_outages(&history(vec![old], obs.clone()), &b).len(),
             1
         );
+        // Faults on two other nodes of three do: the owner may have lost its quorum.
+        let two = vec![
+            window(FaultKind::HeartbeatInLost, Some("node2"), 19_000, 2_000),
+            window(FaultKind::HeartbeatBlocked, Some("node3"), 19_500, 2_000),
+        ];
+        assert!(unexplained_outages(&history(two.clone(), obs.clone()), &b).is_empty());
+        // So does a fault on the node that answers after the outage (the IP moving back).
+        let mut back = obs.clone();
+        back.push(neighbour(20_500, &["node2"]));
+        let restarted = window(FaultKind::SpeakerKilled, Some("node2"), 15_000, 1_000);
+        assert!(unexplained_outages(&history(vec![restarted], back), &b).is_empty());
         // An edit of the Service holding the IP does.
         obs.push(svc(1, "a/x", None, &["198.18.200.0"]));
         obs.push(edit(19_950, "a/x"));
@@ -615,12 +753,31 @@ mod tests {
         let cut = window(FaultKind::LinkCut, Some("node1"), 10_000, 2_000);
         let healed = history(vec![cut.clone()], echo(0, 30_000, 10_000..13_000));
         assert!(recovery(&healed, &b).is_empty());
-        let stuck = history(vec![cut], echo(0, 30_000, 10_000..30_000));
+        let stuck = history(vec![cut.clone()], echo(0, 30_000, 10_000..30_000));
         assert_eq!(
             recovery(&stuck, &b),
             [Violation::NotRecovered {
                 ip: ip("198.18.200.0"),
-                last_answer: None
+                neighbour: false,
+                last_answer: Some(9_990)
+            }]
+        );
+        // Nobody answering ARP after the heal is no recovery either, even while the echo
+        // answers (through a client's neighbour cache).
+        let mut silent = echo(0, 30_000, 10_000..13_000);
+        silent.extend([
+            neighbour(0, &["node1"]),
+            neighbour(11_000, &[]),
+            neighbour(12_000, &["node2"]),
+        ]);
+        assert!(recovery(&history(vec![cut.clone()], silent.clone()), &b).is_empty());
+        silent.push(neighbour(20_000, &[]));
+        assert_eq!(
+            recovery(&history(vec![cut], silent), &b),
+            [Violation::NotRecovered {
+                ip: ip("198.18.200.0"),
+                neighbour: true,
+                last_answer: Some(20_000)
             }]
         );
     }

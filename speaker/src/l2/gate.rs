@@ -159,9 +159,22 @@ impl Gate {
             settled,
             inputs.usable,
         );
+        let tenure = inputs.tenure;
+        // A deliberately broken build for the nemesis (issue #36, docs/plans/nemesis.md): the
+        // quorum and tenure rules off, so a node cut off from the others goes on answering.
+        // Its checkers must catch the split; no image or chart is ever built with it.
+        #[cfg(feature = "nemesis-broken-quorum")]
+        let (verdict, tenure) = (
+            Verdict {
+                quorum: true,
+                up: true,
+                ..verdict
+            },
+            Tenure::Unbounded,
+        );
         let d = self.core.decide(
             verdict.acts(),
-            inputs.tenure,
+            tenure,
             inputs.last_unready_seq,
             |after| quorum::seen_ready_since(inputs.me, &verdict, inputs.acks, after),
             now,
