@@ -139,12 +139,13 @@ async fn run(
     settings: &Settings,
     speaker: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
+    let next_key = Injector::next_key_file(lab).display().to_string();
     let deployment = Deployment::start_with_speaker_exe(
         lab,
         IDENTITY,
         &ferrolb::l2_pool("nemesis", &["198.18.200.0/25", "fd00:18::c8:0/113"]),
         &[],
-        &[],
+        &["--gossip-next-key-file", &next_key],
         speaker,
     )?;
     let result = with_deployment(lab, &deployment, settings).await;

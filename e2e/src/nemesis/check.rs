@@ -179,6 +179,20 @@ pub enum Violation {
     },
 }
 
+impl Violation {
+    /// The violation's kind, as the summary groups them.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Violation::TwoOwners { .. } => "two owners for one IP",
+            Violation::IpOnTwoServices { .. } => "one IP on two Services",
+            Violation::IpChanged { .. } => "an IP changed under a running Service",
+            Violation::NotRecovered { .. } => "not answered again after the last heal",
+            Violation::UnexplainedOutage { .. } => "an outage no fault explains",
+            Violation::MemoryGrowth { .. } => "memory growth",
+        }
+    }
+}
+
 /// Every violation in `history`, checker by checker.
 pub fn check(history: &History, bounds: &Bounds) -> Vec<Violation> {
     let mut v = two_owners(history);

@@ -3,9 +3,10 @@
 //! the table), and undone when it ends. Every fault in force is held as a guard, so a run that
 //! fails or panics leaves the lab whole: links up, rules removed, components started again.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use super::schedule::{FaultKind, Window};
 use crate::Lab;
@@ -21,9 +22,15 @@ pub const CLOCK_STEP: &str = "+90s";
 /// share of it, so peers see the node late.
 pub const HEARTBEAT_DELAY: Duration = Duration::from_millis(600);
 
-/// The kinds this injector applies (the others come with the next steps of issue #36: the
-/// gossip key rotation needs per-node key files).
-pub const SUPPORTED: [FaultKind; 11] = [
+/// The two gossip keys rotations move between (the first rotation from the lab's key to the
+/// first of them).
+const KEYS: [&str; 2] = [
+    "nemesis-gossip-key-one-0123456789abcdef0123456789",
+    "nemesis-gossip-key-two-0123456789abcdef0123456789",
+];
+
+/// The kinds this injector applies: all of them.
+pub const SUPPORTED: [FaultKind; 12] = [
     FaultKind::LinkCut,
     FaultKind::HeartbeatBlocked,
     FaultKind::HeartbeatInLost,
@@ -35,6 +42,7 @@ pub const SUPPORTED: [FaultKind; 11] = [
     FaultKind::LeaderKilled,
     FaultKind::ApiServerStopped,
     FaultKind::EtcdStopped,
+    FaultKind::KeyRotated,
 ];
 
 /// A fault in force, and how it is undone.
@@ -54,6 +62,8 @@ enum Undo<'a> {
     NotReady(String),
     /// A lab component stopped: started again (also on drop).
     Component(Outage<'a>),
+    /// A key rotation under way: its second stage (sign with the new key) runs in this task.
+    Key(tokio::task::JoinHandle<anyhow::Result<()>>),
 }
 
 /// Applies and undoes faults on a lab where `deployment` runs.
@@ -63,23 +73,37 @@ pub struct Injector<'a> {
     client: kube::Client,
     /// The controller's name in the lab (`controller-<identity>`).
     controller: String,
+    /// The gossip key files every speaker reads (every 5 s): the key it signs with and the
+    /// next one it accepts too (`--gossip-next-key-file`, read while it exists).
+    keys: (PathBuf, PathBuf),
     in_force: Vec<(Window, Undo<'a>)>,
 }
 
 impl<'a> Injector<'a> {
-    /// An injector for `deployment` (its controller started as `controller-<identity>`).
+    /// An injector for `deployment` (its controller started as `controller-<identity>`, its
+    /// speakers with `--gossip-next-key-file` [`Injector::next_key_file`]).
     pub async fn new(
         lab: &'a Lab,
         deployment: &'a Deployment,
         identity: &str,
     ) -> anyhow::Result<Self> {
+        let keys = (
+            deployment.speakers.credentials().gossip_key.clone(),
+            Self::next_key_file(lab),
+        );
         Ok(Self {
             lab,
             deployment,
             client: lab.client().await?,
             controller: format!("controller-{identity}"),
+            keys,
             in_force: Vec::new(),
         })
+    }
+
+    /// The next-key file the speakers must be started with for key rotations.
+    pub fn next_key_file(lab: &Lab) -> PathBuf {
+        lab.dir.join("nemesis-gossip-next.key")
     }
 
     /// Applies `window`'s fault.
@@ -138,7 +162,28 @@ impl<'a> Injector<'a> {
             FaultKind::LeaderKilled => Undo::Component(lab.kill_keeping(&self.controller)?),
             FaultKind::ApiServerStopped => Undo::Component(lab.stop_keeping("kube-apiserver")?),
             FaultKind::EtcdStopped => Undo::Component(lab.stop_keeping("etcd")?),
-            FaultKind::KeyRotated => bail!("{:?} is not injected yet", window.kind),
+            FaultKind::KeyRotated => {
+                // Stage 1 now: every node accepts the new key. Stage 2 halfway (the window is
+                // 12 s at least, and the speakers re-read their files every 5 s, so all
+                // accept it before any signs with it): sign with the new key, accept the old.
+                // Stage 3 when the window ends, 6 s or more later: the old key is no longer
+                // accepted.
+                let (key, next) = self.keys.clone();
+                let old = std::fs::read_to_string(&key)?;
+                let new = if old.trim() == KEYS[0] {
+                    KEYS[1]
+                } else {
+                    KEYS[0]
+                };
+                std::fs::write(&next, new)?;
+                let half = window.length / 2;
+                Undo::Key(tokio::spawn(async move {
+                    tokio::time::sleep(half).await;
+                    std::fs::write(&key, new)?;
+                    std::fs::write(&next, old)?;
+                    Ok(())
+                }))
+            }
         };
         self.in_force.push((window.clone(), undo));
         Ok(())
@@ -179,6 +224,12 @@ impl<'a> Injector<'a> {
                 }
             }
             Undo::Component(outage) => outage.end()?,
+            Undo::Key(stage_two) => {
+                // Stage 2 ran at least 6 s ago (the window is 12 s at least): every node
+                // signs with the new key by now.
+                stage_two.await??;
+                std::fs::remove_file(&self.keys.1)?;
+            }
         }
         Ok(())
     }
@@ -215,7 +266,12 @@ impl Drop for Injector<'_> {
                     let _ = speakers.freeze(&n, false);
                 }
                 // Node readiness is an API object: the lab is taken down after a run anyway.
-                Undo::NotReady(_) | Undo::Heartbeat(_) | Undo::Delay(_) | Undo::Component(_) => {}
+                // A rotation stopped at any stage leaves keys every node accepts.
+                Undo::NotReady(_)
+                | Undo::Heartbeat(_)
+                | Undo::Delay(_)
+                | Undo::Component(_)
+                | Undo::Key(_) => {}
             }
         }
     }

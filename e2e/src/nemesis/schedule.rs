@@ -91,7 +91,8 @@ impl FaultKind {
         let s = Duration::from_secs;
         match self {
             FaultKind::SpeakerKilled | FaultKind::LeaderKilled => (s(1), s(5)),
-            FaultKind::KeyRotated => (s(10), s(20)),
+            // Three stages, each re-read by every speaker (every 5 s) before the next.
+            FaultKind::KeyRotated => (s(12), s(24)),
             FaultKind::ClockStepped => (s(10), s(30)),
             _ => (Duration::from_millis(500), s(20)),
         }

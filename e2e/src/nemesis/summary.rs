@@ -65,11 +65,25 @@ pub fn summary(history: &History, ips: usize) -> String {
     }
     let violations = check::check(history, &bounds);
     let _ = writeln!(out, "nemesis: {} violations", violations.len());
+    // By kind: how many, and the first few of each (a broken build makes thousands).
+    let mut by_kind: BTreeMap<&str, Vec<&check::Violation>> = BTreeMap::new();
     for v in &violations {
-        let _ = writeln!(out, "  {v:?}");
+        by_kind.entry(v.kind()).or_default().push(v);
+    }
+    for (kind, all) in by_kind {
+        let _ = writeln!(out, "  {kind}: {}", all.len());
+        for v in all.iter().take(SHOWN) {
+            let _ = writeln!(out, "    {v:?}");
+        }
+        if all.len() > SHOWN {
+            let _ = writeln!(out, "    ... and {} more", all.len() - SHOWN);
+        }
     }
     out
 }
+
+/// Violations shown per kind.
+const SHOWN: usize = 5;
 
 /// The lengths of `gaps` grouped by the kinds of fault in force (or undone less than
 /// [`Bounds::after_heal`] before) when they began: `LinkCut+SpeakerFrozen`, or `no fault`.

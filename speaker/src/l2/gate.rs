@@ -152,26 +152,24 @@ impl Gate {
     /// One membership check at `now`.
     pub fn check(&mut self, inputs: Inputs<'_>, now: Instant) -> Outcome {
         let settled = self.core.settle(!inputs.usable.is_empty(), now);
-        let verdict = quorum::decide(
-            inputs.me,
-            inputs.known,
-            inputs.reports,
-            settled,
-            inputs.usable,
-        );
-        let tenure = inputs.tenure;
         // A deliberately broken build for the nemesis (issue #36, docs/plans/nemesis.md): the
-        // quorum and tenure rules off, so a node cut off from the others goes on answering.
-        // Its checkers must catch the split; no image or chart is ever built with it.
+        // quorum and tenure rules off. The node counts only the peers it hears as known (a
+        // majority of what it hears, as a gossip view trusts itself) and answers without a
+        // tenure, so a node cut off from the others goes on answering. The nemesis's checkers
+        // must catch the split; no image or chart is ever built with it.
         #[cfg(feature = "nemesis-broken-quorum")]
-        let (verdict, tenure) = (
-            Verdict {
-                quorum: true,
-                up: true,
-                ..verdict
-            },
-            Tenure::Unbounded,
-        );
+        let heard_only: BTreeSet<String> = inputs
+            .reports
+            .iter()
+            .filter(|(_, r)| r.fresh)
+            .map(|(n, _)| n.clone())
+            .chain([inputs.me.to_string()])
+            .collect();
+        #[cfg(feature = "nemesis-broken-quorum")]
+        let (known, tenure) = (&heard_only, Tenure::Unbounded);
+        #[cfg(not(feature = "nemesis-broken-quorum"))]
+        let (known, tenure) = (inputs.known, inputs.tenure);
+        let verdict = quorum::decide(inputs.me, known, inputs.reports, settled, inputs.usable);
         let d = self.core.decide(
             verdict.acts(),
             tenure,
