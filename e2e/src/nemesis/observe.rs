@@ -1,8 +1,8 @@
 //! What a client on the lab segment sees of every LoadBalancer IP during a nemesis run
 //! (`ferrolb-lab nemesis-observe`, run in the client's namespace): every `interval`, per IP,
-//! one ARP request (IPv4, through `arping`) or Neighbor Solicitation (IPv6) with every MAC
-//! that answers it, and one datagram to the pods' echo port, answered or not. Bounded in time;
-//! stops by itself.
+//! one ARP request (IPv4: sent by `arping`, read back with every reply on a packet socket)
+//! or Neighbor Solicitation (IPv6) with every MAC that answers it, and one datagram to the
+//! pods' echo port, answered or not. Bounded in time; stops by itself.
 //!
 //! It prints [`Observation`]s as JSON lines, times in milliseconds of the Unix epoch (the
 //! recorder rebases them on the run's start: namespaces share the clock). At 100 probes a
@@ -12,14 +12,15 @@
 //! every request with two MACs is kept, and one observation a second marks the steady state.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use socket2::{Domain, Protocol, Socket, Type};
 
 use super::check::Observation;
 
@@ -194,22 +195,39 @@ pub fn run(
             ndp(&asker, &v6, interval, &done, &out)
         }));
     }
-    for ip in ips.iter().filter(|ip| ip.is_ipv4()) {
-        // arping (Thomas Habets's) numbers its requests: every reply line carries the index of
-        // the request it answers, so two MACs for one request are two owners at once.
+    let v4: Vec<Ipv4Addr> = ips
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    if !v4.is_empty() {
+        // arping sends the requests (one every interval per IP); a packet socket reads them
+        // as they leave and every reply to them, so the replies are grouped by the request
+        // they answer from the wire itself (arping's own `index=` counts replies, not
+        // requests).
+        // ETH_P_ALL: the kernel hands outgoing frames only to sockets of every protocol.
+        let socket = Socket::new(
+            Domain::PACKET,
+            Type::RAW,
+            Some(Protocol::from(i32::from(ETH_P_ALL.to_be()))),
+        )
+        .context("opening the ARP packet socket")?;
+        socket.set_read_timeout(Some(Duration::from_millis(100)))?;
         let seconds = format!("{:.3}", interval.as_secs_f64());
-        let mut child = Command::new("arping")
-            .args(["-i", interface, "-W", &seconds, &ip.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting arping")?;
-        let stdout = child.stdout.take().context("arping's stdout")?;
-        arpings.push(child);
-        let (ip, out) = (*ip, out.clone());
-        threads.push(std::thread::spawn(move || {
-            arping_lines(ip, BufReader::new(stdout), &out)
-        }));
+        for ip in &v4 {
+            arpings.push(
+                Command::new("arping")
+                    .args(["-q", "-i", interface, "-W", &seconds, &ip.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting arping")?,
+            );
+        }
+        let (out, done) = (out.clone(), done.clone());
+        threads.push(std::thread::spawn(move || arp(&socket, &v4, &done, &out)));
     }
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(100).min(end - Instant::now().min(end)));
@@ -298,58 +316,127 @@ fn ndp(
     Ok(())
 }
 
-/// One arping reply line: the request's index and the MAC that answered it.
-pub fn arping_reply(line: &str) -> Option<(u64, String)> {
-    // "60 bytes from 82:24:ad:bd:37:ba (198.18.200.0): index=0 time=38.251 usec"
-    let rest = line.split(" bytes from ").nth(1)?;
-    let mac = rest.split_whitespace().next()?.to_ascii_lowercase();
-    let index = rest
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("index="))?
-        .parse()
-        .ok()?;
-    Some((index, mac))
+/// The ethertype of ARP.
+const ETH_P_ARP: u16 = 0x0806;
+
+/// Every ethertype (`ETH_P_ALL`).
+const ETH_P_ALL: u16 = 0x0003;
+
+/// One ARP frame as a packet socket reads it (Ethernet header included): a request or a reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArpFrame {
+    /// Who has `target`? Tell `sender`.
+    Request {
+        /// The asker's IP.
+        sender: Ipv4Addr,
+        /// The IP asked for.
+        target: Ipv4Addr,
+    },
+    /// `sender` is at `mac`, told to `target`.
+    Reply {
+        /// The IP answered for.
+        sender: Ipv4Addr,
+        /// The MAC it is at.
+        mac: String,
+        /// Whom the reply is for.
+        target: Ipv4Addr,
+    },
 }
 
-/// Groups arping's replies by request and keeps them through a [`NeighbourThinner`]. A
-/// request nobody answered prints "Timeout": kept as a request with no MAC.
-fn arping_lines(ip: IpAddr, lines: impl BufRead, out: &Out) -> anyhow::Result<()> {
-    let mut thin = NeighbourThinner::default();
-    let mut current: Option<(u64, u64, BTreeSet<String>)> = None;
-    let flush = |group: (u64, u64, BTreeSet<String>), thin: &mut NeighbourThinner| {
-        let (at, _, macs) = group;
-        if thin.request(at, &macs) {
+/// Reads an Ethernet/IPv4 ARP frame; `None` for anything else.
+pub fn arp_frame(frame: &[u8]) -> Option<ArpFrame> {
+    if frame.len() < 42 || frame[12..14] != ETH_P_ARP.to_be_bytes() {
+        return None;
+    }
+    let arp = &frame[14..42];
+    // Ethernet hardware, IPv4 protocol, 6- and 4-octet addresses.
+    if arp[0..6] != [0, 1, 8, 0, 6, 4] {
+        return None;
+    }
+    let ip = |b: &[u8]| Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+    let (sender, target) = (ip(&arp[14..18]), ip(&arp[24..28]));
+    match arp[6..8] {
+        [0, 1] => Some(ArpFrame::Request { sender, target }),
+        [0, 2] => Some(ArpFrame::Reply {
+            sender,
+            mac: arp[8..14]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+            target,
+        }),
+        _ => None,
+    }
+}
+
+/// One request for an IP and the MACs that answered it so far.
+struct Round {
+    at: u64,
+    asker: Ipv4Addr,
+    macs: BTreeSet<String>,
+}
+
+/// Groups the ARP replies to the client by the request they answer: each request the client
+/// sends for one of `targets` closes the round of the one before. Gratuitous announcements
+/// (addressed to the IP itself) are not answers.
+fn arp(socket: &Socket, targets: &[Ipv4Addr], done: &AtomicBool, out: &Out) -> anyhow::Result<()> {
+    let mut rounds: BTreeMap<Ipv4Addr, Round> = BTreeMap::new();
+    let mut thin: BTreeMap<Ipv4Addr, NeighbourThinner> = BTreeMap::new();
+    let mut keep = |ip: Ipv4Addr, round: Round| {
+        if thin.entry(ip).or_default().request(round.at, &round.macs) {
             out.write(&Observation::Neighbour {
-                at,
-                ip,
-                answered_by: macs.into_iter().collect(),
+                at: round.at,
+                ip: IpAddr::V4(ip),
+                answered_by: round.macs.into_iter().collect(),
             });
         }
     };
-    for line in lines.lines() {
-        let line = line?;
-        let now = epoch_ms();
-        if let Some((index, mac)) = arping_reply(&line) {
-            match &mut current {
-                Some((_, i, macs)) if *i == index => {
-                    macs.insert(mac);
-                }
-                _ => {
-                    if let Some(group) = current.take() {
-                        flush(group, &mut thin);
-                    }
-                    current = Some((now, index, BTreeSet::from([mac])));
+    let mut buf = [0u8; 1514];
+    while !done.load(Ordering::Relaxed) {
+        let n = match (&*socket).read(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match arp_frame(&buf[..n]) {
+            Some(ArpFrame::Request { sender, target })
+                if targets.contains(&target) && sender != target =>
+            {
+                let next = Round {
+                    at: epoch_ms(),
+                    asker: sender,
+                    macs: BTreeSet::new(),
+                };
+                if let Some(done_round) = rounds.insert(target, next) {
+                    keep(target, done_round);
                 }
             }
-        } else if line.trim() == "Timeout" {
-            if let Some(group) = current.take() {
-                flush(group, &mut thin);
+            Some(ArpFrame::Reply {
+                sender,
+                mac,
+                target,
+            }) => {
+                if let Some(round) = rounds.get_mut(&sender)
+                    && round.asker == target
+                {
+                    round.macs.insert(mac);
+                }
             }
-            flush((now, u64::MAX, BTreeSet::new()), &mut thin);
+            _ => {}
         }
     }
-    if let Some(group) = current.take() {
-        flush(group, &mut thin);
+    for (ip, round) in std::mem::take(&mut rounds) {
+        keep(ip, round);
     }
     Ok(())
 }
@@ -451,14 +538,39 @@ mod tests {
     }
 
     #[test]
-    fn reads_arping_replies() {
+    fn reads_arp_requests_and_replies() {
+        // A reply from 82:24:ad:bd:37:ba: 198.18.200.0 is at it, told to 198.18.0.5.
+        let mut reply = vec![0xff; 6];
+        reply.extend([0x82, 0x24, 0xad, 0xbd, 0x37, 0xba, 0x08, 0x06]);
+        reply.extend([0, 1, 8, 0, 6, 4, 0, 2]);
+        reply.extend([0x82, 0x24, 0xad, 0xbd, 0x37, 0xba, 198, 18, 200, 0]);
+        reply.extend([2, 0, 0, 0, 0, 1, 198, 18, 0, 5]);
         assert_eq!(
-            arping_reply(
-                "60 bytes from 82:24:AD:bd:37:ba (198.18.200.0): index=17 time=38.251 usec"
-            ),
-            Some((17, "82:24:ad:bd:37:ba".to_string()))
+            arp_frame(&reply),
+            Some(ArpFrame::Reply {
+                sender: Ipv4Addr::new(198, 18, 200, 0),
+                mac: "82:24:ad:bd:37:ba".into(),
+                target: Ipv4Addr::new(198, 18, 0, 5),
+            })
         );
-        assert_eq!(arping_reply("Timeout"), None);
-        assert_eq!(arping_reply("ARPING 198.18.200.0"), None);
+        let mut request = reply.clone();
+        request[21] = 1;
+        request[28..32].copy_from_slice(&[198, 18, 0, 5]);
+        request[38..42].copy_from_slice(&[198, 18, 200, 0]);
+        assert_eq!(
+            arp_frame(&request),
+            Some(ArpFrame::Request {
+                sender: Ipv4Addr::new(198, 18, 0, 5),
+                target: Ipv4Addr::new(198, 18, 200, 0),
+            })
+        );
+        // Short, another ethertype, another protocol: nothing.
+        assert_eq!(arp_frame(&reply[..41]), None);
+        let mut ipv6 = reply.clone();
+        ipv6[12..14].copy_from_slice(&[0x86, 0xdd]);
+        assert_eq!(arp_frame(&ipv6), None);
+        let mut other = reply;
+        other[16] = 0x86;
+        assert_eq!(arp_frame(&other), None);
     }
 }
