@@ -151,7 +151,12 @@ impl<'a> Injector<'a> {
             FaultKind::ClockStepped => {
                 let n = node()?;
                 speakers.kill(&n);
-                speakers.start_clocked(&n, CLOCK_STEP)?;
+                // Killed, so the speaker must run again whatever happens: a stepped start that
+                // fails for good falls back to a normal one.
+                if let Err(e) = until_it_works(|| speakers.start_clocked(&n, CLOCK_STEP)).await {
+                    until_it_works(|| speakers.start(&n)).await?;
+                    return Err(e);
+                }
                 Undo::Clock(n)
             }
             FaultKind::NodeNotReady => {
@@ -204,11 +209,11 @@ impl<'a> Injector<'a> {
             Undo::Link(n) => self.lab.set_link(&n, true)?,
             Undo::Heartbeat(guard) => drop(guard),
             Undo::Delay(guard) => drop(guard),
-            Undo::Speaker(n) => speakers.start(&n)?,
+            Undo::Speaker(n) => until_it_works(|| speakers.start(&n)).await?,
             Undo::Frozen(n) => speakers.freeze(&n, false)?,
             Undo::Clock(n) => {
                 speakers.kill(&n);
-                speakers.start(&n)?;
+                until_it_works(|| speakers.start(&n)).await?;
             }
             Undo::NotReady(n) => {
                 // The API server may be down by now (another fault): retry until it answers.
@@ -217,10 +222,10 @@ impl<'a> Injector<'a> {
                     crate::cluster::set_node_ready(&self.client, &self.lab.topology, &n, true).await
                 {
                     tries += 1;
-                    if tries > 120 {
+                    if tries > RETRIES {
                         return Err(e);
                     }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    tokio::time::sleep(RETRY_EVERY).await;
                 }
             }
             Undo::Component(outage) => outage.end()?,
@@ -245,6 +250,27 @@ impl<'a> Injector<'a> {
             }
         }
         first
+    }
+}
+
+/// How often a step that needs the API server is tried again while it is down, and how
+/// many times: longer than the longest outage of the API server and etcd together.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+const RETRIES: u32 = 120;
+
+/// Runs `start` until it works: a speaker's start writes its Pod object, so it fails while the
+/// API server or etcd is one of the faults in force.
+async fn until_it_works(start: impl Fn() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let mut tries = 0;
+    loop {
+        match start() {
+            Ok(()) => return Ok(()),
+            Err(e) if tries >= RETRIES => return Err(e),
+            Err(_) => {
+                tries += 1;
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+        }
     }
 }
 
