@@ -30,20 +30,7 @@ const KEYS: [&str; 2] = [
 ];
 
 /// The kinds this injector applies: all of them.
-pub const SUPPORTED: [FaultKind; 12] = [
-    FaultKind::LinkCut,
-    FaultKind::HeartbeatBlocked,
-    FaultKind::HeartbeatInLost,
-    FaultKind::HeartbeatDelayed,
-    FaultKind::SpeakerKilled,
-    FaultKind::SpeakerFrozen,
-    FaultKind::ClockStepped,
-    FaultKind::NodeNotReady,
-    FaultKind::LeaderKilled,
-    FaultKind::ApiServerStopped,
-    FaultKind::EtcdStopped,
-    FaultKind::KeyRotated,
-];
+pub const SUPPORTED: [FaultKind; 12] = FaultKind::ALL;
 
 /// A fault in force, and how it is undone.
 enum Undo<'a> {
