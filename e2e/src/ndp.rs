@@ -104,7 +104,10 @@ impl Asker {
             if left.is_zero() {
                 return Ok(None);
             }
-            self.socket.set_read_timeout(Some(left))?;
+            // socket2 passes the timeout in whole microseconds: less than one would be zero,
+            // which the kernel takes for "wait for ever".
+            self.socket
+                .set_read_timeout(Some(left.max(Duration::from_micros(1))))?;
             let n = match (&self.socket).read(&mut buf) {
                 Ok(n) => n,
                 Err(e)
