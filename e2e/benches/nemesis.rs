@@ -33,7 +33,7 @@ use ferrolb_e2e::Lab;
 use ferrolb_e2e::ferrolb::{self, Deployment};
 use ferrolb_e2e::nemesis::broken::Broken;
 use ferrolb_e2e::nemesis::check::{self, Bounds, History};
-use ferrolb_e2e::nemesis::inject::{Injector, SUPPORTED};
+use ferrolb_e2e::nemesis::inject::{Injector, RETRY_EVERY, SUPPORTED};
 use ferrolb_e2e::nemesis::record::{Processes, Recorder};
 use ferrolb_e2e::nemesis::schedule::{self, FaultKind, Params, Window};
 use ferrolb_e2e::nemesis::summary;
@@ -298,16 +298,18 @@ async fn inject(
     recorder: &Recorder,
     windows: &[Window],
 ) -> anyhow::Result<Vec<Window>> {
-    // (time, undo?, window): an undo sorts before an apply at the same time.
+    // (time, apply?, window), latest first: an undo sorts before an apply at the same time.
     let mut events: Vec<(Duration, bool, usize)> = Vec::new();
     for (i, w) in windows.iter().enumerate() {
         events.push((w.start, true, i));
         events.push((w.end(), false, i));
     }
-    events.sort_by_key(|(t, apply, i)| (*t, *apply, *i));
+    let order = |e: &(Duration, bool, usize)| std::cmp::Reverse((e.0, e.1, e.2));
+    events.sort_by_key(order);
     let mut applied = Vec::new();
     let mut failed = BTreeSet::new();
-    for (t, apply, i) in events {
+    let mut retries = BTreeMap::new();
+    while let Some((t, apply, i)) = events.pop() {
         let now = Duration::from_millis(recorder.now());
         if let Some(wait) = t.checked_sub(now) {
             tokio::time::sleep(wait).await;
@@ -329,7 +331,20 @@ async fn inject(
                 }
             }
         } else if !failed.contains(&i) {
-            injector.undo(w).await?;
+            if !injector.undo(w).await? {
+                // Its undo needs the API server, which another fault holds down: later, so
+                // that the undo which brings it back is not kept waiting. Two minutes at most.
+                let tries = retries.entry(i).or_insert(0u32);
+                *tries += 1;
+                anyhow::ensure!(
+                    *tries <= 120,
+                    "could not undo {w:?}: the API server did not answer for two minutes"
+                );
+                let later = Duration::from_millis(recorder.now()) + RETRY_EVERY;
+                events.push((later, false, i));
+                events.sort_by_key(order);
+                continue;
+            }
             // The window as it really was: until it was undone.
             if let Some(a) = applied
                 .iter_mut()

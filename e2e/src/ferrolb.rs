@@ -458,18 +458,20 @@ pub fn speaker_pod_name(node: &str) -> String {
 /// DaemonSet's Pod does across container restarts.
 fn speaker_pod(lab: &Lab, node: &str, address: &str) -> anyhow::Result<()> {
     let name = speaker_pod_name(node);
-    let ip = lab
-        .kubectl(&[
-            "get",
-            "pod",
-            &name,
-            "-n",
-            NAMESPACE,
-            "--ignore-not-found",
-            "-o",
-            "jsonpath={.status.podIP}",
-        ])
-        .unwrap_or_default();
+    // Bounded: with etcd down the API server holds a request for a minute before it fails,
+    // and a speaker started then (the nemesis restarts them during such outages) must fail
+    // fast and be started again later. A Pod that does not exist is no error.
+    let ip = lab.kubectl(&[
+        "get",
+        "pod",
+        &name,
+        "-n",
+        NAMESPACE,
+        "--ignore-not-found",
+        "--request-timeout=5s",
+        "-o",
+        "jsonpath={.status.podIP}",
+    ])?;
     if ip.trim() == address {
         return Ok(());
     }

@@ -138,13 +138,13 @@ impl<'a> Injector<'a> {
             FaultKind::ClockStepped => {
                 let n = node()?;
                 speakers.kill(&n);
-                // Killed, so the speaker must run again whatever happens: a stepped start that
-                // fails for good falls back to a normal one.
-                if let Err(e) = until_it_works(|| speakers.start_clocked(&n, CLOCK_STEP)).await {
-                    until_it_works(|| speakers.start(&n)).await?;
-                    return Err(e);
+                // Killed, so the speaker must run again whatever happens: if the stepped start
+                // fails (its Pod write needs the API server, which may be one of the faults),
+                // the window goes on as a kill, whose undo starts it normally.
+                match speakers.start_clocked(&n, CLOCK_STEP) {
+                    Ok(()) => Undo::Clock(n),
+                    Err(_) => Undo::Speaker(n),
                 }
-                Undo::Clock(n)
             }
             FaultKind::NodeNotReady => {
                 let n = node()?;
@@ -181,38 +181,50 @@ impl<'a> Injector<'a> {
         Ok(())
     }
 
-    /// Undoes `window`'s fault (nothing if it is not in force).
-    pub async fn undo(&mut self, window: &Window) -> anyhow::Result<()> {
+    /// Undoes `window`'s fault (nothing if it is not in force). `Ok(false)`: not yet, because
+    /// its undo needs the API server, which another fault holds down; the fault stays in
+    /// force and the caller tries again a little later. An undo never waits for the API server
+    /// itself: the undo that restarts it (or etcd) may be the next one due.
+    pub async fn undo(&mut self, window: &Window) -> anyhow::Result<bool> {
         let Some(i) = self.in_force.iter().position(|(w, _)| w == window) else {
-            return Ok(());
+            return Ok(true);
         };
-        let (_, undo) = self.in_force.remove(i);
-        self.undo_one(undo).await
+        let (w, undo) = self.in_force.remove(i);
+        match self.undo_one(undo).await? {
+            None => Ok(true),
+            Some(left) => {
+                self.in_force.insert(i, (w, left));
+                Ok(false)
+            }
+        }
     }
 
-    async fn undo_one(&self, undo: Undo<'a>) -> anyhow::Result<()> {
+    /// Undoes one fault; what is left to undo when that needs the API server and it did not
+    /// answer.
+    async fn undo_one(&self, undo: Undo<'a>) -> anyhow::Result<Option<Undo<'a>>> {
         let speakers = &self.deployment.speakers;
         match undo {
             Undo::Link(n) => self.lab.set_link(&n, true)?,
             Undo::Heartbeat(guard) => drop(guard),
             Undo::Delay(guard) => drop(guard),
-            Undo::Speaker(n) => until_it_works(|| speakers.start(&n)).await?,
+            // A speaker's start writes its Pod object through the API server.
+            Undo::Speaker(n) => {
+                if speakers.start(&n).is_err() {
+                    return Ok(Some(Undo::Speaker(n)));
+                }
+            }
             Undo::Frozen(n) => speakers.freeze(&n, false)?,
             Undo::Clock(n) => {
                 speakers.kill(&n);
-                until_it_works(|| speakers.start(&n)).await?;
+                if speakers.start(&n).is_err() {
+                    return Ok(Some(Undo::Speaker(n)));
+                }
             }
             Undo::NotReady(n) => {
-                // The API server may be down by now (another fault): retry until it answers.
-                let mut tries = 0;
-                while let Err(e) =
-                    crate::cluster::set_node_ready(&self.client, &self.lab.topology, &n, true).await
-                {
-                    tries += 1;
-                    if tries > RETRIES {
-                        return Err(e);
-                    }
-                    tokio::time::sleep(RETRY_EVERY).await;
+                let ready =
+                    crate::cluster::set_node_ready(&self.client, &self.lab.topology, &n, true);
+                if !matches!(tokio::time::timeout(API_WAIT, ready).await, Ok(Ok(()))) {
+                    return Ok(Some(Undo::NotReady(n)));
                 }
             }
             Undo::Component(outage) => outage.end()?,
@@ -223,43 +235,55 @@ impl<'a> Injector<'a> {
                 std::fs::remove_file(&self.keys.1)?;
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Undoes every fault still in force, the latest first; the first error is returned after
     /// all were tried.
+    /// The faults that needed the API server are tried again every [`RETRY_EVERY`] for
+    /// [`UNDO_FOR`].
     pub async fn undo_all(&mut self) -> anyhow::Result<()> {
         let mut first = Ok(());
-        while let Some((_, undo)) = self.in_force.pop() {
-            let r = self.undo_one(undo).await;
-            if first.is_ok() {
-                first = r;
+        let until = std::time::Instant::now() + UNDO_FOR;
+        while !self.in_force.is_empty() {
+            let mut left = Vec::new();
+            while let Some((w, undo)) = self.in_force.pop() {
+                match self.undo_one(undo).await {
+                    Ok(None) => {}
+                    Ok(Some(undo)) => left.push((w, undo)),
+                    Err(e) => {
+                        if first.is_ok() {
+                            first = Err(e);
+                        }
+                    }
+                }
             }
+            left.reverse();
+            self.in_force = left;
+            if self.in_force.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > until {
+                anyhow::bail!(
+                    "the API server did not answer for {UNDO_FOR:?}: could not undo {:?}",
+                    self.in_force.iter().map(|(w, _)| w).collect::<Vec<_>>()
+                );
+            }
+            tokio::time::sleep(RETRY_EVERY).await;
         }
         first
     }
 }
 
-/// How often a step that needs the API server is tried again while it is down, and how
-/// many times: longer than the longest outage of the API server and etcd together.
-const RETRY_EVERY: Duration = Duration::from_millis(500);
-const RETRIES: u32 = 120;
+/// How long one request of an undo may wait for the API server (it hangs, not fails, while
+/// etcd is down).
+const API_WAIT: Duration = Duration::from_secs(3);
 
-/// Runs `start` until it works: a speaker's start writes its Pod object, so it fails while the
-/// API server or etcd is one of the faults in force.
-async fn until_it_works(start: impl Fn() -> anyhow::Result<()>) -> anyhow::Result<()> {
-    let mut tries = 0;
-    loop {
-        match start() {
-            Ok(()) => return Ok(()),
-            Err(e) if tries >= RETRIES => return Err(e),
-            Err(_) => {
-                tries += 1;
-                tokio::time::sleep(RETRY_EVERY).await;
-            }
-        }
-    }
-}
+/// How often an undo that needs the API server is tried again.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// How long [`Injector::undo_all`] tries: longer than any outage of the API server and etcd.
+const UNDO_FOR: Duration = Duration::from_secs(120);
 
 impl Drop for Injector<'_> {
     /// A run that ended early still leaves the lab whole: links up, speakers running and
