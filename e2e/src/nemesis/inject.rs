@@ -148,7 +148,15 @@ impl<'a> Injector<'a> {
             }
             FaultKind::NodeNotReady => {
                 let n = node()?;
-                crate::cluster::set_node_ready(&self.client, &lab.topology, &n, false).await?;
+                // Bounded: with etcd down the API server holds the write, and the fault
+                // whose undo restarts etcd must not wait behind it. A write that timed out
+                // may still land, so the window is kept either way: its undo writes Ready,
+                // which is harmless when the node never left it.
+                let not_ready =
+                    crate::cluster::set_node_ready(&self.client, &lab.topology, &n, false);
+                if !matches!(tokio::time::timeout(API_WAIT, not_ready).await, Ok(Ok(()))) {
+                    eprintln!("nemesis: {n} NotReady may not have been written (API server down)");
+                }
                 Undo::NotReady(n)
             }
             FaultKind::LeaderKilled => Undo::Component(lab.kill_keeping(&self.controller)?),
