@@ -651,9 +651,19 @@ impl Speakers {
         Ok(())
     }
 
-    /// Kills the speaker of `node` at once (SIGKILL: a crash).
+    /// Kills the speaker of `node` at once (SIGKILL: a crash). A speaker run under
+    /// `faketime` ([`Self::start_clocked`]) is a child of the `faketime` process, which forks
+    /// it: the child is killed first, or it would outlive its wrapper and go on answering.
     pub fn kill(&self, node: &str) {
         if let Some(p) = self.running().remove(node) {
+            if process::running(&p) {
+                for child in process::children(p.pid) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(child),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
             process::kill_now(&p);
         }
     }

@@ -289,6 +289,23 @@ fn is_ours(process: &LabProcess) -> bool {
     }
 }
 
+/// The PIDs of the children of process `pid` (every thread's), as `/proc` lists them; none when
+/// it is gone.
+pub fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
 /// Whether the lab's process is still running (alive, not a zombie, and not a later process that
 /// reuses its PID).
 pub fn running(process: &LabProcess) -> bool {
@@ -371,4 +388,24 @@ fn wait_gone(pid: i32, limit: Duration) {
 fn reap(pid: i32) {
     use nix::sys::wait::{WaitPidFlag, waitpid};
     let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_the_children_of_a_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pid = i32::try_from(child.id()).unwrap_or_default();
+        let me = i32::try_from(std::process::id()).unwrap_or_default();
+        assert!(children(me).contains(&pid), "{:?}", children(me));
+        assert!(children(pid).is_empty());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(children(-1).is_empty());
+    }
 }
